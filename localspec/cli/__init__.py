@@ -1,0 +1,44 @@
+"""`localspec`: one small module per subcommand, each with `register(subparsers)`.
+
+Modules import their heavy dependencies (llama.cpp, numpy) inside their handlers so
+`localspec --help` stays instant. Errors meant for the user (LocalspecError) become one
+line on stderr and exit status 1; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..errors import LocalspecError
+
+COMMANDS = ("chat", "run", "bench", "plan", "pull", "models", "add")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="localspec",
+        description="Faster local LLM answers with speculative decoding. "
+        "Without a command, opens the chat.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command is None:
+        args = build_parser().parse_args(["chat", *(argv or sys.argv[1:])])
+    try:
+        return int(args.func(args) or 0)
+    except LocalspecError as e:
+        print(f"localspec: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("localspec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,95 @@
+"""Options shared by `run`, `chat` and `bench`: which models, and how to sample."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import LocalspecError
+
+
+def gamma_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a number or 'auto'") from None
+    if not 0 <= value <= 32:
+        raise argparse.ArgumentTypeError("must be between 0 and 32")
+    return value
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--target", "-t", help="target model: a .gguf path or a catalog id")
+    g.add_argument(
+        "--draft", "-d", help="draft: a .gguf path, a catalog id, 'ngram' or 'none'"
+    )
+    g.add_argument("--gamma", "-g", type=gamma_arg, default="auto",
+                   help="tokens drafted per round, or 'auto' (default)")
+    g.add_argument("--ctx", type=int, default=None, help="context size in tokens")
+    g.add_argument("--threads", type=int, default=0, help="CPU threads (default: physical cores)")
+    g.add_argument("--n-gpu-layers", type=int, default=None,
+                   help="target layers to offload to the GPU (default: from the plan)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", "--temp", type=float, default=0.0,
+                   help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--top-k", type=int, default=40)
+    g.add_argument("--min-p", type=float, default=0.05)
+    g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", "-n", type=int, default=512)
+
+
+def sampling_params(args: argparse.Namespace):  # -> SamplingParams
+    from ..sampling import SamplingParams
+
+    if args.max_tokens < 1:
+        raise LocalspecError("--max-tokens must be at least 1")
+    try:
+        return SamplingParams(
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            repeat_penalty=args.repeat_penalty,
+            seed=args.seed,
+        )
+    except ValueError as e:
+        raise LocalspecError(str(e)) from None
+
+
+def session_config(args: argparse.Namespace):  # -> SessionConfig
+    """Explicit models as given; missing ones come from the machine's plan."""
+    from ..llama import LoadOptions
+    from ..session import SessionConfig
+
+    target, draft = args.target, args.draft
+    n_ctx, n_gpu_layers = args.ctx, args.n_gpu_layers
+    if target is None:
+        from ..pairing import default_pair
+
+        pair = default_pair(draft)
+        target, draft = pair.target, pair.draft
+        n_ctx = n_ctx or pair.n_ctx
+        n_gpu_layers = pair.n_gpu_layers if n_gpu_layers is None else n_gpu_layers
+    if draft is None:
+        draft = "ngram"
+    if n_ctx is not None and n_ctx < 16:
+        raise LocalspecError("--ctx must be at least 16")
+    load = LoadOptions(
+        n_ctx=n_ctx or 4096,
+        n_threads=args.threads,
+        n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers,
+    )
+    return SessionConfig(
+        target=target,
+        draft=draft,
+        gamma=args.gamma,
+        target_load=load,
+        draft_load=LoadOptions(n_ctx=load.n_ctx, n_threads=args.threads),
+    )

@@ -1,0 +1,137 @@
+"""Draft sources, behind one small interface (as in transformers' candidate generators).
+
+A drafter proposes up to γ tokens to follow the context; for sampled decoding it also
+gives the distribution q_i each token was drawn from (None = proposed with certainty).
+After the target's verdict it hears how many were accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .backend import Model
+from .sampling import Probs, SamplingParams, greedy_token, logits_to_probs, sample, top_prob
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    q: list[Probs | None] = field(default_factory=list)  # per token; None = certain
+
+
+class Drafter(Protocol):
+    name: str
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds spent inside model calls so far (0 for model-free drafters)."""
+        ...
+
+    def draft(
+        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        """Propose up to `gamma` tokens to follow `context`."""
+        ...
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """The target kept `accepted` of the `drafted` tokens."""
+        ...
+
+
+class NoDrafter:
+    """Plain decoding through the same loop: every round is just the target's token."""
+
+    name = "none"
+    busy_s = 0.0
+
+    def draft(
+        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        return Draft()
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+class DraftModel:
+    """A small model of the same vocabulary, decoding γ tokens one at a time.
+
+    It stops early when its own top-token probability falls below `p_min`: an unsure
+    guess is likely rejected, and each extra token costs a draft step and a verify slot.
+    """
+
+    name = "draft"
+
+    def __init__(self, model: Model, p_min: float = 0.5) -> None:
+        self.model = model
+        self.p_min = p_min
+
+    @property
+    def busy_s(self) -> float:
+        return self.model.busy_s
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
+
+    def draft(
+        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        tokens: list[int] = []
+        qs: list[Probs | None] = []
+        seq = list(context)
+        for _ in range(gamma):
+            logits = self.model.evaluate(seq, 1)[0]
+            if top_prob(logits) < self.p_min:
+                break
+            if params.greedy:
+                x = greedy_token(logits, params, seq)
+                qs.append(None)  # greedy verification needs no q
+            else:
+                q = logits_to_probs(logits, params, seq)
+                x = sample(q, rng)
+                qs.append(q)
+            tokens.append(x)
+            seq.append(x)
+        return Draft(tokens, qs)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the context's last n tokens
+    (longest n first) and propose what followed it. Free, and strong wherever the answer
+    repeats its prompt (code edits, quoting, summaries)."""
+
+    name = "ngram"
+    busy_s = 0.0
+
+    def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
+        self.n_max, self.n_min = n_max, n_min
+
+    def draft(
+        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        tokens = lookup(np.asarray(context, dtype=np.int32), gamma, self.n_max, self.n_min)
+        return Draft(tokens, [None] * len(tokens))
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+def lookup(ctx: np.ndarray, gamma: int, n_max: int, n_min: int) -> list[int]:
+    """The γ tokens that followed the latest earlier match of ctx's last n tokens."""
+    if gamma <= 0:
+        return []
+    for n in range(min(n_max, len(ctx) - 1), n_min - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(ctx[:-1], n)
+        hits = np.flatnonzero((windows == ctx[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return ctx[start : start + gamma].tolist()
+    return []

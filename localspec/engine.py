@@ -1,0 +1,226 @@
+"""The speculative decoding loop.
+
+Each round: the drafter proposes up to γ tokens x_1..x_γ (`draft`); the target scores
+the last accepted token and the draft in one batched pass (`score`), giving p_1..p_{γ+1};
+`verify` keeps a prefix of the draft and adds the target's own token; the kept tokens are
+emitted. Both KV caches follow the accepted text through `Model.evaluate`, so a rejected
+tail is dropped at the start of the next call. With γ = 0 a round is plain decoding.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .backend import ContextFull, Model
+from .drafters import Draft, Drafter
+from .events import Event, Finished, Piece, RoundEnd, Source, StatsRecorder, StopReason
+from .sampling import SamplingParams, greedy_token, logits_to_probs, sample
+from .text import TextStream
+from .verify import Verdict, verify_greedy, verify_sampled
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_tokens: int = 512
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    trace: bool = False  # attach the target's top-2 logit margin to each piece
+
+
+class GammaPolicy(Protocol):
+    """Chooses γ for each round from what the rounds so far measured."""
+
+    def choose(self) -> int: ...
+
+    def observe(self, round: RoundEnd) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+@dataclass
+class FixedGamma:
+    gamma: int
+
+    def choose(self) -> int:
+        return self.gamma
+
+    def observe(self, round: RoundEnd) -> None:
+        pass
+
+    def describe(self) -> str:
+        return f"γ fixed at {self.gamma}"
+
+
+class Engine:
+    """A target model, a drafter, and a γ policy: turns a prompt into events."""
+
+    def __init__(self, target: Model, drafter: Drafter, gamma: GammaPolicy | int = 4) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.gamma = FixedGamma(gamma) if isinstance(gamma, int) else gamma
+
+    def room(self, context_len: int) -> int:
+        """How many more tokens fit into the smaller of the two contexts."""
+        n_ctx = min(self.target.n_ctx, getattr(self.drafter, "n_ctx", self.target.n_ctx))
+        return n_ctx - context_len
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        config: GenerationConfig = GenerationConfig(),
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Stream the answer to `prompt` as Piece/RoundEnd events, then one Finished."""
+        if not prompt:
+            raise ValueError("empty prompt")
+        if self.room(len(prompt)) < 1:
+            raise ContextFull(
+                f"the prompt has {len(prompt)} tokens; the context holds "
+                f"{self.target.n_ctx} with room for the answer"
+            )
+        params = config.sampling
+        rng = np.random.default_rng(params.seed)
+        rec = StatsRecorder(prompt_tokens=len(prompt))
+        out = _Output(self.target, TextStream(config.stop), config.max_tokens)
+        tokens = list(prompt)
+
+        # prefill: the target alone gives the first token (this is the TTFT)
+        logits = self._timed_score(rec, tokens, 1)
+        first = self._choose(logits[0], params, tokens, rng)
+        rec.observe_first_token()
+        yield from out.emit([first], ["target"], logits if config.trace else None)
+        tokens.append(first)
+
+        while out.stop_reason is None:
+            if cancel is not None and cancel.is_set():
+                out.stop_reason = "cancelled"
+                break
+            room = self.room(len(tokens))
+            if room < 1:
+                out.stop_reason = "context_full"
+                break
+            gamma = max(0, min(self.gamma.choose(), room - 1, out.remaining - 1))
+            draft = self._timed_draft(rec, tokens, gamma, params, rng)
+            logits = self._timed_score(rec, tokens + draft.tokens, len(draft.tokens) + 1)
+            verdict = self._verify(draft, logits, params, tokens, rng)
+            new = [*draft.tokens[: verdict.accepted], verdict.token]
+            sources: list[Source] = ["draft"] * verdict.accepted + ["target"]
+            yield from out.emit(new, sources, logits if config.trace else None)
+            tokens.extend(new[: out.kept_last])
+
+            self.drafter.observe(len(draft.tokens), verdict.accepted)
+            rec.observe_draft(len(draft.tokens), verdict.accepted)
+            rec.observe_tokens(out.kept_last)
+            rec.gamma, rec.drafter = gamma, self.drafter.name
+            round_end = RoundEnd(
+                self.drafter.name, gamma, len(draft.tokens), verdict.accepted, rec.snapshot()
+            )
+            self.gamma.observe(round_end)
+            yield round_end
+
+        if tail := out.stream.flush():
+            yield Piece(tail, -1, "target")
+        yield Finished(
+            out.stream.text, tuple(out.tokens), out.stop_reason or "cancelled", rec.snapshot()
+        )
+
+    # --- one step each ---------------------------------------------------------------
+    def _timed_draft(
+        self,
+        rec: StatsRecorder,
+        tokens: list[int],
+        gamma: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> Draft:
+        if gamma == 0:
+            return Draft()
+        busy, started = self.drafter.busy_s, time.perf_counter()
+        draft = self.drafter.draft(tokens, gamma, params, rng)
+        rec.draft_s += time.perf_counter() - started
+        rec.llama_s += self.drafter.busy_s - busy
+        return draft
+
+    def _timed_score(self, rec: StatsRecorder, tokens: list[int], n_logits: int) -> np.ndarray:
+        busy, started = self.target.busy_s, time.perf_counter()
+        logits = self.target.evaluate(tokens, n_logits)
+        rec.verify_s += time.perf_counter() - started
+        rec.llama_s += self.target.busy_s - busy
+        return logits
+
+    def _choose(
+        self, logits: np.ndarray, params: SamplingParams, history: list[int], rng: np.random.Generator
+    ) -> int:
+        if params.greedy:
+            return greedy_token(logits, params, history)
+        return sample(logits_to_probs(logits, params, history), rng)
+
+    def _verify(
+        self,
+        draft: Draft,
+        logits: np.ndarray,
+        params: SamplingParams,
+        tokens: list[int],
+        rng: np.random.Generator,
+    ) -> Verdict:
+        if params.greedy:
+            if params.repeat_penalty == 1.0:
+                argmax = np.argmax(logits, axis=1).tolist()
+            else:
+                argmax = [
+                    greedy_token(row, params, tokens + draft.tokens[:i])
+                    for i, row in enumerate(logits)
+                ]
+            return verify_greedy(draft.tokens, argmax)
+
+        def p(i: int) -> np.ndarray:
+            return logits_to_probs(logits[i], params, tokens + draft.tokens[:i])
+
+        return verify_sampled(draft.tokens, draft.q, p, rng)
+
+
+class _Output:
+    """Turns emitted tokens into pieces, and notices every reason to stop."""
+
+    def __init__(self, target: Model, stream: TextStream, max_tokens: int) -> None:
+        self.target = target
+        self.stream = stream
+        self.max_tokens = max_tokens
+        self.tokens: list[int] = []
+        self.stop_reason: StopReason | None = None
+        self.kept_last = 0  # how many of the last emit's tokens belong to the answer
+
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - len(self.tokens)
+
+    def emit(
+        self, new: list[int], sources: list[Source], logits: np.ndarray | None
+    ) -> Iterator[Piece]:
+        self.kept_last = 0
+        for i, (token, source) in enumerate(zip(new, sources, strict=True)):
+            self.kept_last += 1
+            if self.target.is_eog(token):
+                self.stop_reason = "eog"
+                return
+            self.tokens.append(token)
+            text = self.stream.push(self.target.token_bytes(token))
+            margin = None if logits is None else _top2_margin(logits[i])
+            yield Piece(text, token, source, margin)
+            if self.stream.stopped:
+                self.stop_reason = "stop_string"
+                return
+            if self.remaining <= 0:
+                self.stop_reason = "max_tokens"
+                return
+
+
+def _top2_margin(row: np.ndarray) -> float:
+    top2 = np.partition(row, -2)[-2:]
+    return float(top2[1] - top2[0])

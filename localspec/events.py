@@ -1,0 +1,157 @@
+"""What the engine tells its caller, as data: pieces of text, rounds, and the end.
+
+Vocabulary (as in vLLM): a round drafts up to γ tokens; the target *accepts* a prefix of
+them and then adds one token of its own: the *recovered* token where it rejected a draft
+token, or the *bonus* token when it accepted all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+Source = Literal["draft", "target"]  # accepted draft token, or the target's own choice
+StopReason = Literal["eog", "stop_string", "max_tokens", "context_full", "cancelled"]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A snapshot of one answer's speculation, at the end or mid-way."""
+
+    tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    acceptance_rate: float = 0.0  # α: accepted / drafted
+    mean_accepted_len: float = 0.0  # tokens per round, counting the target's own token
+    tokens_per_s: float = 0.0  # decode speed, after the first token
+    ttft_s: float = 0.0
+    itl_p50_s: float = 0.0  # per-token latency: each round's time spread over its tokens
+    itl_p95_s: float = 0.0
+    prompt_tokens: int = 0
+    elapsed_s: float = 0.0
+    draft_s: float = 0.0  # wall time in the drafter
+    verify_s: float = 0.0  # wall time in the target's verification passes
+    llama_s: float = 0.0  # time inside model calls (both models), for the overhead figure
+    gamma: int = 0  # γ of the latest round
+    drafter: str = ""  # drafter of the latest round
+    accepted_per_position: tuple[int, ...] = ()
+    drafted_per_position: tuple[int, ...] = ()
+
+    @property
+    def overhead_s(self) -> float:
+        """Decode time spent outside model calls: Python, sampling, bookkeeping."""
+        return max(0.0, self.draft_s + self.verify_s - self.llama_s)
+
+    def summary(self) -> str:
+        return (
+            f"{self.tokens} tokens, {self.tokens_per_s:.1f} tok/s, "
+            f"acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted}), "
+            f"mean accepted length {self.mean_accepted_len:.2f}, TTFT {self.ttft_s:.2f}s, "
+            f"γ {self.gamma} ({self.drafter})"
+        )
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Text released by one emitted token ('' while a UTF-8 character or a possible stop
+    string is incomplete)."""
+
+    text: str
+    token: int
+    source: Source
+    margin: float | None = None  # target's top-2 logit gap here, when tracing
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    drafter: str
+    gamma: int
+    drafted: int
+    accepted: int
+    stats: Stats
+
+
+@dataclass(frozen=True)
+class Finished:
+    text: str
+    tokens: tuple[int, ...]
+    stop_reason: StopReason
+    stats: Stats
+
+
+Event = Piece | RoundEnd | Finished
+
+
+@dataclass
+class StatsRecorder:
+    """Accumulates one answer's figures; `snapshot()` turns them into Stats."""
+
+    prompt_tokens: int = 0
+    start: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    llama_s: float = 0.0
+    gamma: int = 0
+    drafter: str = ""
+    per_token_latency: list[float] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    drafted_at: list[int] = field(default_factory=list)
+
+    def observe_first_token(self) -> None:
+        self.first_token_at = self.last_token_at = time.perf_counter()
+        self.tokens = 1
+
+    def observe_draft(self, num_draft: int, num_accepted: int) -> None:
+        self.drafted += num_draft
+        self.accepted += num_accepted
+        for i in range(num_draft):
+            if i == len(self.drafted_at):
+                self.drafted_at.append(0)
+                self.accepted_at.append(0)
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < num_accepted
+
+    def observe_tokens(self, n: int) -> None:
+        now = time.perf_counter()
+        self.rounds += 1
+        if n:
+            since = now - (self.last_token_at or self.start)
+            self.per_token_latency.extend([since / n] * n)
+            self.tokens += n
+            self.last_token_at = now
+
+    def snapshot(self) -> Stats:
+        now = time.perf_counter()
+        decode_s = (self.last_token_at or now) - (self.first_token_at or now)
+        lat = np.asarray(self.per_token_latency) if self.per_token_latency else np.zeros(1)
+        return Stats(
+            tokens=self.tokens,
+            rounds=self.rounds,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
+            mean_accepted_len=(self.tokens - 1) / self.rounds if self.rounds else 0.0,
+            tokens_per_s=(self.tokens - 1) / decode_s if decode_s > 0 else 0.0,
+            ttft_s=(self.first_token_at - self.start) if self.first_token_at else 0.0,
+            itl_p50_s=float(np.percentile(lat, 50)),
+            itl_p95_s=float(np.percentile(lat, 95)),
+            prompt_tokens=self.prompt_tokens,
+            elapsed_s=now - self.start,
+            draft_s=self.draft_s,
+            verify_s=self.verify_s,
+            llama_s=self.llama_s,
+            gamma=self.gamma,
+            drafter=self.drafter,
+            accepted_per_position=tuple(self.accepted_at),
+            drafted_per_position=tuple(self.drafted_at),
+        )

@@ -1,0 +1,95 @@
+"""Turning logits into the distribution a token is drawn from.
+
+The same transform is applied to the target's logits (giving p) and the draft's (giving
+q), with the same history, so that rejection sampling reproduces exactly the target's
+sampling distribution. Order, as in Hugging Face's samplers: repetition penalty,
+temperature, top-k, top-p, min-p. Temperature 0 means greedy (argmax).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Probs = np.ndarray  # float64 over the vocabulary, sums to 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 40  # 0 = whole vocabulary
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0  # 1 = off
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top-p must be in (0, 1]")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError("min-p must be in [0, 1)")
+        if self.top_k < 0:
+            raise ValueError("top-k must be >= 0")
+        if self.repeat_penalty <= 0:
+            raise ValueError("repeat penalty must be > 0")
+
+
+def penalize(logits: np.ndarray, params: SamplingParams, history: Sequence[int]) -> np.ndarray:
+    """CTRL-style repetition penalty over the last `repeat_last_n` tokens (llama.cpp's rule)."""
+    if params.repeat_penalty == 1.0 or params.repeat_last_n == 0 or not history:
+        return logits
+    recent = np.unique(np.asarray(history[-params.repeat_last_n :], dtype=np.int64))
+    out = logits.copy()
+    vals = out[recent]
+    out[recent] = np.where(vals > 0, vals / params.repeat_penalty, vals * params.repeat_penalty)
+    return out
+
+
+def greedy_token(logits: np.ndarray, params: SamplingParams, history: Sequence[int]) -> int:
+    return int(np.argmax(penalize(logits, params, history)))
+
+
+def logits_to_probs(
+    logits: np.ndarray, params: SamplingParams, history: Sequence[int]
+) -> Probs:
+    """The sampling distribution for one position (dense over the vocabulary)."""
+    x = penalize(logits, params, history).astype(np.float64) / params.temperature
+    n = x.shape[0]
+    keep = np.arange(n) if params.top_k == 0 or params.top_k >= n else None
+    if keep is None:
+        keep = np.argpartition(x, n - params.top_k)[n - params.top_k :]
+    kept = x[keep]
+    w = np.exp(kept - kept.max())
+    w /= w.sum()
+    order = np.argsort(-w, kind="stable")
+    w, keep = w[order], keep[order]
+    if params.top_p < 1.0:
+        # smallest prefix whose mass reaches top_p (always at least one token)
+        cut = int(np.searchsorted(np.cumsum(w), params.top_p)) + 1
+        w, keep = w[:cut], keep[:cut]
+    if params.min_p > 0.0:
+        mask = w >= params.min_p * w[0]
+        w, keep = w[mask], keep[mask]
+    probs = np.zeros(n, dtype=np.float64)
+    probs[keep] = w / w.sum()
+    return probs
+
+
+def top_prob(logits: np.ndarray) -> float:
+    """The softmax probability of the argmax token, without materializing the softmax."""
+    return float(1.0 / np.exp(logits - logits.max()).sum())
+
+
+def sample(probs: Probs, rng: np.random.Generator) -> int:
+    # inverse CDF; clip guards the last ulp of the cumulative sum
+    cdf = np.cumsum(probs)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))

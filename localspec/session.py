@@ -1,0 +1,140 @@
+"""A loaded pair, ready to answer: what `localspec run`, the chat and the bench share.
+
+`open_session` resolves the models (a .gguf path or a catalog id), loads them, refuses
+an incompatible draft before anything runs, and builds the drafter. `Session.chat`
+renders a conversation with the target's own chat template; the KV caches keep every
+earlier turn, so a new turn only evaluates what is new.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypedDict
+
+from .backend import ModelError, check_compatible
+from .drafters import DraftModel, Drafter, NgramDrafter, NoDrafter
+from .engine import Engine, GammaPolicy, GenerationConfig
+from .events import Event
+from .llama import LlamaModel, LoadOptions
+
+MODEL_FREE_DRAFTERS = ("ngram", "none")
+
+
+class Message(TypedDict):
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    target: str  # .gguf path or catalog id
+    draft: str = "none"  # .gguf path, catalog id, "ngram" or "none"
+    gamma: int | str = 4  # a number, or "auto" (adaptive)
+    target_load: LoadOptions = LoadOptions()
+    draft_load: LoadOptions = LoadOptions()
+    p_min: float = 0.5
+
+
+def resolve_model(spec: str) -> Path:
+    """A path to a .gguf file, or a catalog id of an installed model."""
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf" or path.exists() or "/" in spec:
+        return path
+    from . import catalog  # catalog ids: only when the spec is not a path
+
+    return catalog.resolve_installed(spec)
+
+
+def make_gamma(gamma: int | str) -> GammaPolicy | int:
+    if isinstance(gamma, int):
+        return gamma
+    if gamma == "auto":
+        from .adaptive import AdaptiveGamma
+
+        return AdaptiveGamma()
+    raise ModelError(f"gamma must be a number or 'auto', not {gamma!r}")
+
+
+class Session:
+    def __init__(self, engine: Engine, draft_model: LlamaModel | None = None) -> None:
+        self.engine = engine
+        self.target = engine.target
+        self.draft_model = draft_model
+        self._template: object | None = None
+        self.lock = threading.Lock()  # one generation at a time per loaded pair
+
+    @property
+    def drafter(self) -> Drafter:
+        return self.engine.drafter
+
+    def render(self, messages: Sequence[Message]) -> list[int]:
+        """The conversation as prompt tokens, through the GGUF's chat template."""
+        if self._template is None:
+            self._template = _formatter(self.target)
+        prompt = self._template(messages=list(messages)).prompt  # type: ignore[operator]
+        return self.target.tokenize(prompt, special=True)
+
+    def tokenize_raw(self, text: str) -> list[int]:
+        return self.target.tokenize(text, special=True)
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        config: GenerationConfig = GenerationConfig(),
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        return self.engine.generate(self.render(messages), config, cancel)
+
+    def complete(
+        self,
+        text: str,
+        config: GenerationConfig = GenerationConfig(),
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        return self.engine.generate(self.tokenize_raw(text), config, cancel)
+
+    def close(self) -> None:
+        self.target.close()
+        if self.draft_model is not None:
+            self.draft_model.close()
+
+
+def _formatter(model: LlamaModel) -> object:
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    template = model.chat_template()
+    if not template:
+        raise ModelError(f"{model.name} has no chat template; use --raw for plain completion")
+    bos, eos = model.special_ids
+    return Jinja2ChatFormatter(
+        template=template,
+        bos_token=model.token_text(bos) if bos >= 0 else "",
+        eos_token=model.token_text(eos) if eos >= 0 else "",
+        add_generation_prompt=True,
+    )
+
+
+def open_session(config: SessionConfig) -> Session:
+    """Load the target and the drafter named in `config`."""
+    target = LlamaModel(resolve_model(config.target), config.target_load)
+    draft_model: LlamaModel | None = None
+    try:
+        drafter: Drafter
+        if config.draft == "none":
+            drafter = NoDrafter()
+        elif config.draft == "ngram":
+            drafter = NgramDrafter()
+        else:
+            draft_model = LlamaModel(resolve_model(config.draft), config.draft_load)
+            check_compatible(target, draft_model)
+            drafter = DraftModel(draft_model, p_min=config.p_min)
+    except BaseException:
+        target.close()
+        if draft_model is not None:
+            draft_model.close()
+        raise
+    gamma = 0 if config.draft == "none" else make_gamma(config.gamma)
+    return Session(Engine(target, drafter, gamma), draft_model)
