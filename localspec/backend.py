@@ -46,6 +46,7 @@ class Model(ABC):
     def __init__(self) -> None:
         self.cached: list[int] = []
         self.busy_s = 0.0  # wall time inside decode calls, for overhead accounting
+        self.decoded = 0  # tokens sent through the model so far
 
     def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         """Logits of shape (n_logits, n_vocab): row i predicts the token after
@@ -68,11 +69,23 @@ class Model(ABC):
         finally:
             self.busy_s += time.perf_counter() - started
         self.cached.extend(new)
+        self.decoded += len(new)
         return logits
+
+    def rollback(self, tokens: Sequence[int]) -> None:
+        """Drop cache entries past the common prefix with `tokens` (a rejected draft)."""
+        keep = common_prefix(self.cached, tokens)
+        if keep < len(self.cached):
+            self._remove_from(keep)
+            del self.cached[keep:]
 
     def reset(self) -> None:
         self._remove_from(0)
         self.cached.clear()
+
+    def kv_len(self) -> int:
+        """Positions the backend itself holds (tests compare it with `cached`)."""
+        return len(self.cached)
 
     @abstractmethod
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:

@@ -37,8 +37,8 @@ class Drafter(Protocol):
         """Propose up to `gamma` tokens to follow `context`."""
         ...
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        """The target kept `accepted` of the `drafted` tokens."""
+    def accept(self, tokens: Sequence[int], drafted: int, accepted: int) -> None:
+        """The target kept `accepted` of the `drafted` tokens; `tokens` is now the text."""
         ...
 
 
@@ -53,7 +53,7 @@ class NoDrafter:
     ) -> Draft:
         return Draft()
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def accept(self, tokens: Sequence[int], drafted: int, accepted: int) -> None:
         pass
 
 
@@ -99,8 +99,8 @@ class DraftModel:
             seq.append(x)
         return Draft(tokens, qs)
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        pass
+    def accept(self, tokens: Sequence[int], drafted: int, accepted: int) -> None:
+        self.model.rollback(tokens)  # drop the rejected draft tokens now, as the target does
 
 
 class NgramDrafter:
@@ -120,7 +120,7 @@ class NgramDrafter:
         tokens = lookup(np.asarray(context, dtype=np.int32), gamma, self.n_max, self.n_min)
         return Draft(tokens, [None] * len(tokens))
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def accept(self, tokens: Sequence[int], drafted: int, accepted: int) -> None:
         pass
 
 

@@ -111,12 +111,13 @@ class Engine:
             verdict = self._verify(draft, logits, params, tokens, rng)
             new = [*draft.tokens[: verdict.accepted], verdict.token]
             sources: list[Source] = ["draft"] * verdict.accepted + ["target"]
+            answered = len(out.tokens)
             yield from out.emit(new, sources, logits if config.trace else None)
             tokens.extend(new[: out.kept_last])
+            self.accept(tokens, len(draft.tokens), verdict.accepted)
 
-            self.drafter.observe(len(draft.tokens), verdict.accepted)
             rec.observe_draft(len(draft.tokens), verdict.accepted)
-            rec.observe_tokens(out.kept_last)
+            rec.observe_tokens(len(out.tokens) - answered)
             rec.gamma, rec.drafter = gamma, self.drafter.name
             round_end = RoundEnd(
                 self.drafter.name, gamma, len(draft.tokens), verdict.accepted, rec.snapshot()
@@ -131,6 +132,12 @@ class Engine:
         )
 
     # --- one step each ---------------------------------------------------------------
+    def accept(self, tokens: list[int], drafted: int, accepted: int) -> None:
+        """Both caches keep the accepted text only: the target's last token is not yet
+        evaluated (it starts the next round's batch), and the rejected tail goes."""
+        self.target.rollback(tokens[:-1])
+        self.drafter.accept(tokens, drafted, accepted)
+
     def _timed_draft(
         self,
         rec: StatsRecorder,
@@ -211,8 +218,7 @@ class _Output:
                 return
             self.tokens.append(token)
             text = self.stream.push(self.target.token_bytes(token))
-            margin = None if logits is None else _top2_margin(logits[i])
-            yield Piece(text, token, source, margin)
+            yield Piece(text, token, source, *_top2(logits, i))
             if self.stream.stopped:
                 self.stop_reason = "stop_string"
                 return
@@ -221,6 +227,11 @@ class _Output:
                 return
 
 
-def _top2_margin(row: np.ndarray) -> float:
-    top2 = np.partition(row, -2)[-2:]
-    return float(top2[1] - top2[0])
+def _top2(logits: np.ndarray | None, i: int) -> tuple[float | None, int | None]:
+    """(top-2 logit gap, second choice) of row i, when tracing."""
+    if logits is None:
+        return None, None
+    first, second = np.argpartition(logits[i], -2)[-2:][::-1]
+    if logits[i][second] > logits[i][first]:
+        first, second = second, first
+    return float(logits[i][first] - logits[i][second]), int(second)

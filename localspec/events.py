@@ -63,7 +63,8 @@ class Piece:
     text: str
     token: int
     source: Source
-    margin: float | None = None  # target's top-2 logit gap here, when tracing
+    margin: float | None = None  # when tracing: the target's top-2 logit gap here
+    runner_up: int | None = None  # when tracing: the target's second choice here
 
 
 @dataclass(frozen=True)

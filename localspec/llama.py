@@ -118,6 +118,9 @@ class LlamaModel(Model):
     def _remove_from(self, pos: int) -> None:
         ll.llama_memory_seq_rm(self._mem, 0, pos, -1)
 
+    def kv_len(self) -> int:
+        return ll.llama_memory_seq_pos_max(self._mem, 0) + 1
+
     # --- vocabulary --------------------------------------------------------------
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         data = text.encode("utf-8")

@@ -1,0 +1,45 @@
+"""Shared fixtures. The real pair is installed by scripts/setup.sh; a missing model is a
+failed set-up, so real tests fail (never skip) without it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TARGET_ID = "qwen2.5-coder-1.5b-instruct"
+DRAFT_ID = "qwen2.5-coder-0.5b-instruct"
+
+
+def installed(model_id: str) -> Path:
+    from localspec import catalog
+
+    try:
+        return catalog.resolve_installed(model_id)
+    except Exception as e:  # noqa: BLE001 - any reason means the set-up did not run
+        pytest.fail(f"{model_id} is not installed ({e}); run ./scripts/setup.sh")
+
+
+@pytest.fixture(scope="session")
+def real_paths() -> tuple[Path, Path]:
+    return installed(TARGET_ID), installed(DRAFT_ID)
+
+
+@pytest.fixture(scope="session")
+def real_models(real_paths: tuple[Path, Path]) -> Iterator[tuple]:
+    """The real target and draft, loaded once for the whole run (2 threads, 2048 ctx)."""
+    from localspec.llama import LlamaModel, LoadOptions
+
+    options = LoadOptions(n_ctx=2048, n_threads=2)
+    target = LlamaModel(real_paths[0], options)
+    draft = LlamaModel(real_paths[1], options)
+    yield target, draft
+    target.close()
+    draft.close()
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Gemma 3 270M: another vocabulary (scripts/test.sh pulls it)."""
+    return installed("gemma-3-270m")
