@@ -1,0 +1,80 @@
+"""`localspec run` end to end, as a user runs it: a subprocess, real models."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def localspec(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "localspec", *args],
+        input=stdin, capture_output=True, text=True, timeout=300,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, words: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], result.stderr
+
+
+def test_missing_model_file(tmp_path: Path):
+    r = localspec("run", "hi", "--target", str(tmp_path / "nope.gguf"), "--draft", "none")
+    assert_one_line_error(r, "not found")
+
+
+def test_not_a_gguf(tmp_path: Path):
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("hello")
+    assert_one_line_error(localspec("run", "hi", "--target", str(fake)), "not a GGUF")
+
+
+def test_empty_prompt(tmp_path: Path):
+    assert_one_line_error(localspec("run", "  ", "--target", "x.gguf"), "empty")
+    assert_one_line_error(localspec("run", "--target", "x.gguf", stdin=""), "empty")
+
+
+def test_bad_sampling_value():
+    assert_one_line_error(localspec("run", "hi", "--target", "x.gguf", "--top-p", "0"), "top-p")
+
+
+@pytest.mark.real
+def test_incompatible_draft(real_paths, gemma_path):
+    r = localspec("run", "hi", "--target", str(real_paths[0]), "--draft", str(gemma_path))
+    assert_one_line_error(r, "cannot be paired")
+
+
+@pytest.mark.real
+def test_prompt_longer_than_the_context(real_paths):
+    r = localspec("run", "word " * 200, "--target", str(real_paths[0]), "--draft", "none",
+                  "--ctx", "64")
+    assert_one_line_error(r, "context")
+
+
+@pytest.mark.real
+def test_json_result_from_stdin(real_paths):
+    target, draft = map(str, real_paths)
+    r = localspec("run", "--target", target, "--draft", draft, "--gamma", "3",
+                  "--max-tokens", "12", "--json", stdin="Write hello world in C.")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["tokens"] == 12 and out["stop_reason"] == "max_tokens" and out["text"]
+    stats = out["stats"]
+    assert {"acceptance_rate", "mean_accepted_len", "tokens_per_s", "ttft_s", "itl_p50_s",
+            "itl_p95_s", "drafted", "accepted", "rounds", "gamma"} <= stats.keys()
+    assert stats["drafted"] > 0 and 0 <= stats["acceptance_rate"] <= 1
+
+
+@pytest.mark.real
+def test_streams_text_and_prints_stats_line(real_paths):
+    r = localspec("run", "Say hi.", "--target", str(real_paths[0]), "--draft", "ngram",
+                  "--max-tokens", "8")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    assert "tok/s" in r.stderr and "acceptance" in r.stderr
