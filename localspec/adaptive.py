@@ -1,18 +1,257 @@
-"""Adaptive speculation (`--gamma auto`). Placeholder: fixed γ=4 until issue 3 lands."""
+"""Adaptive speculation (`--gamma auto`): each round, draft what maximizes tokens/s.
+
+Measured online, per conversation:
+- α_i, the chance that draft position i is accepted given the ones before it were, per
+  draft source (n-gram lookup, draft model), as moving averages so a change of topic
+  shows within a few rounds;
+- c, the draft model's cost per token (prior: its weight bytes relative to the target's);
+- T(k), the target's time to verify a batch of k tokens, fitted as a line a + b(k-1)
+  (on a GPU b ≈ 0; on a CPU anywhere from 0.1a to 0.7a).
+
+A round that drafts k tokens yields E(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j tokens (Leviathan et
+al.: (1 - α^(k+1)) / (1 - α) for a constant α) in k·c + T(k+1) seconds. Each round takes
+the source and k with the best E/time, k = 0 (plain decoding) included, so speculation
+that does not pay is switched off. A source left idle is probed again once the time
+since its last use would have paid for the probe PROBE_SHARE times over, so probing
+costs at most that share. Hybrid drafting: a prompt-lookup match is free, so it goes
+first; the draft model drafts when there is none, or extends it when that pays.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
 from .backend import Model
-from .drafters import DraftModel, NgramDrafter
-from .engine import Engine, FixedGamma
+from .drafters import Draft, DraftModel, Outcome, lookup
+from .engine import Engine
+from .sampling import SamplingParams
+
+GAMMA_MAX = 8
+EMA_WEIGHT = 0.15
+PROBE_SHARE = 0.02  # at most this share of the time goes to probing idle sources
+CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
+CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
+SOURCES = ("ngram", "draft")
 
 
-class AdaptiveGamma(FixedGamma):
-    def __init__(self) -> None:
-        super().__init__(4)
+@dataclass
+class Acceptance:
+    """α_i per draft position, as exponential moving averages. A position not yet
+    drafted takes the α of the one before it, so a deeper draft gets tried."""
+
+    alpha: list[float]
+    seen: list[bool] = field(default_factory=lambda: [False] * GAMMA_MAX)
+
+    @classmethod
+    def prior(cls, value: float) -> Acceptance:
+        return cls([value] * GAMMA_MAX)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        # position i tells something only if all before it were accepted
+        for i in range(min(accepted + 1, drafted)):
+            if not self.seen[i] and i > 0:
+                self.alpha[i] = self.alpha[i - 1]
+            self.seen[i] = True
+            self.alpha[i] += EMA_WEIGHT * (float(i < accepted) - self.alpha[i])
+        for i in range(1, GAMMA_MAX):
+            if not self.seen[i]:
+                self.alpha[i] = self.alpha[i - 1]
+
+    def expected(self, k: int) -> np.ndarray:
+        """E(j) - 1 for j = 1..k: the expected accepted tokens when drafting j."""
+        return np.cumsum(np.cumprod(self.alpha[:k]))
+
+    def all_accepted(self, k: int) -> float:
+        return float(np.prod(self.alpha[:k]))
+
+
+@dataclass
+class VerifyCost:
+    """T(k) = a + b(k-1), least squares over moving averages of each timed batch size."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+    a: float = 0.0
+    b: float = 0.0
+
+    def observe(self, k: int, seconds: float) -> None:
+        old = self.seconds.get(k)
+        self.seconds[k] = seconds if old is None else old + 2 * EMA_WEIGHT * (seconds - old)
+        self.a, self.b = self._fit()
+
+    def _fit(self) -> tuple[float, float]:
+        ks = np.array(sorted(self.seconds), dtype=float)
+        ts = np.array([self.seconds[int(k)] for k in ks])
+        if len(ks) >= 2:
+            b, a = np.polyfit(ks - 1, ts, 1)
+            if b >= 0 and a > 0:
+                return float(a), float(b)
+        a = float(np.mean(ts / (1 + CPU_SLOPE * (ks - 1))))
+        return a, CPU_SLOPE * a
+
+    def batch(self, ks: np.ndarray) -> np.ndarray:
+        """T(k) for each k: its own average where timed (CPU costs rise in steps, not on
+        a line). The first untimed size above the timed ones is assumed as cheap as the
+        largest timed one (T never falls with k), so it gets tried and timed."""
+        return np.array([self._one(int(k)) for k in ks])
+
+    def _one(self, k: int) -> float:
+        if k in self.seconds:
+            return self.seconds[k]
+        below = [t for j, t in self.seconds.items() if j < k]
+        floor = max(below, default=self.a)
+        if k == max(self.seconds, default=0) + 1:
+            return floor
+        return max(floor, self.a + self.b * (k - 1))
+
+
+@dataclass(frozen=True)
+class Choice:
+    source: str  # "none", "ngram", "draft", "ngram+draft"
+    k: int  # tokens to draft in all
+    gain: float  # expected tokens/s relative to plain decoding (0 for a probe)
+    ngram: int = 0  # of which from the n-gram match
+
+
+class AdaptiveDrafter:
+    """Hybrid n-gram + draft-model drafting, γ chosen each round for speed."""
+
+    name = "auto"
+
+    def __init__(self, draft_model: Model | None = None, cost_ratio: float = 0.3) -> None:
+        """`cost_ratio`: prior for c / T(1) until the draft model has been timed."""
+        self.model = DraftModel(draft_model) if draft_model is not None else None
+        self.cost_ratio = cost_ratio
+        self.alpha = {"ngram": Acceptance.prior(0.7), "draft": Acceptance.prior(0.7)}
+        self.verify = VerifyCost()
+        self.idle_s = dict.fromkeys(SOURCES, 0.0)  # decode time since each was last used
+        self._last: Choice | None = None
+        self._draft_s = 0.0
+
+    @property
+    def busy_s(self) -> float:
+        return self.model.busy_s if self.model else 0.0
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.model.n_ctx if self.model else 1 << 30
+
+    @property
+    def draft_cost(self) -> float:
+        """c: seconds per draft-model token."""
+        if self.model is None:
+            return 0.0
+        return self.model.step_s or self.cost_ratio * self.verify.a
+
+    # --- the round ------------------------------------------------------------------
+    def draft(
+        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        gamma = min(gamma, GAMMA_MAX)
+        match = lookup(np.asarray(context, dtype=np.int32), gamma, n_max=4, n_min=2)
+        lag = len(context) - len(self.model.model.cached) if self.model else 0
+        choice = self.choose(len(match), gamma, lag)
+        self._last = choice
+        tokens, q = match[: choice.ngram], [None] * choice.ngram
+        busy = self.busy_s
+        if self.model is not None and choice.k > choice.ngram:
+            self.model.p_min = self.p_min()
+            more = self.model.draft([*context, *tokens], choice.k - choice.ngram, params, rng)
+            tokens, q = tokens + more.tokens, q + more.q
+        self._draft_s = self.busy_s - busy
+        return Draft(tokens, q, by=choice.source, planned=choice.k, why=self.explain(choice))
+
+    def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
+        if self.model is not None:
+            self.model.accept(tokens, outcome)
+        choice = self._last
+        if choice is None:
+            return
+        self.verify.observe(outcome.drafted + 1, outcome.verify_s)
+        n_ng = min(choice.ngram, outcome.drafted)
+        if n_ng:
+            self.alpha["ngram"].observe(n_ng, min(outcome.accepted, n_ng))
+        if outcome.drafted > n_ng and outcome.accepted >= n_ng:
+            self.alpha["draft"].observe(outcome.drafted - n_ng, outcome.accepted - n_ng)
+        spent = self._draft_s + outcome.verify_s
+        for source in SOURCES:
+            if source in choice.source:
+                self.idle_s[source] = 0.0
+            else:
+                self.idle_s[source] += spent
+
+    # --- the decision ---------------------------------------------------------------
+    def catchup_cost(self, lag: int) -> float:
+        """Seconds for the draft model to read the `lag` tokens it has not seen."""
+        if self.model is None or lag <= 1:
+            return 0.0
+        return (lag - 1) * (self.model.catchup_s or self.draft_cost / 2)
+
+    def choose(self, matched: int, gamma: int, lag: int = 0) -> Choice:
+        """The source and k with the best expected tokens/s (see the module docstring)."""
+        if gamma == 0 or not self.verify.seconds:
+            return Choice("none", 0, 1.0)  # time one plain round first: T(1)
+        a, c = self.verify.a, self.draft_cost
+        catchup = self.catchup_cost(lag) / CATCHUP_ROUNDS
+        options = [Choice("none", 0, 1.0)]
+        ks = np.arange(1, gamma + 1)
+        if m := min(matched, gamma):
+            gains = (1 + self.alpha["ngram"].expected(m)) * a / self.verify.batch(ks[:m] + 1)
+            options += [Choice("ngram", k, g, k) for k, g in zip(ks[:m], gains, strict=True)]
+        if self.model is not None:
+            dm = self.alpha["draft"]
+            gains = (1 + dm.expected(gamma)) * a / (catchup + ks * c + self.verify.batch(ks + 1))
+            options += [Choice("draft", k, g) for k, g in zip(ks, gains, strict=True)]
+            if m and m < gamma:
+                # the whole n-gram match, then the draft model goes on after it
+                rest = ks[: gamma - m]
+                ng_expected = self.alpha["ngram"].expected(m)[-1]
+                reach = self.alpha["ngram"].all_accepted(m)
+                tokens = 1 + ng_expected + reach * dm.expected(gamma - m)
+                cost = catchup + (rest + 1) * c + self.verify.batch(m + rest + 1)
+                gains = tokens * a / cost
+                options += [
+                    Choice("ngram+draft", m + j, g, m) for j, g in zip(rest, gains, strict=True)
+                ]
+        best = max(options, key=lambda o: o.gain)
+        return self._probe(matched, gamma, lag) if best.k == 0 else best
+
+    def _probe(self, matched: int, gamma: int, lag: int) -> Choice:
+        """Speculation does not pay by the estimates; try an idle source once its idle
+        time has paid for the probe, to notice when it pays again (a change of topic)."""
+        budget = {s: self.idle_s[s] * PROBE_SHARE for s in SOURCES}
+        k = min(2, gamma)
+        extra = k * self.verify.b  # the verify slots a probe adds
+        if matched and budget["ngram"] >= extra:
+            return Choice("ngram", min(matched, k), 0.0, min(matched, k))
+        draft_probe = self.catchup_cost(lag) + k * self.draft_cost + extra
+        if self.model is not None and budget["draft"] >= draft_probe:
+            return Choice("draft", k, 0.0)
+        return Choice("none", 0, 1.0)
+
+    def p_min(self) -> float:
+        """Draft-model early stop: an unsure token must be likely enough to pay for its
+        draft step and verify slot (c + b) out of the target step it saves (a)."""
+        a, b = self.verify.a, self.verify.b
+        return float(np.clip((self.draft_cost + b) / a, 0.05, 0.9)) if a > 0 else 0.5
+
+    def explain(self, choice: Choice) -> str:
+        """One line on why this round drafts what it drafts."""
+        a, b = self.verify.a, self.verify.b
+        if a == 0:
+            return "plain decoding: timing the target first"
+        head = f"{choice.source} γ={choice.k}" if choice.k else "plain decoding"
+        gain = f" ≈ {choice.gain:.2f}× plain" if choice.gain else " (probe)"
+        return (
+            f"{head}{gain}: α ngram {self.alpha['ngram'].alpha[0]:.2f}, "
+            f"draft {self.alpha['draft'].alpha[0]:.2f}; draft {self.draft_cost * 1e3:.0f} "
+            f"ms/token; verify {a * 1e3:.0f} ms + {b * 1e3:.0f} ms per extra token"
+        )
 
 
 def auto_engine(target: Model, draft: Model | None) -> Engine:
     """The engine `--gamma auto` runs: hybrid drafting with an adaptive γ."""
-    drafter = DraftModel(draft) if draft is not None else NgramDrafter()
-    return Engine(target, drafter, AdaptiveGamma())
+    ratio = draft.size_bytes / target.size_bytes if draft and target.size_bytes else 0.3
+    return Engine(target, AdaptiveDrafter(draft, cost_ratio=ratio), GAMMA_MAX)

@@ -114,6 +114,11 @@ class Model(ABC):
         """The vocabulary's own text for a token id (for compatibility checks)."""
 
     @property
+    def size_bytes(self) -> int:
+        """Weight bytes: a decode step reads them all, so sizes predict relative costs."""
+        return 0
+
+    @property
     def vocab_kind(self) -> str:
         """Tokenizer family (e.g. 'bpe', 'spm'); equal kinds are a precondition to pairing."""
         return "unknown"

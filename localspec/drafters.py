@@ -21,6 +21,18 @@ from .sampling import Probs, SamplingParams, greedy_token, logits_to_probs, samp
 class Draft:
     tokens: list[int] = field(default_factory=list)
     q: list[Probs | None] = field(default_factory=list)  # per token; None = certain
+    by: str = ""  # which source drafted, when a drafter combines several
+    planned: int | None = None  # γ the drafter chose (it may stop early)
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the target made of one round's draft."""
+
+    drafted: int
+    accepted: int
+    verify_s: float  # the target's time for the batch of drafted + 1 tokens
 
 
 class Drafter(Protocol):
@@ -37,8 +49,8 @@ class Drafter(Protocol):
         """Propose up to `gamma` tokens to follow `context`."""
         ...
 
-    def accept(self, tokens: Sequence[int], drafted: int, accepted: int) -> None:
-        """The target kept `accepted` of the `drafted` tokens; `tokens` is now the text."""
+    def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
+        """The target kept `outcome.accepted` drafted tokens; `tokens` is now the text."""
         ...
 
 
@@ -53,7 +65,7 @@ class NoDrafter:
     ) -> Draft:
         return Draft()
 
-    def accept(self, tokens: Sequence[int], drafted: int, accepted: int) -> None:
+    def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         pass
 
 
@@ -69,6 +81,8 @@ class DraftModel:
     def __init__(self, model: Model, p_min: float = 0.5) -> None:
         self.model = model
         self.p_min = p_min
+        self.step_s = 0.0  # moving average of a one-token draft step (0 = not yet timed)
+        self.catchup_s = 0.0  # same, per token of a catch-up batch (after plain rounds)
 
     @property
     def busy_s(self) -> float:
@@ -85,7 +99,7 @@ class DraftModel:
         qs: list[Probs | None] = []
         seq = list(context)
         for _ in range(gamma):
-            logits = self.model.evaluate(seq, 1)[0]
+            logits = self._step(seq)
             if top_prob(logits) < self.p_min:
                 break
             if params.greedy:
@@ -99,7 +113,19 @@ class DraftModel:
             seq.append(x)
         return Draft(tokens, qs)
 
-    def accept(self, tokens: Sequence[int], drafted: int, accepted: int) -> None:
+    def _step(self, seq: list[int]) -> np.ndarray:
+        """One draft forward pass; one-token passes are timed (catching up after plain
+        rounds is a batch, and would overstate the per-token cost)."""
+        decoded, busy = self.model.decoded, self.model.busy_s
+        logits = self.model.evaluate(seq, 1)[0]
+        n, took = self.model.decoded - decoded, self.model.busy_s - busy
+        if n == 1:
+            self.step_s = _ema(self.step_s, took)
+        elif n > 1:
+            self.catchup_s = _ema(self.catchup_s, took / n)
+        return logits
+
+    def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         self.model.rollback(tokens)  # drop the rejected draft tokens now, as the target does
 
 
@@ -120,8 +146,12 @@ class NgramDrafter:
         tokens = lookup(np.asarray(context, dtype=np.int32), gamma, self.n_max, self.n_min)
         return Draft(tokens, [None] * len(tokens))
 
-    def accept(self, tokens: Sequence[int], drafted: int, accepted: int) -> None:
+    def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         pass
+
+
+def _ema(old: float, new: float, weight: float = 0.2) -> float:
+    return new if old == 0 else old + weight * (new - old)
 
 
 def lookup(ctx: np.ndarray, gamma: int, n_max: int, n_min: int) -> list[int]:

@@ -13,12 +13,11 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from .backend import ContextFull, Model
-from .drafters import Draft, Drafter
+from .drafters import Draft, Drafter, Outcome
 from .events import Event, Finished, Piece, RoundEnd, Source, StatsRecorder, StopReason
 from .sampling import SamplingParams, greedy_token, logits_to_probs, sample
 from .text import TextStream
@@ -33,37 +32,17 @@ class GenerationConfig:
     trace: bool = False  # attach the target's top-2 logit margin to each piece
 
 
-class GammaPolicy(Protocol):
-    """Chooses γ for each round from what the rounds so far measured."""
-
-    def choose(self) -> int: ...
-
-    def observe(self, round: RoundEnd) -> None: ...
-
-    def describe(self) -> str: ...
-
-
-@dataclass
-class FixedGamma:
-    gamma: int
-
-    def choose(self) -> int:
-        return self.gamma
-
-    def observe(self, round: RoundEnd) -> None:
-        pass
-
-    def describe(self) -> str:
-        return f"γ fixed at {self.gamma}"
-
-
 class Engine:
-    """A target model, a drafter, and a γ policy: turns a prompt into events."""
+    """A target model and a drafter: turns a prompt into events.
 
-    def __init__(self, target: Model, drafter: Drafter, gamma: GammaPolicy | int = 4) -> None:
+    `gamma` is the most tokens a round may draft; an adaptive drafter chooses fewer (or
+    none) each round, a fixed one drafts that many unless its early stop cuts in.
+    """
+
+    def __init__(self, target: Model, drafter: Drafter, gamma: int = 4) -> None:
         self.target = target
         self.drafter = drafter
-        self.gamma = FixedGamma(gamma) if isinstance(gamma, int) else gamma
+        self.gamma = gamma
 
     def room(self, context_len: int) -> int:
         """How many more tokens fit into the smaller of the two contexts."""
@@ -105,25 +84,27 @@ class Engine:
             if room < 1:
                 out.stop_reason = "context_full"
                 break
-            gamma = max(0, min(self.gamma.choose(), room - 1, out.remaining - 1))
-            draft = self._timed_draft(rec, tokens, gamma, params, rng)
+            budget = max(0, min(self.gamma, room - 1, out.remaining - 1))
+            draft = self._timed_draft(rec, tokens, budget, params, rng)
+            verify_s = rec.llama_s
             logits = self._timed_score(rec, tokens + draft.tokens, len(draft.tokens) + 1)
+            verify_s = rec.llama_s - verify_s
             verdict = self._verify(draft, logits, params, tokens, rng)
             new = [*draft.tokens[: verdict.accepted], verdict.token]
             sources: list[Source] = ["draft"] * verdict.accepted + ["target"]
             answered = len(out.tokens)
             yield from out.emit(new, sources, logits if config.trace else None)
             tokens.extend(new[: out.kept_last])
-            self.accept(tokens, len(draft.tokens), verdict.accepted)
+            outcome = Outcome(len(draft.tokens), verdict.accepted, verify_s)
+            self.accept(tokens, outcome)
 
-            rec.observe_draft(len(draft.tokens), verdict.accepted)
+            rec.observe_draft(outcome.drafted, outcome.accepted)
             rec.observe_tokens(len(out.tokens) - answered)
-            rec.gamma, rec.drafter = gamma, self.drafter.name
-            round_end = RoundEnd(
-                self.drafter.name, gamma, len(draft.tokens), verdict.accepted, rec.snapshot()
+            rec.gamma = budget if draft.planned is None else draft.planned
+            rec.drafter = draft.by or self.drafter.name
+            yield RoundEnd(
+                rec.drafter, rec.gamma, outcome.drafted, outcome.accepted, rec.snapshot(), draft.why
             )
-            self.gamma.observe(round_end)
-            yield round_end
 
         if tail := out.stream.flush():
             yield Piece(tail, -1, "target")
@@ -132,11 +113,11 @@ class Engine:
         )
 
     # --- one step each ---------------------------------------------------------------
-    def accept(self, tokens: list[int], drafted: int, accepted: int) -> None:
+    def accept(self, tokens: list[int], outcome: Outcome) -> None:
         """Both caches keep the accepted text only: the target's last token is not yet
         evaluated (it starts the next round's batch), and the rejected tail goes."""
         self.target.rollback(tokens[:-1])
-        self.drafter.accept(tokens, drafted, accepted)
+        self.drafter.accept(tokens, outcome)
 
     def _timed_draft(
         self,
@@ -162,7 +143,11 @@ class Engine:
         return logits
 
     def _choose(
-        self, logits: np.ndarray, params: SamplingParams, history: list[int], rng: np.random.Generator
+        self,
+        logits: np.ndarray,
+        params: SamplingParams,
+        history: list[int],
+        rng: np.random.Generator,
     ) -> int:
         if params.greedy:
             return greedy_token(logits, params, history)

@@ -69,11 +69,12 @@ class Piece:
 
 @dataclass(frozen=True)
 class RoundEnd:
-    drafter: str
-    gamma: int
+    drafter: str  # who drafted this round: "draft", "ngram", "ngram+draft", "none"
+    gamma: int  # tokens the round meant to draft
     drafted: int
     accepted: int
     stats: Stats
+    why: str = ""  # an adaptive drafter's reason, in a line
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,10 @@ class LlamaModel(Model):
         return (ll.llama_vocab_get_text(self._vocab, token) or b"").decode("utf-8", "replace")
 
     @property
+    def size_bytes(self) -> int:
+        return int(ll.llama_model_size(self._model))
+
+    @property
     def vocab_kind(self) -> str:
         return _VOCAB_KINDS.get(ll.llama_vocab_type(self._vocab), "unknown")
 

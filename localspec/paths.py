@@ -1,4 +1,4 @@
-"""Where localspec keeps its files: one root, movable with $LOCALSPEC_HOME (tests use a temp dir)."""
+"""Where localspec keeps its files: one root, movable with $LOCALSPEC_HOME (tests use tmp)."""
 
 from __future__ import annotations
 

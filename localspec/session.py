@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
-from .backend import ModelError, check_compatible
-from .drafters import DraftModel, Drafter, NgramDrafter, NoDrafter
-from .engine import Engine, GammaPolicy, GenerationConfig
+from .adaptive import auto_engine
+from .backend import Model, ModelError, check_compatible
+from .drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
+from .engine import Engine, GenerationConfig
 from .events import Event
 from .llama import LlamaModel, LoadOptions
 
@@ -33,8 +34,8 @@ class SessionConfig:
     target: str  # .gguf path or catalog id
     draft: str = "none"  # .gguf path, catalog id, "ngram" or "none"
     gamma: int | str = 4  # a number, or "auto" (adaptive)
-    target_load: LoadOptions = LoadOptions()
-    draft_load: LoadOptions = LoadOptions()
+    target_load: LoadOptions = field(default_factory=LoadOptions)
+    draft_load: LoadOptions = field(default_factory=LoadOptions)
     p_min: float = 0.5
 
 
@@ -46,16 +47,6 @@ def resolve_model(spec: str) -> Path:
     from . import catalog  # catalog ids: only when the spec is not a path
 
     return catalog.resolve_installed(spec)
-
-
-def make_gamma(gamma: int | str) -> GammaPolicy | int:
-    if isinstance(gamma, int):
-        return gamma
-    if gamma == "auto":
-        from .adaptive import AdaptiveGamma
-
-        return AdaptiveGamma()
-    raise ModelError(f"gamma must be a number or 'auto', not {gamma!r}")
 
 
 class Session:
@@ -122,19 +113,26 @@ def open_session(config: SessionConfig) -> Session:
     target = LlamaModel(resolve_model(config.target), config.target_load)
     draft_model: LlamaModel | None = None
     try:
-        drafter: Drafter
-        if config.draft == "none":
-            drafter = NoDrafter()
-        elif config.draft == "ngram":
-            drafter = NgramDrafter()
-        else:
+        if config.draft not in MODEL_FREE_DRAFTERS:
             draft_model = LlamaModel(resolve_model(config.draft), config.draft_load)
             check_compatible(target, draft_model)
-            drafter = DraftModel(draft_model, p_min=config.p_min)
     except BaseException:
         target.close()
         if draft_model is not None:
             draft_model.close()
         raise
-    gamma = 0 if config.draft == "none" else make_gamma(config.gamma)
-    return Session(Engine(target, drafter, gamma), draft_model)
+    return Session(make_engine(target, draft_model, config), draft_model)
+
+
+def make_engine(target: Model, draft_model: Model | None, config: SessionConfig) -> Engine:
+    """The drafter the config names: none, n-grams or the draft model, fixed or auto."""
+    if config.draft == "none":
+        return Engine(target, NoDrafter(), 0)
+    if config.gamma == "auto":
+        return auto_engine(target, draft_model)
+    if not isinstance(config.gamma, int):
+        raise ModelError(f"gamma must be a number or 'auto', not {config.gamma!r}")
+    drafter: Drafter = (
+        NgramDrafter() if draft_model is None else DraftModel(draft_model, config.p_min)
+    )
+    return Engine(target, drafter, config.gamma)

@@ -17,7 +17,7 @@ def installed(model_id: str) -> Path:
 
     try:
         return catalog.resolve_installed(model_id)
-    except Exception as e:  # noqa: BLE001 - any reason means the set-up did not run
+    except Exception as e:
         pytest.fail(f"{model_id} is not installed ({e}); run ./scripts/setup.sh")
 
 

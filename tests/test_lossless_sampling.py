@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.drafters import DraftModel, Drafter, NgramDrafter
+from localspec.drafters import Drafter, DraftModel, NgramDrafter
 from localspec.engine import Engine, GenerationConfig
 from localspec.sampling import SamplingParams, logits_to_probs
 from localspec.toy import ToyModel, markov
@@ -41,7 +41,8 @@ def run_many(drafter: Drafter, target: ToyModel, prompt: list[int], n: int, posi
     drafted = accepted = 0
     engine = Engine(target, drafter, gamma=3)
     for seed in range(n):
-        config = GenerationConfig(max_tokens=positions, sampling=SamplingParams(**PARAMS, seed=seed))
+        sampling = SamplingParams(**PARAMS, seed=seed)
+        config = GenerationConfig(max_tokens=positions, sampling=sampling)
         *_, done = engine.generate(prompt, config)
         for k, tok in enumerate(done.tokens):
             counts[k, tok] += 1

@@ -137,7 +137,7 @@ def test_a_draft_with_another_vocabulary_is_refused(real_models, gemma_path):
     target, _ = real_models
     gemma = LlamaModel(gemma_path, LoadOptions(n_ctx=256, n_threads=2))
     try:
-        with pytest.raises(ModelError, match="cannot be paired|vocabular"):
+        with pytest.raises(ModelError, match=r"cannot be paired|vocabular"):
             check_compatible(target, gemma)
     finally:
         gemma.close()
