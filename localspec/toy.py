@@ -8,6 +8,7 @@ stack (engine, CLI, UI) can run against it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -27,17 +28,28 @@ ASSISTANT = b"<|assistant|>"
 class ToyModel(Model):
     """A model whose next-token logits are `logits_fn(context)`; tokens are bytes."""
 
-    def __init__(self, logits_fn: LogitsFn, n_vocab: int = 258, n_ctx: int = 4096,
-                 name: str = "toy") -> None:
+    def __init__(
+        self,
+        logits_fn: LogitsFn,
+        n_vocab: int = 258,
+        n_ctx: int = 4096,
+        name: str = "toy",
+        pass_s: float = 0.0,
+        token_s: float = 0.0,
+    ) -> None:
+        """`pass_s` + `token_s` per token: simulated time a pass takes (a sleep)."""
         super().__init__()
         self.logits_fn = logits_fn
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
         self.name = name
+        self.pass_s, self.token_s = pass_s, token_s
         self.decode_calls = 0  # how many passes ran: the test of "one pass per round"
 
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
         self.decode_calls += 1
+        if self.pass_s or self.token_s:
+            time.sleep(self.pass_s + self.token_s * len(tokens))
         context = [*self.cached[:pos], *tokens]
         end = len(context)
         rows = [self.logits_fn(context[: end - n_logits + i + 1]) for i in range(n_logits)]

@@ -1,0 +1,99 @@
+"""`--gamma auto`: the cost model, the choice it makes, and that it never loses much."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.adaptive import Acceptance, AdaptiveDrafter, VerifyCost, auto_engine
+from localspec.drafters import Outcome
+from localspec.events import RoundEnd
+from localspec.toy import ToyModel, scripted
+
+
+def test_expected_tokens_match_the_closed_form_for_constant_alpha():
+    alpha = 0.8
+    acc = Acceptance.prior(alpha)
+    for k in range(1, 6):
+        assert 1 + acc.expected(k)[-1] == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha))
+
+
+def test_acceptance_learns_per_position():
+    acc = Acceptance.prior(0.5)
+    for _ in range(60):
+        acc.observe(drafted=4, accepted=1)  # first always right, second always wrong
+    assert acc.alpha[0] > 0.95 and acc.alpha[1] < 0.05
+    assert acc.alpha[2] == acc.alpha[1]  # never reached: assumed like the one before
+
+
+def test_verify_cost_fits_a_line_and_tries_the_next_batch_size():
+    cost = VerifyCost()
+    for k, t in [(1, 0.10), (2, 0.12), (3, 0.14)]:
+        cost.observe(k, t)
+    assert cost.a == pytest.approx(0.10) and cost.b == pytest.approx(0.02)
+    t4, t6 = cost.batch(np.array([4, 6]))
+    assert t4 == pytest.approx(0.14)  # untimed next size: optimistic, so it gets tried
+    assert t6 == pytest.approx(0.20)
+
+
+def drafter_with(a: float, b: float, c: float, alpha: float) -> AdaptiveDrafter:
+    d = AdaptiveDrafter(ToyModel(scripted("x")))
+    for k in range(1, 9):
+        d.verify.observe(k, a + b * (k - 1))
+    d.model.step_s = c  # type: ignore[union-attr]
+    d.alpha["draft"] = Acceptance.prior(alpha)
+    return d
+
+
+def test_cheap_accurate_draft_is_used_deeply():
+    choice = drafter_with(a=0.10, b=0.005, c=0.01, alpha=0.9).choose(matched=0, gamma=8)
+    assert choice.source == "draft" and choice.k >= 4 and choice.gain > 1.5
+
+
+def test_expensive_draft_means_plain_decoding():
+    choice = drafter_with(a=0.10, b=0.05, c=0.08, alpha=0.7).choose(matched=0, gamma=8)
+    assert choice.k == 0
+
+
+def test_free_ngram_match_beats_the_draft_model_when_it_is_reliable():
+    d = drafter_with(a=0.10, b=0.005, c=0.05, alpha=0.6)
+    d.alpha["ngram"] = Acceptance.prior(0.95)
+    assert d.choose(matched=6, gamma=8).source.startswith("ngram")
+
+
+def test_idle_sources_are_probed_on_a_small_budget():
+    d = drafter_with(a=0.10, b=0.05, c=0.08, alpha=0.3)
+    probes = 0
+    for _ in range(400):
+        choice = d.choose(matched=0, gamma=8)
+        d._last = choice
+        spent = 0.1 if choice.k == 0 else 0.1 + choice.k * (0.08 + 0.05)
+        d.accept([], Outcome(choice.k, 0, spent))
+        probes += choice.k > 0
+    assert 1 <= probes <= 20  # noticed, but probing stays a small share
+
+
+REPLY = "def area(r):\n    return 3.14159 * r * r\n" * 3
+
+
+def conversation(draft_reply: str, target_cost=(0.004, 0.0005), draft_cost=(0.0, 0.0003)):
+    reply = REPLY
+    target = ToyModel(scripted(reply), pass_s=target_cost[0], token_s=target_cost[1])
+    draft = ToyModel(scripted(draft_reply), pass_s=draft_cost[0], token_s=draft_cost[1])
+    return target, draft, reply
+
+
+def test_auto_speeds_up_a_good_draft_and_picks_plain_for_a_useless_one():
+    target, draft, reply = conversation(draft_reply=REPLY)
+    good = list(auto_engine(target, draft).generate(target.tokenize("<|assistant|>")))
+    rounds = [e for e in good if isinstance(e, RoundEnd)]
+    assert good[-1].text == reply
+    assert good[-1].stats.mean_accepted_len > 2.5 and rounds[-1].why
+
+    # a draft that is always wrong and costs 40% of a target pass per token
+    target, draft, reply = conversation("z" * 200, draft_cost=(0.0, 0.002))
+    bad = list(auto_engine(target, draft).generate(target.tokenize("<|assistant|>")))
+    rounds = [e for e in bad if isinstance(e, RoundEnd)]
+    assert bad[-1].text == reply
+    assert sum("draft" in e.drafter for e in rounds) <= 6  # a first try, then plain
+    assert any(e.drafter == "ngram" and e.accepted for e in rounds)  # the reply repeats
