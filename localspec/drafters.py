@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from .backend import Model
-from .sampling import Probs, SamplingParams, greedy_token, logits_to_probs, sample, top_prob
+from .sampling import Probs, SamplingParams, logits_to_probs, penalize, sample, top2
 
 
 @dataclass(frozen=True)
@@ -100,15 +100,17 @@ class DraftModel:
         seq = list(context)
         for _ in range(gamma):
             logits = self._step(seq)
-            if top_prob(logits) < self.p_min:
-                break
             if params.greedy:
-                x = greedy_token(logits, params, seq)
-                qs.append(None)  # greedy verification needs no q
+                x, confidence = top2(penalize(logits, params, seq))
+                q = None  # greedy verification needs no q
             else:
                 q = logits_to_probs(logits, params, seq)
+                confidence = float(q.max())
+            if confidence < self.p_min:
+                break
+            if q is not None:
                 x = sample(q, rng)
-                qs.append(q)
+            qs.append(q)
             tokens.append(x)
             seq.append(x)
         return Draft(tokens, qs)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from localspec.sampling import SamplingParams, logits_to_probs, penalize, sample, top_prob
+from localspec.sampling import SamplingParams, logits_to_probs, penalize, sample, top2
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.06, 0.04]))
 
@@ -32,8 +32,11 @@ def test_repetition_penalty_follows_llama_cpp_sign_rule():
     np.testing.assert_allclose(out, [1.0, -4.0, 1.0])
 
 
-def test_top_prob_matches_softmax():
-    assert top_prob(LOGITS.astype(np.float32)) == pytest.approx(0.5, rel=1e-6)
+def test_top2_gives_the_argmax_and_its_share_of_the_top_two():
+    logits = LOGITS.astype(np.float32)
+    token, confidence = top2(logits)
+    assert token == 0 and confidence == pytest.approx(0.5 / 0.75, rel=1e-6)
+    np.testing.assert_array_equal(logits, LOGITS.astype(np.float32))  # left as it was
 
 
 def test_sample_follows_probs():
