@@ -27,7 +27,7 @@ import numpy as np
 from .backend import Model
 from .drafters import Draft, DraftModel, Outcome, lookup
 from .engine import Engine
-from .sampling import SamplingParams
+from .sampling import Probs, SamplingParams
 
 GAMMA_MAX = 8
 EMA_WEIGHT = 0.15
@@ -154,7 +154,8 @@ class AdaptiveDrafter:
         lag = len(context) - len(self.model.model.cached) if self.model else 0
         choice = self.choose(len(match), gamma, lag)
         self._last = choice
-        tokens, q = match[: choice.ngram], [None] * choice.ngram
+        tokens = match[: choice.ngram]
+        q: list[Probs | None] = [None] * choice.ngram
         busy = self.busy_s
         if self.model is not None and choice.k > choice.ngram:
             self.model.p_min = self.p_min()
@@ -199,11 +200,13 @@ class AdaptiveDrafter:
         ks = np.arange(1, gamma + 1)
         if m := min(matched, gamma):
             gains = (1 + self.alpha["ngram"].expected(m)) * a / self.verify.batch(ks[:m] + 1)
-            options += [Choice("ngram", k, g, k) for k, g in zip(ks[:m], gains, strict=True)]
+            options += [
+                Choice("ngram", int(k), g, int(k)) for k, g in zip(ks[:m], gains, strict=True)
+            ]
         if self.model is not None:
             dm = self.alpha["draft"]
             gains = (1 + dm.expected(gamma)) * a / (catchup + ks * c + self.verify.batch(ks + 1))
-            options += [Choice("draft", k, g) for k, g in zip(ks, gains, strict=True)]
+            options += [Choice("draft", int(k), g) for k, g in zip(ks, gains, strict=True)]
             if m and m < gamma:
                 # the whole n-gram match, then the draft model goes on after it
                 rest = ks[: gamma - m]
@@ -213,7 +216,8 @@ class AdaptiveDrafter:
                 cost = catchup + (rest + 1) * c + self.verify.batch(m + rest + 1)
                 gains = tokens * a / cost
                 options += [
-                    Choice("ngram+draft", m + j, g, m) for j, g in zip(rest, gains, strict=True)
+                    Choice("ngram+draft", m + int(j), g, m)
+                    for j, g in zip(rest, gains, strict=True)
                 ]
         best = max(options, key=lambda o: o.gain)
         return self._probe(matched, gamma, lag) if best.k == 0 else best

@@ -73,7 +73,7 @@ class Engine:
         logits = self._timed_score(rec, tokens, 1)
         first = self._choose(logits[0], params, tokens, rng)
         rec.observe_first_token()
-        yield from out.emit([first], ["target"], logits if config.trace else None)
+        yield from out.emit([first], 0, logits if config.trace else None)
         tokens.append(first)
 
         while out.stop_reason is None:
@@ -91,9 +91,8 @@ class Engine:
             verify_s = rec.llama_s - verify_s
             verdict = self._verify(draft, logits, params, tokens, rng)
             new = [*draft.tokens[: verdict.accepted], verdict.token]
-            sources: list[Source] = ["draft"] * verdict.accepted + ["target"]
             answered = len(out.tokens)
-            yield from out.emit(new, sources, logits if config.trace else None)
+            yield from out.emit(new, verdict.accepted, logits if config.trace else None)
             tokens.extend(new[: out.kept_last])
             outcome = Outcome(len(draft.tokens), verdict.accepted, verify_s)
             self.accept(tokens, outcome)
@@ -192,11 +191,11 @@ class _Output:
     def remaining(self) -> int:
         return self.max_tokens - len(self.tokens)
 
-    def emit(
-        self, new: list[int], sources: list[Source], logits: np.ndarray | None
-    ) -> Iterator[Piece]:
+    def emit(self, new: list[int], drafted: int, logits: np.ndarray | None) -> Iterator[Piece]:
+        """`new`: the round's tokens, of which the first `drafted` came from the draft."""
         self.kept_last = 0
-        for i, (token, source) in enumerate(zip(new, sources, strict=True)):
+        for i, token in enumerate(new):
+            source: Source = "draft" if i < drafted else "target"
             self.kept_last += 1
             if self.target.is_eog(token):
                 self.stop_reason = "eog"

@@ -93,7 +93,7 @@ class Session:
             self.draft_model.close()
 
 
-def _formatter(model: LlamaModel) -> object:
+def _formatter(model: Model) -> object:
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     template = model.chat_template()

@@ -36,7 +36,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..engine import GenerationConfig
     from ..events import Finished, Piece
-    from ..session import open_session
+    from ..session import Message, open_session
 
     prompt = read_prompt(args)
     config = GenerationConfig(
@@ -47,8 +47,11 @@ def run(args: argparse.Namespace) -> int:
         if args.raw:
             events = session.complete(prompt, config)
         else:
-            messages = [{"role": "system", "content": args.system}] if args.system else []
-            events = session.chat([*messages, {"role": "user", "content": prompt}], config)
+            messages: list[Message] = []
+            if args.system:
+                messages.append({"role": "system", "content": args.system})
+            messages.append({"role": "user", "content": prompt})
+            events = session.chat(messages, config)
         for event in events:
             if isinstance(event, Piece) and not args.json:
                 sys.stdout.write(event.text)
