@@ -22,6 +22,10 @@ class ModelError(LocalspecError):
     """A model could not be loaded or run; the message is meant for the user."""
 
 
+class LoadFailed(ModelError):
+    """llama.cpp could not load a model or allocate its context (most often: memory)."""
+
+
 class ContextFull(ModelError):
     """The tokens do not fit in the model's context window."""
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
-from .backend import ContextFull, Model, ModelError
+from .backend import ContextFull, LoadFailed, Model, ModelError
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 _GGUF_MAGIC = b"GGUF"
@@ -73,7 +73,7 @@ class LlamaModel(Model):
         mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 999
         self._model = ll.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
-            raise ModelError(f"llama.cpp could not load {path} (corrupt file or out of memory)")
+            raise LoadFailed(f"llama.cpp could not load {path} (out of memory, or a corrupt file)")
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         threads = options.n_threads or default_threads()
@@ -85,7 +85,7 @@ class LlamaModel(Model):
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             ll.llama_model_free(self._model)
-            raise ModelError(f"llama.cpp could not create a context of {options.n_ctx} tokens")
+            raise LoadFailed(f"not enough memory for a context of {options.n_ctx} tokens")
         self.n_ctx = ll.llama_n_ctx(self._ctx)
         self.n_batch = options.n_batch
         self._mem = ll.llama_get_memory(self._ctx)

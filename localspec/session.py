@@ -9,17 +9,17 @@ earlier turn, so a new turn only evaluates what is new.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypedDict
 
 from .adaptive import auto_engine
-from .backend import Model, ModelError, check_compatible
+from .backend import LoadFailed, Model, ModelError, check_compatible
 from .drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
 from .engine import Engine, GenerationConfig
 from .events import Event
-from .llama import LlamaModel, LoadOptions
+from .llama import LlamaModel, LoadOptions, supports_gpu_offload
 
 MODEL_FREE_DRAFTERS = ("ngram", "none")
 
@@ -55,6 +55,7 @@ class Session:
         self.target = engine.target
         self.draft_model = draft_model
         self._template: object | None = None
+        self.notes: list[str] = []  # what loading had to give up, for the user
         self.lock = threading.Lock()  # one generation at a time per loaded pair
 
     @property
@@ -108,8 +109,49 @@ def _formatter(model: Model) -> object:
     )
 
 
-def open_session(config: SessionConfig) -> Session:
-    """Load the target and the drafter named in `config`."""
+def open_session(
+    config: SessionConfig, say: Callable[[str], None] = lambda _line: None
+) -> Session:
+    """Load the target and the drafter named in `config`. When llama.cpp cannot load
+    them (memory, mostly), back off: a smaller context, then fewer target layers on the
+    GPU, then no draft model; each step is told through `say`."""
+    failure: LoadFailed | None = None
+    for attempt, change in backoff(config):
+        if failure is not None:
+            say(f"{failure}; retrying with {change}")
+        try:
+            session = _load(attempt)
+        except LoadFailed as e:
+            failure = e
+            continue
+        if failure is not None:
+            session.notes.append(f"loaded with {change} ({failure})")
+        return session
+    assert failure is not None
+    raise failure
+
+
+def backoff(config: SessionConfig) -> Iterator[tuple[SessionConfig, str]]:
+    """The config, then ever smaller ones: context, target GPU layers, draft."""
+    yield config, "the planned settings"
+    load = config.target_load
+    n_ctx = load.n_ctx
+    while n_ctx > 1024:
+        n_ctx //= 2
+        load = replace(load, n_ctx=n_ctx)
+        draft_load = replace(config.draft_load, n_ctx=n_ctx)
+        config = replace(config, target_load=load, draft_load=draft_load)
+        yield config, f"a context of {n_ctx} tokens"
+    layers = load.n_gpu_layers if load.n_gpu_layers >= 0 else 64
+    while layers > 0 and supports_gpu_offload():
+        layers //= 2
+        config = replace(config, target_load=replace(config.target_load, n_gpu_layers=layers))
+        yield config, f"{layers} target layers on the GPU"
+    if config.draft not in MODEL_FREE_DRAFTERS:
+        yield replace(config, draft="ngram"), "n-gram drafting instead of the draft model"
+
+
+def _load(config: SessionConfig) -> Session:
     target = LlamaModel(resolve_model(config.target), config.target_load)
     draft_model: LlamaModel | None = None
     try:
