@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     config = GenerationConfig(
         max_tokens=args.max_tokens, sampling=sampling_params(args), stop=tuple(args.stop)
     )
-    session = open_session(session_config(args))
+    session = open_session(session_config(args), say=warn)
     try:
         if args.raw:
             events = session.complete(prompt, config)
@@ -61,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         session.close()
     return 0
+
+
+def warn(line: str) -> None:
+    print(f"localspec: {line}", file=sys.stderr)
 
 
 def finish(done, as_json: bool) -> None:  # done: Finished
