@@ -145,3 +145,19 @@ def test_a_draft_with_another_vocabulary_is_refused(real_models, gemma_path):
 
 def test_the_real_pair_is_compatible(real_models):
     check_compatible(*real_models)
+
+
+def test_seeded_sampling_is_reproducible_with_the_real_pair(real_models):
+    from localspec.sampling import SamplingParams
+
+    target, draft = real_models
+    engine = Engine(target, DraftModel(draft), 3)
+    prompt = Session(engine).render(user(PROMPTS["chat"]))
+
+    def run(seed: int) -> Finished:
+        sampling = SamplingParams(temperature=0.9, seed=seed)
+        return list(engine.generate(prompt, GenerationConfig(max_tokens=24, sampling=sampling)))[-1]
+
+    first = run(5)
+    assert first.stats.drafted > 0 and first.text
+    assert run(5).tokens == first.tokens

@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="plain completion, no chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("--explain", action="store_true",
+                   help="print each round's drafting decision to stderr")
     p.set_defaults(func=run)
 
 
@@ -35,7 +37,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..engine import GenerationConfig
-    from ..events import Finished, Piece
+    from ..events import Finished, Piece, RoundEnd
     from ..session import Message, open_session
 
     prompt = read_prompt(args)
@@ -56,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
             if isinstance(event, Piece) and not args.json:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
+            elif isinstance(event, RoundEnd) and args.explain:
+                print(f"[round {event.stats.rounds}] {event.drafter} drafted {event.drafted}, "
+                      f"accepted {event.accepted}. {event.why}", file=sys.stderr)
             elif isinstance(event, Finished):
                 finish(event, args.json)
     finally:
