@@ -1,16 +1,158 @@
-"""`localspec bench` (placeholder until its issue lands)."""
+"""`localspec bench`: every mode side by side on one prompt suite; Markdown, JSON, PNG."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from pathlib import Path
 
 from ..errors import LocalspecError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="(not yet available)")
+    p = sub.add_parser(
+        "bench",
+        help="measure speedups: every mode on the same models, prompt by prompt",
+        description="Runs plain decoding and each speculative mode on every prompt, "
+        "interleaved, greedy, on the same loaded models; writes bench.md, bench.json and "
+        "bench.png, and prints the Markdown.",
+    )
+    g = p.add_argument_group("models")
+    g.add_argument("--target", "-t", help="target: a .gguf path or a catalog id "
+                   "(default: the machine's default pair)")
+    g.add_argument("--draft", "-d", help="draft: a .gguf path, a catalog id, or 'none'")
+    g.add_argument("--threads", type=int, default=0, help="CPU threads (default: physical cores)")
+    g.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096)")
+    g.add_argument("--n-gpu-layers", type=int, default=-1,
+                   help="target layers to offload to a GPU (default: all that fit)")
+    b = p.add_argument_group("bench")
+    b.add_argument("--prompts", type=Path,
+                   help='prompts file {"name": {"category": ..., "prompt": ...}} '
+                   "(default: the suite shipped with localspec)")
+    b.add_argument("--only", help="comma-separated prompt names or categories to run")
+    b.add_argument("--modes", default="baseline,draft,ngram,auto",
+                   help="comma-separated: baseline, draft, ngram, auto, draft-gN, ngram-gN "
+                   "(default: %(default)s; baseline always runs)")
+    b.add_argument("--gamma", "-g", type=int, default=4,
+                   help="γ of the draft and ngram modes (default 4)")
+    b.add_argument("--max-tokens", "-n", type=int, default=128,
+                   help="new tokens per answer (default 128)")
+    b.add_argument("--repeats", type=int, default=1,
+                   help="runs of each prompt and mode; figures are medians (default 1)")
+    b.add_argument("--out", type=Path, help="directory for bench.md/json/png "
+                   "(default: a new one under ~/.local/share/localspec/bench)")
+    b.add_argument("--peer", type=Path, help="JSON from scripts/peer_speculative.sh run --out: "
+                   "adds llama.cpp's speculative example, prompt for prompt")
+    b.add_argument("--no-chart", action="store_true", help="skip the PNG")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise LocalspecError("'bench' is not available yet")
+    from .. import bench
+    from ..llama import default_threads
+
+    if args.max_tokens < 1:
+        raise LocalspecError("--max-tokens must be at least 1")
+    if args.repeats < 1:
+        raise LocalspecError("--repeats must be at least 1")
+    if args.ctx < 16:
+        raise LocalspecError("--ctx must be at least 16")
+    prompts = bench.select_prompts(bench.load_prompts(args.prompts), args.only)
+    target_path, draft_path = resolve_pair(args.target, args.draft)
+    modes = bench.parse_modes(args.modes, args.gamma, have_draft=draft_path is not None)
+    peer = bench.load_peer(args.peer) if args.peer else None
+    out = args.out or default_out_dir()
+
+    target, draft = load_models(target_path, draft_path, args)
+    try:
+        print(f"bench: {len(prompts)} prompts × {len(modes)} modes × {args.repeats} "
+              f"on {target.name}" + (f" + {draft.name}" if draft else ""), file=sys.stderr)
+        report = bench.run_bench(
+            target, draft, prompts, modes,
+            bench.BenchConfig(max_tokens=args.max_tokens, repeats=args.repeats),
+            progress=ProgressLine(sys.stderr), peer=peer,
+            threads=args.threads or default_threads(),
+        )
+    finally:
+        target.close()
+        if draft is not None:
+            draft.close()
+    paths = bench.write_report(report, out, chart=not args.no_chart)
+    print(bench.to_markdown(report))
+    print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
+def resolve_pair(target: str | None, draft: str | None) -> tuple[Path, Path | None]:
+    """Paths of the target and draft: as given, else the machine's default pair."""
+    from ..session import resolve_model
+
+    if target is None:
+        try:
+            from ..pairing import default_pair
+        except ImportError:
+            raise LocalspecError("--target is required (no default pair yet)") from None
+        pair = default_pair(draft)
+        target, draft = pair.target, draft or pair.draft
+    if draft in (None, "none"):
+        return resolve_model(target), None
+    if draft == "ngram":
+        raise LocalspecError("--draft ngram: the ngram mode needs no draft; "
+                             "pass a draft model, or 'none'")
+    return resolve_model(target), resolve_model(draft)
+
+
+def load_models(target_path: Path, draft_path: Path | None, args: argparse.Namespace):
+    from ..backend import check_compatible
+    from ..llama import LlamaModel, LoadOptions
+
+    options = LoadOptions(n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers)
+    target = LlamaModel(target_path, options)
+    draft = None
+    try:
+        if draft_path is not None:
+            draft = LlamaModel(draft_path, LoadOptions(n_ctx=args.ctx, n_threads=args.threads))
+            check_compatible(target, draft)
+    except BaseException:
+        target.close()
+        if draft is not None:
+            draft.close()
+        raise
+    return target, draft
+
+
+def default_out_dir() -> Path:
+    from ..paths import home
+
+    return home() / "bench" / time.strftime("%Y%m%d-%H%M%S")
+
+
+class ProgressLine:
+    """One line per run on stderr: overwritten in place on a terminal, appended in logs."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.started = time.perf_counter()
+
+    def __call__(self, event) -> None:  # event: bench.Progress
+        head = (f"[{event.done + (event.figures is None):>{len(str(event.total))}}/"
+                f"{event.total}] {event.prompt.name:<24} {event.mode.name:<10}")
+        if event.figures is None:
+            if self.tty:
+                self.stream.write(f"\r\033[K{head} …{self._eta(event)}")
+                self.stream.flush()
+            return
+        f = event.figures
+        line = f"{head} {f.tokens_per_s:6.2f} tok/s"
+        if event.speedup is not None and event.mode.kind != "baseline":
+            line += f"  {event.speedup:.2f}×  accept {f.acceptance_rate:.0%}"
+        self.stream.write(("\r\033[K" if self.tty else "") + line + "\n")
+        self.stream.flush()
+
+    def _eta(self, event) -> str:
+        if not event.done:
+            return ""
+        left = (time.perf_counter() - self.started) / event.done * (event.total - event.done)
+        return f"  ({left / 60:.0f} min left)" if left >= 60 else f"  ({left:.0f} s left)"

@@ -1,0 +1,761 @@
+"""`localspec bench`: every decoding mode on the same loaded models, side by side.
+
+Runs are interleaved prompt by prompt (for each repeat, for each prompt, every mode in
+turn) in one process on the same two loaded models, greedy, so each speedup is the ratio
+of two runs made seconds apart on the same weights, threads and machine state. Every run
+starts cold, as `localspec run` does: both KV caches are cleared, the prompt is prefilled,
+and the engine is built fresh (an adaptive drafter starts from its priors). The prompt's
+tokens are rendered once, through the target's chat template, and shared by every mode.
+
+Per prompt and mode: decode tokens/s, speedup over the baseline run of the same repeat,
+acceptance, mean accepted length (the target's own token counted, as in vLLM), TTFT,
+per-token latency p50/p95, the share of decode time spent outside llama.cpp, and greedy
+agreement with the baseline (identical, or where the two first differ and how close a
+tie the baseline had there). Reports: Markdown, JSON with every figure, PNG chart.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from .backend import Model
+from .errors import LocalspecError
+
+MODE_KINDS = ("baseline", "draft", "ngram", "auto")
+MODE_RE = re.compile(r"^(baseline|draft|ngram|auto)(?:-g(\d+))?$")
+DEFAULT_MODES = "baseline,draft,ngram,auto"
+PROMPT_KEYS = {"category", "prompt"}
+NEAR_TIE = 1.0  # logits: batched and one-token kernels differ by up to ~0.5 on this CPU
+
+
+class BenchError(LocalspecError):
+    """A bench input (prompts file, modes, peer file) is wrong; one line for the user."""
+
+
+# --- prompts ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BenchPrompt:
+    name: str
+    category: str  # "code", "edit", "chat", "summarize", or any the file uses
+    prompt: str  # the user message; rendered with the target's chat template
+
+
+def default_prompts_path() -> Path:
+    return Path(str(resources.files("localspec") / "data" / "bench_prompts.json"))
+
+
+def load_prompts(path: Path | None = None) -> tuple[BenchPrompt, ...]:
+    """The suite in `path` (default: the one shipped with localspec), validated: every
+    problem in the file is reported at once, in one line."""
+    path = path or default_prompts_path()
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BenchError(f"prompts file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BenchError(f"cannot read prompts file {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise BenchError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    if not isinstance(data, dict) or not data:
+        raise BenchError(
+            f'{path}: expected an object of prompts, {{"name": {{"category": ..., '
+            f'"prompt": ...}}}}'
+        )
+    problems: list[str] = []
+    prompts: list[BenchPrompt] = []
+    for name, entry in data.items():
+        if not name.strip():
+            problems.append("a prompt has an empty name")
+            continue
+        if not isinstance(entry, dict):
+            problems.append(f"{name!r} is not an object")
+            continue
+        if missing := sorted(PROMPT_KEYS - entry.keys()):
+            problems.append(f"{name!r} lacks {', '.join(missing)}")
+        if unknown := sorted(entry.keys() - PROMPT_KEYS):
+            problems.append(f"{name!r} has unknown key(s) {', '.join(unknown)}")
+        bad = [k for k in sorted(PROMPT_KEYS & entry.keys())
+               if not isinstance(entry[k], str) or not entry[k].strip()]
+        problems += [f"{name!r}: {k} must be a non-empty string" for k in bad]
+        if not missing and not unknown and not bad:
+            prompts.append(BenchPrompt(name, entry["category"].strip(), entry["prompt"]))
+    if problems:
+        raise BenchError(f"{path}: " + "; ".join(problems))
+    return tuple(prompts)
+
+
+def select_prompts(prompts: Sequence[BenchPrompt], only: str | None) -> tuple[BenchPrompt, ...]:
+    """Prompts whose name or category is in the comma-separated `only` (all if None)."""
+    if not only:
+        return tuple(prompts)
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    known = {p.name for p in prompts} | {p.category for p in prompts}
+    if unknown := [w for w in wanted if w not in known]:
+        raise BenchError(
+            f"no prompt or category named {', '.join(unknown)} "
+            f"(categories: {', '.join(sorted({p.category for p in prompts}))})"
+        )
+    return tuple(p for p in prompts if p.name in wanted or p.category in wanted)
+
+
+# --- modes -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mode:
+    """One way to decode: `baseline` (plain), `draft`/`ngram` at a fixed γ, or `auto`."""
+
+    name: str
+    kind: str  # one of MODE_KINDS
+    gamma: int = 0  # fixed γ for draft/ngram; 0 for baseline and auto
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.kind == "draft"
+
+
+def parse_modes(text: str, gamma: int = 4, have_draft: bool = True) -> tuple[Mode, ...]:
+    """`baseline,draft,ngram,auto,draft-g2,...`: baseline is always run, first (every
+    speedup is a ratio to it); `draft`/`ngram` take `gamma`, `draft-gN` takes N."""
+    modes: dict[str, Mode] = {}
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        m = MODE_RE.match(word)
+        if m is None:
+            raise BenchError(
+                f"unknown mode {word!r}: use baseline, draft, ngram, auto, draft-gN or ngram-gN"
+            )
+        kind, n = m.group(1), m.group(2)
+        if n is not None and kind not in ("draft", "ngram"):
+            raise BenchError(f"mode {word!r}: only draft and ngram take a fixed γ (-gN)")
+        g = int(n) if n is not None else (gamma if kind in ("draft", "ngram") else 0)
+        if kind in ("draft", "ngram") and not 1 <= g <= 32:
+            raise BenchError(f"mode {word!r}: γ must be between 1 and 32")
+        modes[word] = Mode(word, kind, g)
+    if not have_draft and (need := [m.name for m in modes.values() if m.needs_draft_model]):
+        raise BenchError(f"mode(s) {', '.join(need)} need a draft model (--draft)")
+    baseline = modes.pop("baseline", Mode("baseline", "baseline"))
+    return (baseline, *modes.values())
+
+
+def build_engine(mode: Mode, target: Model, draft: Model | None):  # -> Engine
+    """A fresh engine for one run: no state carries over from the previous one."""
+    from .adaptive import auto_engine
+    from .drafters import DraftModel, NgramDrafter, NoDrafter
+    from .engine import Engine
+
+    if mode.kind == "baseline":
+        return Engine(target, NoDrafter(), 0)
+    if mode.kind == "draft":
+        if draft is None:
+            raise BenchError(f"mode {mode.name} needs a draft model")
+        return Engine(target, DraftModel(draft), mode.gamma)
+    if mode.kind == "ngram":
+        return Engine(target, NgramDrafter(), mode.gamma)
+    return auto_engine(target, draft)
+
+
+EngineFactory = Callable[[Mode, Model, Model | None], object]
+
+
+# --- results ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunFigures:
+    """One generation's figures, from the engine's Stats."""
+
+    tokens: int
+    stop_reason: str
+    tokens_per_s: float  # decode speed after the first token
+    ttft_s: float
+    itl_p50_s: float
+    itl_p95_s: float
+    acceptance_rate: float
+    mean_accepted_len: float
+    drafted: int
+    accepted: int
+    rounds: int
+    decode_s: float  # from the first token to the last
+    llama_s: float  # inside llama.cpp calls, both models, prefill included
+    outside_s: float  # everything else: Python, sampling, bookkeeping (prefill's included)
+
+    @property
+    def overhead_share(self) -> float:
+        """Time outside llama.cpp per unit of decode time. The numerator also holds the
+        prefill's (tiny) Python time, so this errs high, never low."""
+        return self.outside_s / self.decode_s if self.decode_s > 0 else 0.0
+
+    @classmethod
+    def from_finished(cls, done) -> RunFigures:  # done: events.Finished
+        s = done.stats
+        return cls(
+            tokens=len(done.tokens),
+            stop_reason=done.stop_reason,
+            tokens_per_s=s.tokens_per_s,
+            ttft_s=s.ttft_s,
+            itl_p50_s=s.itl_p50_s,
+            itl_p95_s=s.itl_p95_s,
+            acceptance_rate=s.acceptance_rate,
+            mean_accepted_len=s.mean_accepted_len,
+            drafted=s.drafted,
+            accepted=s.accepted,
+            rounds=s.rounds,
+            decode_s=max(0.0, s.elapsed_s - s.ttft_s),
+            llama_s=s.llama_s,
+            outside_s=max(0.0, s.elapsed_s - s.llama_s),
+        )
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Greedy output compared with the baseline's, token for token."""
+
+    identical: bool
+    first_diff: int | None = None  # index of the first token that differs
+    baseline_margin: float | None = None  # the baseline's top-2 logit gap there
+    runner_up: bool | None = None  # this mode took the baseline's second choice there
+
+    @property
+    def near_tie(self) -> bool:
+        """A divergence that kernel numerics explain (batched vs one-token passes)."""
+        return bool(self.runner_up) and self.baseline_margin is not None and (
+            self.baseline_margin < NEAR_TIE
+        )
+
+    def label(self) -> str:
+        if self.identical:
+            return "identical"
+        where = f"differs at {self.first_diff}"
+        if self.baseline_margin is None:
+            return where
+        second = ", runner-up" if self.runner_up else ", NOT runner-up"
+        return f"{where} (margin {self.baseline_margin:.2f}{second})"
+
+
+def first_difference(baseline: Sequence[int], other: Sequence[int]) -> int | None:
+    """Index of the first token where the two differ (a shorter answer differs where it
+    ends); None if identical."""
+    for i, (a, b) in enumerate(zip(baseline, other, strict=False)):
+        if a != b:
+            return i
+    return None if len(baseline) == len(other) else min(len(baseline), len(other))
+
+
+@dataclass(frozen=True)
+class Result:
+    """One prompt in one mode: medians over the repeats, and every run."""
+
+    prompt: str
+    category: str
+    mode: str
+    tokens: int
+    stop_reason: str
+    tokens_per_s: float
+    speedup: float  # median over repeats of tokens/s ÷ the same repeat's baseline
+    acceptance_rate: float
+    mean_accepted_len: float
+    ttft_s: float
+    itl_p50_s: float
+    itl_p95_s: float
+    overhead_share: float
+    agreement: Agreement
+    runs: tuple[RunFigures, ...]
+    peer_tokens_per_s: float | None = None  # llama.cpp's speculative example, same prompt
+    peer_plain_tokens_per_s: float | None = None  # llama.cpp's plain decoding, same prompt
+
+    @property
+    def vs_peer(self) -> float | None:
+        if not self.peer_tokens_per_s:
+            return None
+        return self.tokens_per_s / self.peer_tokens_per_s
+
+
+@dataclass(frozen=True)
+class ModeSummary:
+    """One mode over the suite: medians of per-prompt speedups, and the slowest prompt."""
+
+    mode: str
+    by_category: tuple[tuple[str, float], ...]
+    median: float
+    worst: float
+    worst_prompt: str
+    acceptance_rate: float  # median over prompts
+    overhead_share: float  # median over prompts
+    max_overhead_share: float
+    identical: int  # prompts with output identical to the baseline's
+    prompts: int
+    vs_peer: float | None = None  # median over prompts the peer ran
+
+
+@dataclass(frozen=True)
+class BenchInfo:
+    target: str
+    draft: str | None
+    modes: tuple[str, ...]
+    max_tokens: int
+    repeats: int
+    threads: int
+    started: str  # ISO time, UTC
+    duration_s: float
+    machine: str
+    llama_cpp: str
+    caches: str = "cold: both KV caches cleared and a fresh engine before every run"
+    peer: str | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    info: BenchInfo
+    results: tuple[Result, ...]
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.category for r in self.results))
+
+    @property
+    def prompts(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.prompt for r in self.results))
+
+    def result(self, prompt: str, mode: str) -> Result:
+        return next(r for r in self.results if r.prompt == prompt and r.mode == mode)
+
+    def summary(self) -> tuple[ModeSummary, ...]:
+        out = []
+        for mode in self.info.modes[1:]:
+            rows = [r for r in self.results if r.mode == mode]
+            worst = min(rows, key=lambda r: r.speedup)
+            peers = [r.vs_peer for r in rows if r.vs_peer is not None]
+            out.append(ModeSummary(
+                mode=mode,
+                by_category=tuple(
+                    (c, _median([r.speedup for r in rows if r.category == c]))
+                    for c in self.categories
+                ),
+                median=_median([r.speedup for r in rows]),
+                worst=worst.speedup,
+                worst_prompt=worst.prompt,
+                acceptance_rate=_median([r.acceptance_rate for r in rows]),
+                overhead_share=_median([r.overhead_share for r in rows]),
+                max_overhead_share=max(r.overhead_share for r in rows),
+                identical=sum(r.agreement.identical for r in rows),
+                prompts=len(rows),
+                vs_peer=_median(peers) if peers else None,
+            ))
+        return tuple(out)
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+# --- the runner ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BenchConfig:
+    max_tokens: int = 128
+    repeats: int = 1
+    warmup: bool = True  # one short untimed run first: page in weights, allocate buffers
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One run started (figures None) or finished."""
+
+    done: int
+    total: int
+    repeat: int
+    prompt: BenchPrompt
+    mode: Mode
+    figures: RunFigures | None = None
+    speedup: float | None = None  # against this repeat's baseline run
+
+
+@dataclass(frozen=True)
+class PeerRun:
+    """llama.cpp's speculative example on one prompt (scripts/peer_speculative.sh)."""
+
+    plain_tps: float  # llama.cpp's own plain decoding of the same prompt
+    spec_tps: float
+    acceptance: float
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str  # its command line
+    runs: dict[str, PeerRun]  # by prompt name
+
+
+@dataclass
+class _Runs:
+    """Every finished run, by (prompt, mode), in repeat order; and each prompt's tokens."""
+
+    finished: dict[tuple[str, str], list] = field(default_factory=dict)
+    prompt_tokens: dict[str, list[int]] = field(default_factory=dict)
+
+
+def run_bench(
+    target: Model,
+    draft: Model | None,
+    prompts: Sequence[BenchPrompt],
+    modes: Sequence[Mode],
+    config: BenchConfig = BenchConfig(),
+    progress: Callable[[Progress], None] | None = None,
+    engine_factory: EngineFactory = build_engine,
+    peer: Peer | None = None,
+    threads: int = 0,
+) -> Report:
+    """Run every mode on every prompt, `config.repeats` times, interleaved."""
+    from .drafters import NoDrafter
+    from .engine import Engine
+    from .session import Session
+
+    if not prompts:
+        raise BenchError("no prompts to run")
+    if not modes or modes[0].kind != "baseline":
+        raise BenchError("the first mode must be the baseline")
+    started, clock = datetime.now(UTC), time.perf_counter()
+    session = Session(Engine(target, NoDrafter(), 0))
+    runs = _Runs()
+    for p in prompts:
+        runs.prompt_tokens[p.name] = session.render([{"role": "user", "content": p.prompt}])
+    if config.warmup:
+        _warm_up(target, draft, runs.prompt_tokens[prompts[0].name], engine_factory, modes)
+
+    total, done = config.repeats * len(prompts) * len(modes), 0
+    for repeat in range(config.repeats):
+        for p in prompts:
+            base_tps = None
+            for mode in modes:
+                if progress:
+                    progress(Progress(done, total, repeat, p, mode))
+                finished = _run_once(
+                    engine_factory(mode, target, draft), target, draft,
+                    runs.prompt_tokens[p.name], config.max_tokens,
+                )
+                runs.finished.setdefault((p.name, mode.name), []).append(finished)
+                figures = RunFigures.from_finished(finished)
+                if mode.kind == "baseline":
+                    base_tps = figures.tokens_per_s
+                done += 1
+                if progress:
+                    speedup = figures.tokens_per_s / base_tps if base_tps else None
+                    progress(Progress(done, total, repeat, p, mode, figures, speedup))
+
+    results = _results(target, prompts, modes, runs, peer.runs if peer else {})
+    info = BenchInfo(
+        target=target.name,
+        draft=draft.name if draft is not None else None,
+        modes=tuple(m.name for m in modes),
+        max_tokens=config.max_tokens,
+        repeats=config.repeats,
+        threads=threads,
+        started=started.isoformat(timespec="seconds"),
+        duration_s=time.perf_counter() - clock,
+        machine=_machine(),
+        llama_cpp=_llama_cpp_version(),
+        peer=peer.name if peer else None,
+    )
+    return Report(info, results)
+
+
+def _run_once(engine, target: Model, draft: Model | None, prompt: list[int], max_tokens: int):
+    """One cold, greedy, untraced generation; returns its Finished event."""
+    from .engine import GenerationConfig
+    from .events import Finished
+    from .sampling import SamplingParams
+
+    target.reset()
+    if draft is not None:
+        draft.reset()
+    gc.collect()  # a collection mid-run would be timed as engine overhead
+    config = GenerationConfig(max_tokens=max_tokens, sampling=SamplingParams(temperature=0))
+    finished = None
+    for event in engine.generate(prompt, config):
+        if isinstance(event, Finished):
+            finished = event
+    assert finished is not None  # generate() always ends with Finished
+    return finished
+
+
+def _warm_up(target, draft, prompt, engine_factory, modes) -> None:
+    """Untimed: the first passes after loading page the weights in and allocate buffers,
+    which would be charged to whichever mode ran first."""
+    for mode in modes:
+        if mode.kind in ("baseline", "draft") or (mode.kind == "auto" and draft is not None):
+            _run_once(engine_factory(mode, target, draft), target, draft, prompt, 8)
+
+
+def _results(
+    target: Model,
+    prompts: Sequence[BenchPrompt],
+    modes: Sequence[Mode],
+    runs: _Runs,
+    peer: dict[str, PeerRun],
+) -> tuple[Result, ...]:
+    out = []
+    for p in prompts:
+        base_runs = runs.finished[(p.name, "baseline")]
+        base_tps = [RunFigures.from_finished(f).tokens_per_s for f in base_runs]
+        for mode in modes:
+            finished = runs.finished[(p.name, mode.name)]
+            figures = tuple(RunFigures.from_finished(f) for f in finished)
+            ratios = [f.tokens_per_s / b for f, b in zip(figures, base_tps, strict=True) if b]
+            agreement = _agreement(
+                target, runs.prompt_tokens[p.name], base_runs[0].tokens, finished[0].tokens
+            )
+            peer_run = peer.get(p.name)
+            out.append(Result(
+                prompt=p.name,
+                category=p.category,
+                mode=mode.name,
+                tokens=figures[0].tokens,
+                stop_reason=figures[0].stop_reason,
+                tokens_per_s=_median([f.tokens_per_s for f in figures]),
+                speedup=_median(ratios),
+                acceptance_rate=figures[0].acceptance_rate,
+                mean_accepted_len=figures[0].mean_accepted_len,
+                ttft_s=_median([f.ttft_s for f in figures]),
+                itl_p50_s=_median([f.itl_p50_s for f in figures]),
+                itl_p95_s=_median([f.itl_p95_s for f in figures]),
+                overhead_share=_median([f.overhead_share for f in figures]),
+                agreement=agreement,
+                runs=figures,
+                peer_tokens_per_s=peer_run.spec_tps if peer_run else None,
+                peer_plain_tokens_per_s=peer_run.plain_tps if peer_run else None,
+            ))
+    return tuple(out)
+
+
+def _agreement(
+    target: Model, prompt: list[int], baseline: Sequence[int], other: Sequence[int]
+) -> Agreement:
+    i = first_difference(baseline, other)
+    if i is None:
+        return Agreement(True)
+    margin, second = baseline_top2(target, prompt, baseline, i)
+    took = other[i] if i < len(other) else None  # None: `other` ended (EOG) here
+    runner_up = second == took if took is not None else target.is_eog(second)
+    return Agreement(False, i, margin, runner_up)
+
+
+def baseline_top2(
+    target: Model, prompt: list[int], baseline: Sequence[int], i: int
+) -> tuple[float, int]:
+    """The target's top-2 logit gap and second choice for the baseline's token i.
+
+    Scored after the timed runs, not traced during them (tracing costs ~0.5 ms a token
+    and would slow the baseline): the context goes in as one batch, then token i-1 alone,
+    the one-token pass plain decoding used there (the first token came from the prompt's
+    batch, and is re-scored the same way)."""
+    context = [*prompt, *baseline[:i]]
+    target.reset()
+    if i > 0:
+        target.evaluate(context[:-1], 0)
+    row = np.array(target.evaluate(context, 1)[0], dtype=np.float32)
+    second, first = np.argpartition(row, -2)[-2:]
+    if row[second] > row[first]:
+        first, second = second, first
+    return float(row[first] - row[second]), int(second)
+
+
+# --- the peer --------------------------------------------------------------------------
+def load_peer(path: Path) -> Peer:
+    """The JSON that scripts/peer_speculative.sh --out writes."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        runs = {
+            name: PeerRun(float(r["plain_tps"]), float(r["spec_tps"]), float(r["acceptance"]))
+            for name, r in data["prompts"].items()
+        }
+        return Peer(str(data.get("peer", "llama.cpp speculative example")), runs)
+    except FileNotFoundError:
+        raise BenchError(f"peer file not found: {path}") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise BenchError(f"{path}: not a peer_speculative.sh result ({e})") from None
+
+
+# --- writers ---------------------------------------------------------------------------
+def _x(value: float) -> str:
+    return f"{value:.2f}×"
+
+
+def _pct(value: float) -> str:
+    return f"{value:.0%}" if value >= 0.1 else f"{value:.1%}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: Sequence[int] = (0,)) -> str:
+    """A Markdown table; columns in `left` hold words, the others figures (right-aligned)."""
+    align = ["---" if i in left else "---:" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def to_markdown(report: Report) -> str:
+    """The report as Markdown: the summary first, then per prompt, then every figure."""
+    info, modes = report.info, report.info.modes
+    cats = report.categories
+    peer = info.peer is not None
+    head = [
+        f"# localspec bench: {info.target}" + (f" + {info.draft}" if info.draft else ""),
+        "",
+        f"Greedy, {info.max_tokens} new tokens, {info.threads or 'default'} threads, "
+        f"{info.repeats} repeat(s), {len(report.prompts)} prompts; {info.caches}. "
+        f"{info.machine}; {info.llama_cpp}; {info.started}, "
+        f"{info.duration_s / 60:.1f} min.",
+        "",
+        "## Speedup over baseline (median over prompts)",
+    ]
+    summary_header = ["mode", *cats, "all", "slowest prompt", "accept", "outside llama.cpp",
+                      "identical"] + (["vs peer"] if peer else [])
+    summary_rows = []
+    for s in report.summary():
+        row = [s.mode, *(_x(v) for _, v in s.by_category), _x(s.median),
+               f"{_x(s.worst)} {s.worst_prompt}", _pct(s.acceptance_rate),
+               f"{_pct(s.overhead_share)} (max {_pct(s.max_overhead_share)})",
+               f"{s.identical}/{s.prompts}"]
+        if peer:
+            row.append(_x(s.vs_peer) if s.vs_peer is not None else "-")
+        summary_rows.append(row)
+    base_tps = [report.result(p, "baseline").tokens_per_s for p in report.prompts]
+
+    by_prompt_header = ["prompt", "category", "baseline tok/s", *modes[1:]]
+    if peer:
+        by_prompt_header += ["peer plain/spec tok/s", "best mode vs peer"]
+    by_prompt = []
+    for p, tps in zip(report.prompts, base_tps, strict=True):
+        rows = [report.result(p, m) for m in modes[1:]]
+        line = [p, report.result(p, "baseline").category, f"{tps:.2f}"]
+        line += [_x(r.speedup) for r in rows]
+        if peer:
+            ratios = [r.vs_peer for r in rows if r.vs_peer is not None]
+            base = report.result(p, "baseline")
+            tps_pair = (f"{base.peer_plain_tokens_per_s:.2f}/{base.peer_tokens_per_s:.2f}"
+                        if base.peer_tokens_per_s and base.peer_plain_tokens_per_s else "-")
+            line += [tps_pair, _x(max(ratios)) if ratios else "-"]
+        by_prompt.append(line)
+
+    detail_header = ["prompt", "mode", "tokens", "tok/s", "speedup", "accept", "mean len",
+                     "TTFT s", "ITL p50/p95 ms", "outside llama.cpp", "agreement"]
+    details = [
+        [r.prompt, r.mode, f"{r.tokens}", f"{r.tokens_per_s:.2f}", _x(r.speedup),
+         _pct(r.acceptance_rate) if r.mode != "baseline" else "-",
+         f"{r.mean_accepted_len:.2f}" if r.mode != "baseline" else "-", f"{r.ttft_s:.2f}",
+         f"{r.itl_p50_s * 1e3:.0f}/{r.itl_p95_s * 1e3:.0f}", _pct(r.overhead_share),
+         r.agreement.label() if r.mode != "baseline" else "-"]
+        for r in report.results
+    ]
+    parts = [
+        "\n".join(head),
+        _table(summary_header, summary_rows, left=(0, len(cats) + 2)),
+        "## By prompt (speedup over baseline)",
+        _table(by_prompt_header, by_prompt, left=(0, 1)),
+        "## Every figure",
+        _table(detail_header, details, left=(0, 1, len(detail_header) - 1)),
+        "Speedup: decode tokens/s over the baseline run's, median over repeats. Accept: "
+        "accepted / drafted. Mean len: tokens per round, the target's own included. "
+        "Outside llama.cpp: Python, sampling and bookkeeping per unit of decode time. "
+        "Agreement: greedy output against the baseline's; where they differ, the "
+        f"baseline's top-2 logit margin there (below {NEAR_TIE} with the runner-up taken "
+        "is kernel numerics: batched and one-token passes differ in the last bits)."
+        + (f" Peer: {info.peer}." if peer else ""),
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+def to_json(report: Report) -> dict:
+    """Every figure, every run; summaries alongside."""
+    return {
+        "info": asdict(report.info),
+        "summary": [asdict(s) for s in report.summary()],
+        "results": [
+            {**asdict(r), "vs_peer": r.vs_peer,
+             "runs": [{**asdict(f), "overhead_share": f.overhead_share} for f in r.runs]}
+            for r in report.results
+        ],
+    }
+
+
+def write_chart(report: Report, path: Path) -> None:
+    """Grouped bars: median speedup by category (and over all prompts), one bar per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display, no GUI toolkit
+    import matplotlib.pyplot as plt
+
+    summary = report.summary()
+    groups = [*report.categories, "all"]
+    width = 0.8 / max(1, len(summary))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) + 2), 4.5), dpi=120)
+    for j, s in enumerate(summary):
+        values = [v for _, v in s.by_category] + [s.median]
+        xs = np.arange(len(groups)) + (j - (len(summary) - 1) / 2) * width
+        bars = ax.bar(xs, values, width, label=s.mode)
+        ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=7, padding=2)
+        # whiskers from the slowest to the fastest prompt: a median can hide a slow one
+        lo, hi = _spread(report, s.mode)
+        ax.vlines(xs, lo, hi, color="0.15", linewidth=0.8)
+    ax.axhline(1.0, color="0.3", linewidth=0.8, linestyle="--")
+    ax.set_xticks(np.arange(len(groups)), groups)
+    ax.set_ylabel("speedup over plain decoding\n(median; whiskers: slowest to fastest prompt)")
+    title = report.info.target + (f" + {report.info.draft}" if report.info.draft else "")
+    ax.set_title(f"{title}\n{report.info.max_tokens} tokens, greedy", fontsize=9)
+    ax.legend(fontsize=8, frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _spread(report: Report, mode: str) -> tuple[list[float], list[float]]:
+    """Per category, then over all: the lowest and highest per-prompt speedup."""
+    rows = [r for r in report.results if r.mode == mode]
+    groups = [[r.speedup for r in rows if r.category == c] for c in report.categories]
+    groups.append([r.speedup for r in rows])
+    return [min(g) for g in groups], [max(g) for g in groups]
+
+
+def write_report(report: Report, out_dir: Path, chart: bool = True) -> tuple[Path, ...]:
+    """bench.md, bench.json and bench.png in `out_dir`; returns the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md, js, png = out_dir / "bench.md", out_dir / "bench.json", out_dir / "bench.png"
+    md.write_text(to_markdown(report), encoding="utf-8")
+    js.write_text(json.dumps(to_json(report), indent=2, ensure_ascii=False), encoding="utf-8")
+    if not chart:
+        return md, js
+    write_chart(report, png)
+    return md, js, png
+
+
+# --- about the machine -----------------------------------------------------------------
+def _machine() -> str:
+    import os
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                cpu,
+            )
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} CPUs, {platform.system()}"
+
+
+def _llama_cpp_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return f"llama-cpp-python {version('llama-cpp-python')}"
+    except Exception:
+        return "unknown"
