@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import platform
 import re
 import statistics
@@ -311,6 +312,7 @@ class BenchInfo:
     llama_cpp: str
     caches: str = "cold: both KV caches cleared and a fresh engine before every run"
     peer: str | None = None
+    load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at the start and end
 
 
 @dataclass(frozen=True)
@@ -422,7 +424,7 @@ def run_bench(
         raise BenchError("no prompts to run")
     if not modes or modes[0].kind != "baseline":
         raise BenchError("the first mode must be the baseline")
-    started, clock = datetime.now(UTC), time.perf_counter()
+    started, clock, load = datetime.now(UTC), time.perf_counter(), machine_load()
     session = Session(Engine(target, NoDrafter(), 0))
     runs = _Runs()
     for p in prompts:
@@ -463,6 +465,7 @@ def run_bench(
         machine=_machine(),
         llama_cpp=_llama_cpp_version(),
         peer=peer.name if peer else None,
+        load=(load, machine_load()),
     )
     return Report(info, results)
 
@@ -610,8 +613,8 @@ def to_markdown(report: Report) -> str:
         "",
         f"Greedy, {info.max_tokens} new tokens, {info.threads or 'default'} threads, "
         f"{info.repeats} repeat(s), {len(report.prompts)} prompts; {info.caches}. "
-        f"{info.machine}; {info.llama_cpp}; {info.started}, "
-        f"{info.duration_s / 60:.1f} min.",
+        f"{info.machine} (load {info.load[0]:.1f} at the start, {info.load[1]:.1f} at the "
+        f"end); {info.llama_cpp}; {info.started}, {info.duration_s / 60:.1f} min.",
         "",
         "## Speedup over baseline (median over prompts)",
     ]
@@ -737,9 +740,16 @@ def write_report(report: Report, out_dir: Path, chart: bool = True) -> tuple[Pat
 
 
 # --- about the machine -----------------------------------------------------------------
-def _machine() -> str:
-    import os
+def machine_load() -> float:
+    """The 1-minute load average (0 where the OS has none): other work on the machine
+    slows every mode, unevenly, and makes the ratios noisy."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
 
+
+def _machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -64,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
     peer = bench.load_peer(args.peer) if args.peer else None
     out = args.out or default_out_dir()
 
+    if (load := bench.machine_load()) > 0.5 * (os.cpu_count() or 1):
+        print(f"bench: the machine is busy (load {load:.1f} on {os.cpu_count()} CPUs): "
+              "timings will be noisy", file=sys.stderr)
     target, draft = load_models(target_path, draft_path, args)
     try:
         print(f"bench: {len(prompts)} prompts × {len(modes)} modes × {args.repeats} "

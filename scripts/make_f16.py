@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Make the reference CPU scenario's target: an F16 copy of the 1.5B Q4_K_M target.
+
+An F16 1.5B decodes at ~4.4 tok/s on a 2-core CPU against the 0.5B draft's ~16.6: a
+draft/target cost ratio (~0.26) like a 7B-class target with a 0.5B draft on a laptop,
+which the Q4_K_M pair (ratio ~0.6) cannot show. The copy is made with llama.cpp's own
+quantize API (type F16, requantizing allowed, so Q4_K/Q6_K tensors are dequantized):
+the weights carry no more information than the Q4_K_M file, but cost what F16 costs.
+
+    .venv/bin/python scripts/make_f16.py [SOURCE.gguf | catalog-id] [--out PATH] [--force]
+
+Writes …-f16.gguf into the model store (localspec.paths.models_dir(), where the mirror
+puts the pair) unless --out says otherwise; never into the repository.
+The file appears atomically (written under a temporary name, then renamed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import sys
+import time
+from pathlib import Path
+
+import llama_cpp as ll
+
+DEFAULT_SOURCE = "qwen2.5-coder-1.5b-instruct"
+Q4_FILE = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def resolve_source(spec: str) -> Path:
+    """A .gguf path, or a catalog id; before the catalog knows of an install, the default
+    target's file in the model store."""
+    from localspec.errors import LocalspecError
+    from localspec.paths import models_dir
+
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf" or path.exists():
+        return path
+    try:
+        from localspec.catalog import resolve_installed
+
+        return Path(resolve_installed(spec))
+    except ImportError:
+        pass
+    except LocalspecError as e:
+        if spec != DEFAULT_SOURCE or not (models_dir() / Q4_FILE).is_file():
+            sys.exit(f"make_f16: {e}")
+    if spec != DEFAULT_SOURCE:
+        sys.exit(f"make_f16: {spec} is not a .gguf path (and there is no catalog yet)")
+    return models_dir() / Q4_FILE
+
+
+def f16_name(source: Path) -> str:
+    stem = source.stem
+    for suffix in ("-q4_k_m", "-Q4_K_M", ".Q4_K_M", "-q8_0", "-Q8_0"):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    return f"{stem}-f16.gguf"
+
+
+@ll.llama_log_callback
+def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp logs a line per tensor; keep them for --verbose only
+    if os.environ.get("LOCALSPEC_LLAMA_LOG"):
+        print(text.decode("utf-8", "replace"), end="", file=sys.stderr, flush=True)
+
+
+def make_f16(source: Path, out: Path, threads: int) -> None:
+    """Convert `source` to an F16 GGUF at `out`, atomically."""
+    ll.llama_log_set(_log, ctypes.c_void_p(0))
+    ll.llama_backend_init()
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = ll.LLAMA_FTYPE_MOSTLY_F16
+    params.allow_requantize = True  # the source is already quantized
+    params.nthread = threads
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        rc = ll.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params))
+        if rc != 0:
+            sys.exit(f"make_f16: llama_model_quantize failed ({rc}); "
+                     "rerun with LOCALSPEC_LLAMA_LOG=1 to see llama.cpp's log")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("source", nargs="?", default=DEFAULT_SOURCE,
+                   help=f"a .gguf file or catalog id (default: {DEFAULT_SOURCE})")
+    p.add_argument("--out", type=Path, help="where to write (default: the model store)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--force", action="store_true", help="rewrite an existing output")
+    args = p.parse_args()
+
+    source = resolve_source(args.source)
+    if not source.is_file():
+        sys.exit(f"make_f16: source not found: {source} (run ./scripts/setup.sh)")
+    from localspec.paths import models_dir
+
+    # the store, not the source's folder: a hub download's folder is the HF cache's
+    out = (args.out or models_dir() / f16_name(source)).expanduser().resolve()
+    if out.is_relative_to(REPO):
+        sys.exit(f"make_f16: {out} is inside the repository; model files stay out of it")
+    if out.exists() and not args.force:
+        print(out)
+        print(f"make_f16: {out.name} exists (--force to rewrite)", file=sys.stderr)
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"make_f16: {source.name} -> {out} (about a minute, ~3 GB)", file=sys.stderr)
+    started = time.perf_counter()
+    make_f16(source, out, args.threads)
+    size = out.stat().st_size / 1e9
+    print(f"make_f16: wrote {size:.2f} GB in {time.perf_counter() - started:.0f}s",
+          file=sys.stderr)
+    print(out)  # stdout: the path alone, for scripts
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
