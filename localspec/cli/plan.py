@@ -1,16 +1,99 @@
-"""`localspec plan` (placeholder until its issue lands)."""
+"""`localspec plan`: the target + draft that fit this machine (or a what-if one), and why."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 from ..errors import LocalspecError
 
 
+def add_hardware_options(p: argparse.ArgumentParser) -> None:
+    """What-if overrides of the hardware probe, shared with `models`."""
+    from ..hardware import HardwareError, parse_size
+
+    def size(text: str) -> int:
+        try:
+            return parse_size(text)
+        except HardwareError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    g = p.add_argument_group("what if (instead of this machine's)")
+    g.add_argument("--vram", type=size, metavar="SIZE", help="one GPU with this much memory")
+    g.add_argument("--ram", type=size, metavar="SIZE", help="this much RAM")
+    g.add_argument("--gpu", choices=("none", "nvidia", "apple"), help="this kind of GPU, or none")
+    g.add_argument("--cores", type=int, metavar="N", help="this many CPU cores")
+
+
+def hardware_from(args: argparse.Namespace):  # -> Hardware
+    from ..hardware import Overrides, probe
+
+    return probe(Overrides(vram=args.vram, ram=args.ram, gpu=args.gpu, cores=args.cores))
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plan", help="(not yet available)")
+    from ..planner import DEFAULT_MIN_SPEED
+
+    p = sub.add_parser(
+        "plan", help="the target + draft that fit this machine, and why",
+        description="Pick the largest target and its draft that fit this machine's memory "
+        "(or the one described by --vram/--ram/--gpu), with GPU offload, context and "
+        "drafting, and say why.",
+    )
+    p.add_argument("--family", "-f", help="a model family (default: the catalog's default)")
+    p.add_argument("--ctx", type=int, help="context wanted, in tokens (default 8192)")
+    p.add_argument("--min-speed", type=float, default=DEFAULT_MIN_SPEED, metavar="TOK/S",
+                   help="skip targets estimated slower than this (default %(default)g)")
+    p.add_argument("--installed", action="store_true",
+                   help="only installed models (what `run` and the chat will load)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_hardware_options(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise LocalspecError("'plan' is not available yet")
+    from .. import store
+    from ..catalog import default_catalog
+    from ..planner import Request, plan_catalog, plan_installed
+
+    if args.ctx is not None and args.ctx < 16:
+        raise LocalspecError("--ctx must be at least 16")
+    catalog = default_catalog()
+    hw = hardware_from(args)
+    installed = store.all_installed()
+    request = Request(family=args.family, n_ctx=args.ctx, min_speed=args.min_speed)
+    if args.installed:
+        plan = plan_installed(catalog, hw, installed, request)
+    else:
+        plan = plan_catalog(catalog, hw, request, installed)
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False))
+        return 0
+    print(describe(plan))
+    return 0
+
+
+def describe(plan) -> str:  # plan: Plan
+    """The plan for people: what, where, and why; and how to get what is missing."""
+    from ..hardware import fmt_size
+
+    t, d = plan.target, plan.draft
+    where = (f"{t.n_gpu_layers} layers on the GPU" if t.n_gpu_layers else "on the CPU")
+    lines = [f"target   {t.id} {t.quant}, {where}, context {t.n_ctx}"
+             + ("" if t.path else "  (not installed)")]
+    if d is not None:
+        lines.append(f"draft    {d.id} {d.quant}" + ("" if d.path else "  (not installed)"))
+    drafter = {"draft": f"the draft model, γ={plan.gamma} to start (estimated x{plan.speedup:.2f})",
+               "ngram": "n-gram prompt lookup", "none": "none"}[plan.drafter]
+    lines.append(f"drafter  {drafter}")
+    memory = f"{fmt_size(plan.ram_estimate)} of {fmt_size(plan.ram_budget)} RAM"
+    if plan.vram_budget:
+        memory = f"{fmt_size(plan.vram_estimate)} of {fmt_size(plan.vram_budget)} GPU, " + memory
+    lines.append(f"memory   {memory}")
+    lines.append("")
+    lines.extend(f"- {r}" for r in plan.reasons)
+    missing = [f"{s.id}:{s.quant}" for s in (t, d) if s is not None and not s.path]
+    if missing:
+        lines.append("")
+        lines.append(f"To get it: localspec pull {' '.join(missing)}")
+    return "\n".join(lines)
