@@ -226,11 +226,13 @@ def parse_catalog(text: str, path: Path = DEFAULT_PATH) -> Catalog:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        line = re.search(r"line (\d+)", str(e))
-        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(e))
-        raise CatalogError(
-            [Problem(path.name, int(line.group(1)) if line else None, message)]
-        ) from None
+        found = re.search(r"line (\d+)", str(e))
+        if found:
+            line: int | None = int(found.group(1))
+        else:  # "at end of document": the last line
+            line = text.count("\n") + 1 if "end of document" in str(e) else None
+        message = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)", "", str(e))
+        raise CatalogError([Problem(path.name, line, message)]) from None
     reader = _Reader(path.name, _key_lines(text))
     catalog = reader.catalog(data)
     if reader.problems:
@@ -357,22 +359,28 @@ class _Reader:
         family_ids = {f.id for f in families}
         models = self.named(data, "models", lambda i, d, w: self.model(i, d, w, mirrors))
         by_id = {m.id: m for m in models}
+        # a model that failed its own checks was reported there: not again where named
+        broken = set(data.get("models", {}) if isinstance(data.get("models"), dict) else ())
+        broken -= set(by_id)
         for m in models:
             if m.family not in family_ids:
                 self.problem(("models", m.id, "family"), f"{m.id}: unknown family '{m.family}'")
             for d in m.drafts:
-                self.check_draft(("models", m.id, "drafts"), by_id.get(m.id), by_id.get(d), d)
+                if d not in broken:
+                    self.check_draft(("models", m.id, "drafts"), m, by_id.get(d), d)
         pairs = self.named(data, "pairs", self.pair)
         for p in pairs:
             where = ("pairs", p.id)
             target, draft = by_id.get(p.target), by_id.get(p.draft)
             if target is None:
-                self.problem((*where, "target"), f"pair {p.id}: unknown model '{p.target}'")
+                if p.target not in broken:
+                    self.problem((*where, "target"), f"pair {p.id}: unknown model '{p.target}'")
             elif target.role != "target":
                 self.problem((*where, "target"), f"pair {p.id}: {p.target} is not a target")
             elif all(q.name != p.quant for q in target.quants):
                 self.problem((*where, "quant"), f"pair {p.id}: {p.target} has no {p.quant}")
-            self.check_draft((*where, "draft"), target, draft, p.draft)
+            if p.draft not in broken:
+                self.check_draft((*where, "draft"), target, draft, p.draft)
         default = data.get("default_family")
         if not isinstance(default, str) or default not in family_ids:
             self.problem(("default_family",), "default_family must name one of the families")
@@ -494,7 +502,7 @@ class _Reader:
             if mirror is None:
                 self.problem((*where, "mirror"),
                              f"{model_id} {name}: unknown mirror '{d['mirror']}'")
-        if hub is None and mirror is None:
+        if "file" not in d and "mirror" not in d:
             self.problem(where, f"{model_id} {name}: no source (give 'file' or 'mirror')")
         sha = d.get("sha256")
         if sha is not None and not _SHA256.fullmatch(sha):

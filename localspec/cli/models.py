@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
             name = catalog.family(family).name if family and catalog.find(r["id"]) else family
             print(f"\n{name or 'other'}" + (" (default)" if family == catalog.default_family
                                            else ""))
-        print(("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))).rstrip())
+        cells = (str(c).ljust(w) for c, w in zip(row, widths, strict=True))
+        print(("  " + "  ".join(cells)).rstrip())
     print("\nFITS: alone at a 2048-token context, with headroom. "
           "`localspec pull ID[:QUANT]` downloads one; `localspec plan` picks a pair.")
     return 0
