@@ -289,7 +289,7 @@ class Puller:
         present = self._adopt(model, quant)
         if present is not None:
             return present
-        order = self._order(quant)
+        order = self._order(label, quant)
         for i, source in enumerate(order):
             try:
                 if source == "hub":
@@ -303,15 +303,15 @@ class Puller:
                 raise type(e)(f"{label}: {e}{no_mirror}") from None
         raise AssertionError("unreachable: _order never returns an empty list")
 
-    def _order(self, quant: Quant) -> list[str]:
+    def _order(self, label: str, quant: Quant) -> list[str]:
         order = []
         if self.source in ("auto", "hub") and quant.hub is not None:
             order.append("hub")
         if self.source in ("auto", "mirror") and quant.mirror is not None:
             order.append("mirror")
         if not order:
-            missing = "a hub source" if self.source == "hub" else "a mirror"
-            raise DownloadError(f"{quant.name} has no {missing}; try --source auto")
+            missing = "hub source" if self.source == "hub" else "mirror"
+            raise DownloadError(f"{label} has no {missing}; try --source auto")
         return order
 
     def _adopt(self, model: Model, quant: Quant) -> Installed | None:

@@ -656,4 +656,8 @@ def plan_installed(
     cands = installed_candidates(catalog, installed)
     if request.family:
         cands = [c for c in cands if c.family == request.family]
+    if not any(c.role == "target" for c in cands):
+        of = f" of family {request.family}" if request.family else ""
+        raise NothingFits(f"no target{of} is installed: run `localspec pull default` "
+                          "(or `localspec plan` to see what would fit)")
     return plan(cands, hw, request)
