@@ -4,7 +4,7 @@ Hub files land in the Hugging Face cache layout (`blobs/<etag>`, `snapshots/<com
 <file>` linking to it, `refs/<revision>`), under `HF_HUB_CACHE` / `HF_HOME`, from
 `HF_ENDPOINT`, and not at all with `HF_HUB_OFFLINE`, all read when a pull starts. The
 transfer uses huggingface-hub's own metadata call and HTTP getter, but keeps the partial
-file as `blobs/<etag>.incomplete` across runs (huggingface-hub 1.x discards it), so an
+file as `blobs/<etag>.incomplete` across runs (recent huggingface-hub discards it), so an
 interrupted pull resumes with a Range request. A blob is renamed into place only after
 its sha256 matched: the catalog's where it has one, else the hub's LFS sha256. Nothing
 half-written or unverified ever carries a model's name.
@@ -72,10 +72,8 @@ def hub_cache() -> Path:
 
 
 def hub_offline() -> bool:
-    from huggingface_hub import constants
-
-    flag = os.environ.get("HF_HUB_OFFLINE", "")
-    return flag.upper() in {"1", "ON", "YES", "TRUE"} or bool(constants.HF_HUB_OFFLINE)
+    """HF_HUB_OFFLINE as it is now (huggingface-hub's constant keeps its import-time value)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def hub_timeout() -> float:

@@ -196,6 +196,11 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
     hub.cdn = f"http://127.0.0.1:{servers[1].server_address[1]}"
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    # huggingface-hub reads HF_HUB_OFFLINE once, at import, which may have happened
+    # under an earlier test's offline setting
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     yield hub
     hub.faults.hang = False
     for s in servers:
