@@ -271,6 +271,7 @@ class Result:
     overhead_share: float
     agreement: Agreement
     runs: tuple[RunFigures, ...]
+    text: str = ""  # the first run's answer, to read where modes disagree
     peer_tokens_per_s: float | None = None  # llama.cpp's speculative example, same prompt
     peer_plain_tokens_per_s: float | None = None  # llama.cpp's plain decoding, same prompt
 
@@ -313,6 +314,7 @@ class BenchInfo:
     caches: str = "cold: both KV caches cleared and a fresh engine before every run"
     peer: str | None = None
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at the start and end
+    interrupted: bool = False  # stopped early: the prompts that completed
 
 
 @dataclass(frozen=True)
@@ -403,6 +405,20 @@ class _Runs:
     finished: dict[tuple[str, str], list] = field(default_factory=dict)
     prompt_tokens: dict[str, list[int]] = field(default_factory=dict)
 
+    def complete(
+        self, prompts: Sequence[BenchPrompt], modes: Sequence[Mode]
+    ) -> tuple[BenchPrompt, ...]:
+        """The prompts every mode has run on, each mode cut to as many repeats as all
+        modes have: a speedup needs its baseline run."""
+        kept = []
+        for p in prompts:
+            lists = [self.finished.get((p.name, m.name), []) for m in modes]
+            if n := min(len(runs) for runs in lists):
+                for runs in lists:
+                    del runs[n:]
+                kept.append(p)
+        return tuple(kept)
+
 
 def run_bench(
     target: Model,
@@ -432,6 +448,45 @@ def run_bench(
     if config.warmup:
         _warm_up(target, draft, runs.prompt_tokens[prompts[0].name], engine_factory, modes)
 
+    interrupted = False
+    try:
+        _measure(target, draft, prompts, modes, config, runs, engine_factory, progress)
+    except KeyboardInterrupt:
+        # keep what is complete: a long run stopped early still reports
+        interrupted = True
+        prompts = runs.complete(prompts, modes)
+        if not prompts:
+            raise
+    results = _results(target, prompts, modes, runs, peer.runs if peer else {})
+    info = BenchInfo(
+        target=target.name,
+        draft=draft.name if draft is not None else None,
+        modes=tuple(m.name for m in modes),
+        max_tokens=config.max_tokens,
+        repeats=config.repeats,
+        threads=threads,
+        started=started.isoformat(timespec="seconds"),
+        duration_s=time.perf_counter() - clock,
+        machine=_machine(),
+        llama_cpp=_llama_cpp_version(),
+        peer=peer.name if peer else None,
+        load=(load, machine_load()),
+        interrupted=interrupted,
+    )
+    return Report(info, results)
+
+
+def _measure(
+    target: Model,
+    draft: Model | None,
+    prompts: Sequence[BenchPrompt],
+    modes: Sequence[Mode],
+    config: BenchConfig,
+    runs: _Runs,
+    engine_factory: EngineFactory,
+    progress: Callable[[Progress], None] | None,
+) -> None:
+    """The timed runs: for each repeat, for each prompt, every mode in turn."""
     total, done = config.repeats * len(prompts) * len(modes), 0
     for repeat in range(config.repeats):
         for p in prompts:
@@ -451,23 +506,6 @@ def run_bench(
                 if progress:
                     speedup = figures.tokens_per_s / base_tps if base_tps else None
                     progress(Progress(done, total, repeat, p, mode, figures, speedup))
-
-    results = _results(target, prompts, modes, runs, peer.runs if peer else {})
-    info = BenchInfo(
-        target=target.name,
-        draft=draft.name if draft is not None else None,
-        modes=tuple(m.name for m in modes),
-        max_tokens=config.max_tokens,
-        repeats=config.repeats,
-        threads=threads,
-        started=started.isoformat(timespec="seconds"),
-        duration_s=time.perf_counter() - clock,
-        machine=_machine(),
-        llama_cpp=_llama_cpp_version(),
-        peer=peer.name if peer else None,
-        load=(load, machine_load()),
-    )
-    return Report(info, results)
 
 
 def _run_once(engine, target: Model, draft: Model | None, prompt: list[int], max_tokens: int):
@@ -532,6 +570,7 @@ def _results(
                 overhead_share=_median([f.overhead_share for f in figures]),
                 agreement=agreement,
                 runs=figures,
+                text=finished[0].text,
                 peer_tokens_per_s=peer_run.spec_tps if peer_run else None,
                 peer_plain_tokens_per_s=peer_run.plain_tps if peer_run else None,
             ))
@@ -611,6 +650,8 @@ def to_markdown(report: Report) -> str:
     head = [
         f"# localspec bench: {info.target}" + (f" + {info.draft}" if info.draft else ""),
         "",
+        *(["**Interrupted**: the prompts that completed in every mode.", ""]
+          if info.interrupted else []),
         f"Greedy, {info.max_tokens} new tokens, {info.threads or 'default'} threads, "
         f"{info.repeats} repeat(s), {len(report.prompts)} prompts; {info.caches}. "
         f"{info.machine} (load {info.load[0]:.1f} at the start, {info.load[1]:.1f} at the "

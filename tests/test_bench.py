@@ -227,6 +227,22 @@ def test_repeats_are_interleaved_and_kept():
     assert all(len(r.runs) == 2 for r in report.results)
 
 
+def test_an_interrupted_run_reports_the_prompts_it_completed():
+    def stop_on_the_third_prompt(e: bench.Progress) -> None:
+        if e.figures is None and e.prompt.name == "three" and e.mode.name == "draft":
+            raise KeyboardInterrupt
+
+    report = run_toy("draft", progress=stop_on_the_third_prompt)
+    assert report.info.interrupted and report.prompts == ("one", "two")
+    assert "Interrupted" in bench.to_markdown(report)
+
+    def stop_at_once(e: bench.Progress) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # nothing complete: nothing to report
+        run_toy("draft", progress=stop_at_once)
+
+
 def test_reports_are_written(tmp_path):
     report = run_toy()
     paths = bench.write_report(report, tmp_path / "out")

@@ -85,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     paths = bench.write_report(report, out, chart=not args.no_chart)
     print(bench.to_markdown(report))
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    if report.info.interrupted:
+        raise KeyboardInterrupt  # reported, but still an interrupted run (exit 130)
     return 0
 
 
