@@ -5,7 +5,8 @@
 #
 #   scripts/peer_speculative.sh build
 #   scripts/peer_speculative.sh run --target T.gguf --draft D.gguf [--prompts FILE]
-#       [--only name1,name2] [--max-tokens 128] [--threads 2] [--n-max 3] [--out FILE.json]
+#       [--only name1,name2] [--max-tokens 128] [--threads 2] [--n-max 3] [--repeats 1]
+#       [--out FILE.json]
 #
 # `build` takes ~5 minutes on 2 cores (run it in the background); binaries and sources
 # live in $LOCALSPEC_PEER_DIR (default ~/.cache/localspec/peer), never in the repo.
@@ -84,11 +85,13 @@ EOF
 # decoding (the prompt's evaluation excluded the same way).
 spec_speed() { sed -n 's/.*decoded *\([0-9]*\) tokens in *\([0-9.]*\) seconds, speed: *\([0-9.]*\) t\/s.*/\1 \3/p' "$1" | tail -1; }
 spec_accept() { sed -n 's/.*accept *= *\([0-9.]*\)%.*/\1/p' "$1" | tail -1; }
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
+  END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 plain_speed() { grep -v 'prompt eval' "$1" | sed -n 's/.* eval time = .*\/ *\([0-9]*\) runs .*, *\([0-9.]*\) tokens per second.*/\1 \2/p' | tail -1; }
 
 run() {
   local target="" draft="" prompts="localspec/data/bench_prompts.json" only="" n=128 threads=2
-  local n_max=3 out=""
+  local n_max=3 out="" repeats=1
   while [ $# -gt 0 ]; do
     case "$1" in
       --target) target=$2; shift 2 ;;
@@ -99,6 +102,7 @@ run() {
       --threads) threads=$2; shift 2 ;;
       --n-max) n_max=$2; shift 2 ;;
       --out) out=$2; shift 2 ;;
+      --repeats) repeats=$2; shift 2 ;;
       *) log "unknown option $1"; exit 2 ;;
     esac
   done
@@ -116,35 +120,44 @@ run() {
   while read -r name category; do
     local common=(-m "$target" -f "$work/$name.txt" -n "$n" -t "$threads" -c 4096
       --temp 0 --top-k 1 --seed 1 -ngl 0)
-    "$BUILD/bin/llama-completion" "${common[@]}" -tb "$threads" -no-cnv \
-      >"$work/$name.plain.log" 2>&1 </dev/null
-    "$BUILD/bin/llama-speculative-simple" "${common[@]}" -md "$draft" -td "$threads" \
-      --spec-type draft-simple --spec-draft-n-max "$n_max" \
-      >"$work/$name.spec.log" 2>&1 </dev/null
-    read -r plain_n plain_tps <<<"$(plain_speed "$work/$name.plain.log")"
-    read -r spec_n spec_tps <<<"$(spec_speed "$work/$name.spec.log")"
-    local accept; accept=$(spec_accept "$work/$name.spec.log")
-    if [ -z "${plain_tps:-}" ] || [ -z "${spec_tps:-}" ]; then
-      log "$name: could not read the speeds; logs kept in $PEER_DIR/failed-$name.*.log"
-      cp "$work/$name.plain.log" "$PEER_DIR/failed-$name.plain.log"
-      cp "$work/$name.spec.log" "$PEER_DIR/failed-$name.spec.log"
-      exit 1
-    fi
+    local plain_runs=() spec_runs=() plain_n spec_n plain_tps spec_tps accept
+    for ((r = 0; r < repeats; r++)); do  # interleaved, like localspec bench
+      "$BUILD/bin/llama-completion" "${common[@]}" -tb "$threads" -no-cnv \
+        >"$work/$name.plain.log" 2>&1 </dev/null
+      "$BUILD/bin/llama-speculative-simple" "${common[@]}" -md "$draft" -td "$threads" \
+        --spec-type draft-simple --spec-draft-n-max "$n_max" \
+        >"$work/$name.spec.log" 2>&1 </dev/null
+      read -r plain_n plain_tps <<<"$(plain_speed "$work/$name.plain.log")"
+      read -r spec_n spec_tps <<<"$(spec_speed "$work/$name.spec.log")"
+      accept=$(spec_accept "$work/$name.spec.log")
+      if [ -z "${plain_tps:-}" ] || [ -z "${spec_tps:-}" ]; then
+        log "$name: could not read the speeds; logs kept in $PEER_DIR/failed-$name.*.log"
+        cp "$work/$name.plain.log" "$PEER_DIR/failed-$name.plain.log"
+        cp "$work/$name.spec.log" "$PEER_DIR/failed-$name.spec.log"
+        exit 1
+      fi
+      plain_runs+=("$plain_tps") spec_runs+=("$spec_tps")
+    done
+    plain_tps=$(median "${plain_runs[@]}") spec_tps=$(median "${spec_runs[@]}")
     printf '%-22s %-10s %10.2f %10.2f %7.2fx %7s%%\n' "$name" "$category" "$plain_tps" \
       "$spec_tps" "$(echo "$spec_tps / $plain_tps" | bc -l)" "$accept"
-    rows+=("$name $category $plain_n $plain_tps $spec_n $spec_tps ${accept:-0}")
+    rows+=("$name $category $plain_n $spec_n ${accept:-0} $(IFS=,; echo "${plain_runs[*]}") $(IFS=,; echo "${spec_runs[*]}")")
   done <"$work/names"
   if [ -n "$out" ]; then
     printf '%s\n' "${rows[@]}" | "$PY" -c '
-import json, sys
+import json, statistics, sys
 rows = [line.split() for line in sys.stdin if line.strip()]
+def runs(text):
+    return [float(v) for v in text.split(",")]
 print(json.dumps({
     "peer": "llama-speculative-simple --spec-type draft-simple --spec-draft-n-max " + sys.argv[1],
     "target": sys.argv[2], "draft": sys.argv[3], "max_tokens": int(sys.argv[4]),
     "threads": int(sys.argv[5]),
-    "prompts": {r[0]: {"category": r[1], "plain_tokens": int(r[2]), "plain_tps": float(r[3]),
-                       "spec_tokens": int(r[4]), "spec_tps": float(r[5]),
-                       "acceptance": float(r[6]) / 100} for r in rows},
+    "prompts": {r[0]: {"category": r[1], "plain_tokens": int(r[2]), "spec_tokens": int(r[3]),
+                       "acceptance": float(r[4]) / 100,
+                       "plain_tps": statistics.median(runs(r[5])), "plain_tps_runs": runs(r[5]),
+                       "spec_tps": statistics.median(runs(r[6])), "spec_tps_runs": runs(r[6])}
+                for r in rows},
 }, indent=2))' "$n_max" "$target" "$draft" "$n" "$threads" >"$out"
     log "wrote $out"
   fi
@@ -153,5 +166,5 @@ print(json.dumps({
 case "${1:-}" in
   build) build ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
