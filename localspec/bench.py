@@ -753,7 +753,8 @@ def write_chart(report: Report, path: Path) -> None:
     ax.set_ylabel("speedup over plain decoding\n(median; whiskers: slowest to fastest prompt)")
     title = report.info.target + (f" + {report.info.draft}" if report.info.draft else "")
     ax.set_title(f"{title}\n{report.info.max_tokens} tokens, greedy", fontsize=9)
-    ax.legend(fontsize=8, frameon=False)
+    if summary:
+        ax.legend(fontsize=8, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     fig.savefig(path)
