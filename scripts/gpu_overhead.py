@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""The engine's per-round overhead against the target's pass time, on the GPU and the CPU.
+
+Loads a target and a draft GGUF (scripts/make_tiny_gguf.py builds tiny ones with the
+real Qwen2 vocabulary) with all layers offloaded (`--devices gpu`) or none (`cpu`), and
+for each engine configuration (plain decoding, draft model γ 4, n-gram γ 4, auto) runs a
+few prompts and reports, per round:
+
+- `overhead` (the engine's own figure): Stats.overhead_s / rounds, with Stats.overhead_s
+  = draft_s + verify_s - llama_s (Python inside the timed draft and verify calls);
+- `loop` overhead: (decode wall time - time inside llama.cpp) / rounds, measured from
+  outside the engine, so it also counts what the engine does not time: the verdict
+  (argmax), emitting pieces, rollback, the Stats snapshot and the RoundEnd event;
+- each as a share of the round, next to the target's own pass time for 1 and 5 tokens
+  (Model.evaluate of a token after a fixed prefix, median of `--reps`).
+
+Prints `llama_supports_gpu_offload()`, the GPU's name and a Markdown table; writes
+everything as JSON (and, with --profile, cProfile's top functions per round) to --out.
+
+    python scripts/gpu_overhead.py --target T.gguf --draft D.gguf --out DIR
+"""
+
+from __future__ import annotations
+
+# isort: off
+# llama_cpp (libllama and the ggml backends) must load before numpy: on the H100 machine,
+# with the CUDA build, a model load crashed (SIGSEGV in llama_model::print_info's
+# std::stringstream) whenever numpy had been imported first. See docs/gpu-overhead.md.
+import localspec.llama  # noqa: F401
+# isort: on
+
+import argparse
+import cProfile
+import io
+import json
+import platform
+import pstats
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from localspec.adaptive import auto_engine
+from localspec.drafters import DraftModel, NgramDrafter, NoDrafter
+from localspec.engine import Engine, GenerationConfig
+from localspec.events import Finished, Piece
+from localspec.llama import LlamaModel, LoadOptions, supports_gpu_offload
+
+PROMPTS = {
+    "code": "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "edit": "Rename the variable x to count everywhere and return only the code:\n\n"
+    "def total(items):\n    x = 0\n    for item in items:\n        x += item.price\n"
+    "    return x\n",
+    "chat": "In two sentences: why do cats purr?",
+}
+CONFIGS = ("plain", "draft γ4", "ngram γ4", "auto")
+
+
+@dataclass
+class PassTimes:
+    """Median seconds of one Model.evaluate of k new tokens after a fixed prefix."""
+
+    tokens: int
+    wall_s: float  # around evaluate: Python bookkeeping included
+    llama_s: float  # inside the decode call (busy_s)
+
+
+@dataclass
+class RunFigures:
+    """One configuration's totals over all prompts."""
+
+    config: str
+    answers: int = 0
+    tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    llama_s: float = 0.0
+    overhead_s: float = 0.0  # Stats.overhead_s, summed
+    decode_wall_s: float = 0.0  # first token to Finished, as the caller sees it
+    decode_llama_s: float = 0.0  # llama time in that span (both models)
+
+    def add(self, stats_fin: Finished, decode_wall_s: float, decode_llama_s: float) -> None:
+        s = stats_fin.stats
+        self.answers += 1
+        self.tokens += s.tokens
+        self.rounds += s.rounds
+        self.drafted += s.drafted
+        self.accepted += s.accepted
+        self.draft_s += s.draft_s
+        self.verify_s += s.verify_s
+        self.llama_s += s.llama_s
+        self.overhead_s += s.overhead_s
+        self.decode_wall_s += decode_wall_s
+        self.decode_llama_s += decode_llama_s
+
+    def summary(self) -> dict[str, float]:
+        r = max(self.rounds, 1)
+        round_s = self.decode_wall_s / r
+        loop_s = (self.decode_wall_s - self.decode_llama_s) / r
+        return {
+            "round_ms": round_s * 1e3,
+            "llama_per_round_ms": self.decode_llama_s / r * 1e3,
+            "overhead_ms": self.overhead_s / r * 1e3,
+            "overhead_share": self.overhead_s / max(self.draft_s + self.verify_s, 1e-12),
+            "loop_overhead_ms": loop_s * 1e3,
+            "loop_overhead_share": loop_s / max(round_s, 1e-12),
+            "tokens_per_round": (self.tokens - self.answers) / r,  # less each prefill's token
+            "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
+            "tokens_per_s": self.tokens / self.decode_wall_s if self.decode_wall_s else 0.0,
+        }
+
+
+@dataclass
+class DeviceReport:
+    device: str
+    n_gpu_layers: int
+    target_pass: list[PassTimes] = field(default_factory=list)
+    draft_pass: list[PassTimes] = field(default_factory=list)
+    runs: list[RunFigures] = field(default_factory=list)
+    profile: dict[str, str] = field(default_factory=dict)
+
+
+def progress(line: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+def gpu_name() -> str:
+    """The GPU's name and driver from nvidia-smi, or why there is none."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+        return out.stdout.strip() or "nvidia-smi printed nothing"
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"no GPU found ({type(e).__name__})"
+
+
+def time_pass(model: LlamaModel, prefix: list[int], k: int, reps: int) -> PassTimes:
+    """Median of `reps` evaluations of k fresh tokens after `prefix` (cached)."""
+    model.evaluate(prefix, 1)
+    rng = np.random.default_rng(0)
+    walls, busies = [], []
+    for _ in range(reps + 3):  # the first 3 warm up (graph capture, allocations)
+        new = rng.integers(1000, 20000, size=k).tolist()
+        busy, started = model.busy_s, time.perf_counter()
+        model.evaluate(prefix + new, k)
+        walls.append(time.perf_counter() - started)
+        busies.append(model.busy_s - busy)
+    return PassTimes(k, statistics.median(walls[3:]), statistics.median(busies[3:]))
+
+
+def make_engine(config: str, target: LlamaModel, draft: LlamaModel) -> Engine:
+    if config == "plain":
+        return Engine(target, NoDrafter(), 0)
+    if config == "draft γ4":
+        return Engine(target, DraftModel(draft, p_min=0.0), 4)  # always a full γ
+    if config == "ngram γ4":
+        return Engine(target, NgramDrafter(), 4)
+    if config == "auto":
+        return auto_engine(target, draft)
+    raise ValueError(config)
+
+
+def run_once(
+    engine: Engine, prompt: list[int], config: GenerationConfig, models: list[LlamaModel]
+) -> tuple[Finished, float, float]:
+    """One answer: (Finished, decode wall s, llama s in the decode), timed from outside."""
+    first_at = first_busy = None
+    for event in engine.generate(prompt, config):
+        if first_at is None and isinstance(event, Piece):
+            first_at, first_busy = time.perf_counter(), sum(m.busy_s for m in models)
+        if isinstance(event, Finished):
+            end, end_busy = time.perf_counter(), sum(m.busy_s for m in models)
+            assert first_at is not None and first_busy is not None
+            return event, end - first_at, end_busy - first_busy
+    raise RuntimeError("the engine ended without a Finished event")
+
+
+def measure(
+    device: str,
+    target_path: Path,
+    draft_path: Path,
+    max_tokens: int,
+    reps: int,
+    configs: tuple[str, ...],
+    profile: tuple[str, ...],
+    threads: int = 0,
+) -> DeviceReport:
+    layers = -1 if device == "gpu" else 0
+    options = LoadOptions(n_ctx=2048, n_gpu_layers=layers, n_threads=threads)
+    target = LlamaModel(target_path, options)
+    draft = LlamaModel(draft_path, options)
+    report = DeviceReport(device, layers)
+    progress(f"{device}: loaded both models")
+    try:
+        prompts = [target.tokenize(p) for p in PROMPTS.values()]
+        prefix = prompts[0]
+        for k in (1, 5):
+            report.target_pass.append(time_pass(target, prefix, k, reps))
+        report.draft_pass.append(time_pass(draft, prefix, 1, reps))
+        progress(f"{device}: pass times {[asdict(p) for p in report.target_pass]}")
+        gen = GenerationConfig(max_tokens=max_tokens)
+        for name in configs:
+            engine = make_engine(name, target, draft)
+            list(engine.generate(prompts[0], GenerationConfig(max_tokens=16)))  # warm up
+            figures = RunFigures(name)
+            for prompt in prompts:
+                figures.add(*run_once(engine, prompt, gen, [target, draft]))
+            report.runs.append(figures)
+            progress(f"{device}: {name}: {figures.summary()}")
+            if name in profile:
+                report.profile[name] = profile_engine(
+                    make_engine(name, target, draft), prompts, gen
+                )
+    finally:
+        target.close()
+        draft.close()
+    return report
+
+
+def profile_engine(engine: Engine, prompts: list[list[int]], gen: GenerationConfig) -> str:
+    """cProfile's top functions by own time, in µs per round (cProfile inflates Python)."""
+    rounds = 0
+    prof = cProfile.Profile()
+    for prompt in prompts:
+        prof.enable()
+        events = list(engine.generate(prompt, gen))
+        prof.disable()
+        fin = events[-1]
+        assert isinstance(fin, Finished)
+        rounds += fin.stats.rounds
+    stats = pstats.Stats(prof)
+    rows = []
+    for (file, line, func), (_, ncalls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append((tottime, cumtime, ncalls, f"{Path(file).name}:{line}({func})"))
+    rows.sort(reverse=True)
+    out = io.StringIO()
+    out.write(f"{rounds} rounds; µs per round: own, cumulative; calls per round\n")
+    for tottime, cumtime, ncalls, where in rows[:25]:
+        out.write(
+            f"{tottime / rounds * 1e6:9.1f} {cumtime / rounds * 1e6:9.1f} "
+            f"{ncalls / rounds:6.2f}  {where}\n"
+        )
+    return out.getvalue()
+
+
+def table(reports: list[DeviceReport]) -> str:
+    lines = [
+        "| device | config | T(1) ms | round ms | llama/round ms | overhead ms (share) "
+        "| loop overhead ms (share) | tokens/round | acceptance | tok/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for rep in reports:
+        t1 = rep.target_pass[0].llama_s * 1e3
+        for run in rep.runs:
+            s = run.summary()
+            lines.append(
+                f"| {rep.device} | {run.config} | {t1:.3f} | {s['round_ms']:.3f} "
+                f"| {s['llama_per_round_ms']:.3f} "
+                f"| {s['overhead_ms']:.3f} ({s['overhead_share']:.1%}) "
+                f"| {s['loop_overhead_ms']:.3f} ({s['loop_overhead_share']:.1%}) "
+                f"| {s['tokens_per_round']:.2f} | {s['acceptance']:.0%} "
+                f"| {s['tokens_per_s']:.0f} |"
+            )
+    return "\n".join(lines)
+
+
+def pass_lines(reports: list[DeviceReport]) -> str:
+    lines = []
+    for rep in reports:
+        for which, passes in (("target", rep.target_pass), ("draft", rep.draft_pass)):
+            for p in passes:
+                lines.append(
+                    f"{rep.device}: {which} pass of {p.tokens} token(s): "
+                    f"{p.llama_s * 1e3:.3f} ms in llama.cpp, {p.wall_s * 1e3:.3f} ms "
+                    f"around Model.evaluate"
+                )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", type=Path, required=True)
+    parser.add_argument("--draft", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/gpu-overhead"))
+    parser.add_argument("--devices", default="gpu,cpu", help="comma list of gpu, cpu")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=50, help="timed passes per pass size")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
+    parser.add_argument("--gpu-name", default="", help="the GPU's name (skips nvidia-smi)")
+    parser.add_argument(
+        "--profile", default="", help="comma list of configs to cProfile (first device only)"
+    )
+    args = parser.parse_args(argv)
+
+    import llama_cpp
+
+    gpu = args.gpu_name or gpu_name()
+    print(f"python {platform.python_version()}, llama-cpp-python {llama_cpp.__version__}")
+    print(f"GPU: {gpu}", flush=True)
+    configs = tuple(c for c in args.configs.split(",") if c)
+    profile = tuple(c for c in args.profile.split(",") if c)
+    reports: list[DeviceReport] = []
+    for device in (d for d in args.devices.split(",") if d):
+        started = time.perf_counter()
+        rep = measure(
+            device,
+            args.target,
+            args.draft,
+            args.max_tokens,
+            args.reps,
+            configs,
+            () if reports else profile,  # cProfile on the first device only
+            args.threads,
+        )
+        reports.append(rep)
+        print(f"{device}: measured in {time.perf_counter() - started:.1f} s", flush=True)
+        for name, text in rep.profile.items():
+            print(f"\ncProfile, {device}, {name}:\n{text}")
+    offload = supports_gpu_offload()
+    print(f"llama_supports_gpu_offload() = {offload}")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = {
+        "gpu": gpu,
+        "gpu_offload": offload,
+        "python": platform.python_version(),
+        "machine": platform.processor() or platform.machine(),
+        "max_tokens": args.max_tokens,
+        "reports": [
+            {**asdict(r), "summaries": {run.config: run.summary() for run in r.runs}}
+            for r in reports
+        ],
+    }
+    (args.out / "gpu_overhead.json").write_text(json.dumps(data, indent=2))
+    print()
+    print(pass_lines(reports))
+    print()
+    print(table(reports))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
