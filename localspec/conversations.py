@@ -86,11 +86,18 @@ class ConversationStore:
             raise ConversationError(f"not a conversation id: {conversation_id!r}")
         return self.root / f"{conversation_id}.jsonl"
 
-    def create(self, title: str, **meta: Any) -> ConversationWriter:
-        """A new conversation, its meta record already on disk."""
+    def exists(self, conversation_id: str) -> bool:
+        return self.path(conversation_id).exists()
+
+    def create(
+        self, title: str, conversation_id: str | None = None, **meta: Any
+    ) -> ConversationWriter:
+        """A new conversation (with a fresh id unless given), its meta record on disk."""
         self.root.mkdir(parents=True, exist_ok=True)
         now = time.time()
-        conversation_id = new_id(now)
+        conversation_id = conversation_id or new_id(now)
+        if self.exists(conversation_id):
+            raise ConversationError(f"conversation {conversation_id!r} exists already")
         writer = ConversationWriter(self.path(conversation_id))
         writer.write(
             {"t": "meta", "v": FORMAT, "id": conversation_id, "title": title_of(title),

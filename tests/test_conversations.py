@@ -127,3 +127,12 @@ def test_bad_ids_are_refused(tmp_path: Path):
 def test_title_is_one_short_line():
     assert title_of("  a\n b\tc  ") == "a b c"
     assert len(title_of("y" * 500)) == 60
+
+
+def test_create_with_a_chosen_id_once(tmp_path: Path):
+    store = ConversationStore(tmp_path)
+    assert not store.exists("c1")
+    store.create("hello", conversation_id="c1").close()
+    assert store.exists("c1") and store.load("c1").title == "hello"
+    with pytest.raises(ConversationError):
+        store.create("again", conversation_id="c1")

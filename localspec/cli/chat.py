@@ -1,16 +1,71 @@
-"""`localspec chat` (placeholder until its issue lands)."""
+"""`localspec chat` (also `localspec` alone): the terminal chat.
+
+The app lives in the `tui` package, loaded by name so that nothing in `localspec`
+imports Textual. Options given here win over the saved settings for this run.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
-from ..errors import LocalspecError
+from .options import add_model_options, add_sampling_options, session_config
+
+# Options that, left out, mean "as in the saved settings".
+FROM_SETTINGS = {"gamma": "gamma", "temperature": "temperature", "top_p": "top_p",
+                 "max_tokens": "max_tokens", "system": "system_prompt"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("chat", help="(not yet available)")
-    p.set_defaults(func=run)
+    p = sub.add_parser("chat", help="open the chat (the default command)")
+    add_model_options(p)
+    add_sampling_options(p)
+    p.add_argument("--system", help="system prompt (default: from the settings)")
+    p.add_argument("--demo", action="store_true",
+                   help="a scripted pair over the real engine: try the chat without models")
+    p.set_defaults(func=run, **dict.fromkeys(FROM_SETTINGS))
 
 
 def run(args: argparse.Namespace) -> int:
-    raise LocalspecError("'chat' is not available yet")
+    from ..settings import load_settings, updated
+
+    settings, problems = load_settings()
+    changes = {key: getattr(args, opt) for opt, key in FROM_SETTINGS.items()
+               if getattr(args, opt) is not None}
+    settings = updated(settings, **changes)  # SettingsError: one line, before any screen
+    app = importlib.import_module("tui.app")
+    if args.demo:
+        scripted = importlib.import_module("tui.scripted")
+        loader, spec = scripted.scripted_loader(token_s=0.02), scripted.SPEC
+    else:
+        loader, spec = pair_loader(args, settings, app)
+    return app.run_chat(loader, spec, settings, [str(p) for p in problems])
+
+
+def pair_loader(args: argparse.Namespace, settings: Any, app: Any) -> tuple[Callable, Any]:
+    """The pair to open first (options, else the saved choice, else the plan) and a
+    loader that opens any pair with this run's load options."""
+    from ..session import open_session
+
+    args = argparse.Namespace(**vars(args))
+    args.gamma = settings.gamma
+    if args.target is None and settings.target:
+        args.target, args.draft = settings.target, args.draft or settings.draft or None
+    config = session_config(args)  # resolves the planner's pair when there is no target
+    spec = app.PairSpec(config.target, config.draft, config.target_load.n_ctx,
+                        config.target_load.n_gpu_layers)
+
+    def load(chosen: Any, say: Callable[[str], None]) -> Any:
+        target_load = config.target_load
+        if chosen.n_ctx is not None:
+            target_load = replace(target_load, n_ctx=chosen.n_ctx)
+        if chosen.n_gpu_layers is not None:
+            target_load = replace(target_load, n_gpu_layers=chosen.n_gpu_layers)
+        draft_load = replace(config.draft_load, n_ctx=target_load.n_ctx)
+        return open_session(replace(config, target=chosen.target, draft=chosen.draft,
+                                    target_load=target_load, draft_load=draft_load), say=say)
+
+    return load, spec

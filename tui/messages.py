@@ -1,0 +1,92 @@
+"""What the workers tell the UI: small dataclass messages, posted from their threads.
+
+Every answer message carries the answer's id, so messages from an answer the user has
+already left (stopped, or a new conversation) are recognised and dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from textual.message import Message
+
+from localspec.conversations import Conversation, ConversationInfo
+from localspec.events import Source, Stats
+
+from .memory import MemoryUse
+from .pair import LoadedPair, PairSpec
+
+
+@dataclass
+class AnswerPieces(Message):
+    """Text emitted since the last message, as (text, source) runs: a round's worth, or
+    the first token alone (so that it shows at once)."""
+
+    answer_id: int
+    runs: list[tuple[str, Source]]
+    tokens: int
+
+
+@dataclass
+class AnswerTick(Message):
+    """Figures after a round; a newer tick of the same answer replaces a queued one."""
+
+    answer_id: int
+    stats: Stats
+    speedup: float | None
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, AnswerTick) and message.answer_id == self.answer_id
+
+
+@dataclass
+class AnswerDone(Message):
+    """The answer ended: finished, stopped, or failed (then `error` says why)."""
+
+    answer_id: int
+    stop_reason: str
+    record: dict[str, Any]  # the figures saved with the answer (see figures.stats_record)
+    error: str = ""
+    advice: str = ""
+
+
+@dataclass
+class PairLoading(Message):
+    """A step of loading a pair worth telling (a memory back-off)."""
+
+    spec: PairSpec
+    line: str
+
+
+@dataclass
+class PairLoaded(Message):
+    pair: LoadedPair
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class PairFailed(Message):
+    spec: PairSpec
+    error: str
+    advice: str
+
+
+@dataclass
+class MemoryUpdate(Message):
+    """The latest memory reading; a newer one replaces a queued one."""
+
+    memory: MemoryUse
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, MemoryUpdate)
+
+
+@dataclass
+class ConversationsListed(Message):
+    conversations: list[ConversationInfo]
+
+
+@dataclass
+class ConversationOpened(Message):
+    conversation: Conversation

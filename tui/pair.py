@@ -1,0 +1,74 @@
+"""The loaded pair of models, and the engine that the current settings ask of it.
+
+The models load once; the drafter (draft model, n-grams, none) and γ (fixed or auto)
+only change the engine around them, so switching those in the settings is instant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localspec.session import Session, SessionConfig, make_engine
+from localspec.settings import Settings
+
+from .figures import VerifyCosts
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Which models to load: paths or catalog ids; the draft may be 'ngram' or 'none'."""
+
+    target: str
+    draft: str
+    n_ctx: int | None = None  # from the plan, when the planner chose the pair
+    n_gpu_layers: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{short(self.target)} + {short(self.draft)}"
+
+
+def short(spec: str) -> str:
+    """A model's name for the screen: the file stem of a path, else the id."""
+    return Path(spec).stem if spec.endswith(".gguf") else spec
+
+
+# Loads a pair (blocking, in a worker); `say` reports steps such as a memory back-off.
+PairLoader = Callable[[PairSpec, Callable[[str], None]], Session]
+
+
+@dataclass
+class LoadedPair:
+    """A loaded Session and the engines built on its models."""
+
+    spec: PairSpec
+    base: Session
+    costs: VerifyCosts = field(default_factory=VerifyCosts)  # the target's pass costs
+    _built: tuple[tuple[str, int | str], Session] | None = None
+
+    @property
+    def has_draft_model(self) -> bool:
+        return self.base.draft_model is not None
+
+    def drafter_for(self, settings: Settings) -> str:
+        """The drafter that will run: 'model' falls back to n-grams without a draft model."""
+        if settings.drafter == "model" and not self.has_draft_model:
+            return "ngram"
+        return settings.drafter
+
+    def session_for(self, settings: Settings) -> Session:
+        """A Session whose engine follows `settings`; kept while they do not change, so
+        the adaptive drafter keeps what it learned. Call with the turn lock held."""
+        drafter = self.drafter_for(settings)
+        key = (drafter, settings.gamma)
+        if self._built is None or self._built[0] != key:
+            config = SessionConfig(target=self.spec.target, draft=drafter, gamma=settings.gamma)
+            draft_model = self.base.draft_model if drafter == "model" else None
+            engine = make_engine(self.base.target, draft_model, config)
+            self._built = (key, Session(engine, self.base.draft_model))
+        return self._built[1]
+
+    def close(self) -> None:
+        self.base.close()

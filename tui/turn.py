@@ -1,0 +1,148 @@
+"""One turn of the conversation, as the generation worker runs it (off the UI thread).
+
+The conversation file is the record: the user's message is appended first, then the
+answer piece by piece as it streams, then how it ended. The model is shown exactly what
+the file holds, so a stopped answer's saved part is what the next turn builds on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from localspec.conversations import ConversationStore, ConversationWriter
+from localspec.events import Finished, Piece, RoundEnd, Source, Stats
+from localspec.session import Message as ChatMessage
+from localspec.settings import Settings
+
+from .advice import advice
+from .figures import speedup, stats_record
+from .messages import AnswerDone, AnswerPieces, AnswerTick
+from .pair import LoadedPair
+
+
+@dataclass(frozen=True)
+class Turn:
+    answer_id: int
+    conversation_id: str
+    user_text: str
+    settings: Settings
+    cancel: threading.Event
+
+
+def run_turn(
+    turn: Turn, pair: LoadedPair, store: ConversationStore, post: Callable[[Message], object]
+) -> None:
+    """Save the user's message, stream the answer into the file and the UI; never raises."""
+    log: ConversationWriter | None = None
+    started = False
+    try:
+        if store.exists(turn.conversation_id):
+            log = store.open(turn.conversation_id)
+        else:
+            log = store.create(turn.user_text, turn.conversation_id,
+                               target=pair.spec.target, draft=pair.spec.draft)
+        log.message("user", turn.user_text)
+        messages = chat_messages(turn.settings, store, turn.conversation_id)
+        log.start_answer()
+        started = True
+        stop_reason, stats = stream(turn, pair, messages, log, post)
+        estimate = _speedup(pair, stats)
+        record = stats_record(stats, estimate)
+        log.end_answer(stop_reason, record)
+        post(AnswerDone(turn.answer_id, stop_reason, record))
+    except Exception as e:
+        what, todo = advice(e)
+        if log is not None and started:
+            with contextlib.suppress(OSError):  # the disk failed; the notification says so
+                log.end_answer("error", {"error": what})
+        post(AnswerDone(turn.answer_id, "error", {"error": what}, error=what, advice=todo))
+    finally:
+        if log is not None:
+            with contextlib.suppress(OSError):
+                log.close()
+
+
+def chat_messages(
+    settings: Settings, store: ConversationStore, conversation_id: str
+) -> list[ChatMessage]:
+    """The system prompt, then the conversation as saved."""
+    system: list[ChatMessage] = (
+        [{"role": "system", "content": settings.system_prompt}]
+        if settings.system_prompt.strip() else []
+    )
+    saved = store.load(conversation_id).chat_messages()
+    return system + [{"role": m["role"], "content": m["content"]} for m in saved]
+
+
+def stream(
+    turn: Turn,
+    pair: LoadedPair,
+    messages: list[ChatMessage],
+    log: ConversationWriter,
+    post: Callable[[Message], object],
+) -> tuple[str, Stats]:
+    """Run the engine until it finishes or the user stops it: (stop reason, stats)."""
+    if turn.cancel.is_set():  # stopped while waiting for the previous turn to end
+        return "cancelled", Stats()
+    session = pair.session_for(turn.settings)
+    events = session.chat(messages, turn.settings.generation(), turn.cancel)
+    last: Stats | None = None
+    pending = Pending(turn.answer_id, post)
+    try:
+        for event in events:
+            if turn.cancel.is_set():
+                pending.flush()  # saved already, so shown too; nothing after the stop
+                return "cancelled", last or Stats()
+            if isinstance(event, Piece):
+                log.piece(event.text, event.source)  # on disk before it is shown
+                pending.add(event)
+                if last is None:
+                    pending.flush()  # the first token shows at once (TTFT)
+            elif isinstance(event, RoundEnd):
+                pending.flush()
+                if last is not None:  # the first round's time includes the prefill
+                    pair.costs.observe(event.drafted + 1, event.stats.verify_s - last.verify_s)
+                last = event.stats
+                post(AnswerTick(turn.answer_id, last, _speedup(pair, last)))
+            elif isinstance(event, Finished):
+                pending.flush()
+                return event.stop_reason, event.stats
+    finally:
+        events.close()  # stops the engine where it is
+    pending.flush()
+    return "cancelled", last or Stats()
+
+
+class Pending:
+    """Pieces not yet posted, merged into runs by source: one message per round rather
+    than one per token keeps the UI ahead of a fast GPU."""
+
+    def __init__(self, answer_id: int, post: Callable[[Message], object]) -> None:
+        self.answer_id = answer_id
+        self.post = post
+        self.runs: list[tuple[str, Source]] = []
+        self.tokens = 0
+
+    def add(self, piece: Piece) -> None:
+        self.tokens += piece.token >= 0  # a flushed tail is text, not a token
+        if not piece.text:
+            return
+        if self.runs and self.runs[-1][1] == piece.source:
+            self.runs[-1] = (self.runs[-1][0] + piece.text, piece.source)
+        else:
+            self.runs.append((piece.text, piece.source))
+
+    def flush(self) -> None:
+        if self.runs or self.tokens:
+            self.post(AnswerPieces(self.answer_id, self.runs, self.tokens))
+            self.runs, self.tokens = [], 0
+
+
+def _speedup(pair: LoadedPair, stats: Stats) -> float | None:
+    plain = pair.costs.plain_s()
+    return speedup(stats, plain[0] if plain else None)

@@ -1,0 +1,168 @@
+"""The conversation as it is shown: user messages, and answers that stream in."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Markdown, Static
+from textual.widgets.markdown import MarkdownStream
+
+from localspec.conversations import Conversation
+
+from ..figures import summary_line
+
+# stop reason -> the answer's status (a CSS class on the answer: -done, -stopped, ...)
+STATUS = {"cancelled": "stopped", "interrupted": "stopped", "error": "error"}
+
+WELCOME = (
+    "Ask anything. **Enter** sends, **Shift+Enter** or **Ctrl+J** adds a line, "
+    "**Esc** stops the answer. **Ctrl+T** colours each piece of an answer by who chose it: "
+    "the draft model (accepted) or the target."
+)
+
+
+class UserMessage(Static):
+    """What the user sent, as typed."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(Text(text), markup=False)
+
+
+class ProvenanceView(Widget):
+    """An answer as plain text, each run coloured by its source (styles in the .tcss)."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"provenance--draft", "provenance--target"}
+
+    def __init__(self, spans: list[list[str]], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.spans = spans  # shared with the Answer, which appends to it
+
+    def render(self) -> Text:
+        styles = {
+            source: self.get_component_rich_style(f"provenance--{source}")
+            for source in ("draft", "target")
+        }
+        return Text.assemble(*((text, styles.get(src, "")) for text, src in self.spans))
+
+
+class Answer(Vertical):
+    """An answer: Markdown while it streams, the provenance view, and a summary line."""
+
+    status: reactive[str] = reactive("streaming")
+    """streaming, done, stopped or error: a CSS class (-done, ...) styles the answer."""
+
+    summary: reactive[str] = reactive("")
+    """The line under the answer once it ends."""
+
+    def __init__(
+        self,
+        answer_id: int | None,
+        content: str = "",
+        spans: Sequence[tuple[str, str]] = (),
+        status: str = "streaming",
+        summary: str = "",
+    ) -> None:
+        super().__init__()
+        self.answer_id = answer_id
+        self.spans: list[list[str]] = [[t, s] for t, s in spans]
+        self._content = content
+        self._stream: MarkdownStream | None = None
+        self._ended = status != "streaming"
+        self.set_reactive(Answer.status, status)
+        self.set_reactive(Answer.summary, summary)
+        self.add_class(f"-{status}")
+
+    def compose(self) -> ComposeResult:
+        yield Markdown(self._content, classes="answer-markdown")
+        yield ProvenanceView(self.spans, classes="answer-provenance")
+        yield Static(self.summary, classes="answer-summary", markup=False)
+
+    @property
+    def text(self) -> str:
+        return "".join(t for t, _ in self.spans)
+
+    async def add(self, runs: Sequence[tuple[str, str]]) -> None:
+        """Append (text, source) runs; a no-op once the answer has ended."""
+        if self._ended:
+            return
+        for text, source in runs:
+            if self.spans and self.spans[-1][1] == source:
+                self.spans[-1][0] += text
+            else:
+                self.spans.append([text, source])
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        await self._stream.write("".join(text for text, _ in runs))
+        self.query_one(ProvenanceView).refresh(layout=True)
+
+    def stop(self) -> None:
+        """Marked stopped at once; what the engine had already sent still arrives."""
+        self.status = "stopped"
+        self.summary = summary_line("cancelled", {})
+
+    async def end(self, status: str, summary: str) -> None:
+        """No more text: finish the Markdown stream and show the summary."""
+        self._ended = True
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            await stream.stop()
+        self.status = status
+        self.summary = summary
+
+    def watch_status(self, old: str, new: str) -> None:
+        self.remove_class(f"-{old}")
+        self.add_class(f"-{new}")
+
+    def watch_summary(self, summary: str) -> None:
+        if self.is_mounted:
+            self.query_one(".answer-summary", Static).update(summary)
+
+
+class Transcript(VerticalScroll):
+    """The scrolling conversation; it follows new text unless the user scrolls up."""
+
+    def on_mount(self) -> None:
+        self.anchor()
+        self.clear()
+
+    def clear(self) -> None:
+        self.remove_children()
+        self.mount(Markdown(WELCOME, id="welcome"))
+
+    def _drop_welcome(self) -> None:
+        for welcome in self.query("#welcome"):
+            welcome.remove()
+
+    async def add_turn(self, text: str, answer_id: int) -> Answer:
+        """The user's message and an empty answer, mounted before any piece arrives."""
+        self._drop_welcome()
+        answer = Answer(answer_id)
+        await self.mount_all([UserMessage(text), answer])
+        self.anchor()
+        return answer
+
+    def answer(self, answer_id: int) -> Answer | None:
+        for answer in self.query(Answer):
+            if answer.answer_id == answer_id:
+                return answer
+        return None
+
+    def show(self, conversation: Conversation) -> None:
+        """Replace the transcript with a saved conversation."""
+        self.remove_children()
+        widgets: list[Widget] = []
+        for m in conversation.messages:
+            if m.role == "user":
+                widgets.append(UserMessage(m.content))
+            elif m.role == "assistant":
+                status = STATUS.get(m.stop_reason or "", "done")
+                summary = summary_line(m.stop_reason or "", m.stats)
+                widgets.append(Answer(None, m.content, m.spans, status, summary))
+        self.mount_all(widgets or [Markdown(WELCOME, id="welcome")])
+        self.anchor()
