@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backend import Model
-from .drafters import Draft, DraftModel, Outcome, lookup
+from .drafters import Draft, DraftModel, NgramIndex, Outcome
 from .engine import Engine
 from .sampling import Probs, SamplingParams
 
@@ -82,13 +82,18 @@ class VerifyCost:
         self.a, self.b = self._fit()
 
     def _fit(self) -> tuple[float, float]:
-        ks = np.array(sorted(self.seconds), dtype=float)
-        ts = np.array([self.seconds[int(k)] for k in ks])
-        if len(ks) >= 2:
-            b, a = np.polyfit(ks - 1, ts, 1)
+        """Least squares of t = a + b(k-1), in closed form (this runs every round)."""
+        n = len(self.seconds)
+        xs = [k - 1 for k in self.seconds]
+        ts = list(self.seconds.values())
+        if n >= 2:
+            mx, mt = sum(xs) / n, sum(ts) / n
+            sxx = sum((x - mx) ** 2 for x in xs)
+            b = sum((x - mx) * (t - mt) for x, t in zip(xs, ts, strict=True)) / sxx
+            a = mt - b * mx
             if b >= 0 and a > 0:
-                return float(a), float(b)
-        a = float(np.mean(ts / (1 + CPU_SLOPE * (ks - 1))))
+                return a, b
+        a = sum(t / (1 + CPU_SLOPE * x) for x, t in zip(xs, ts, strict=True)) / n
         return a, CPU_SLOPE * a
 
     def batch(self, ks: np.ndarray) -> np.ndarray:
@@ -124,6 +129,7 @@ class AdaptiveDrafter:
         """`cost_ratio`: prior for c / T(1) until the draft model has been timed."""
         self.model = DraftModel(draft_model) if draft_model is not None else None
         self.cost_ratio = cost_ratio
+        self.ngrams = NgramIndex(n_max=4, n_min=2)  # 1-token matches are mostly noise
         self.alpha = {"ngram": Acceptance.prior(0.7), "draft": Acceptance.prior(0.7)}
         self.verify = VerifyCost()
         self.idle_s = dict.fromkeys(SOURCES, 0.0)  # decode time since each was last used
@@ -150,7 +156,7 @@ class AdaptiveDrafter:
         self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
     ) -> Draft:
         gamma = min(gamma, GAMMA_MAX)
-        match = lookup(np.asarray(context, dtype=np.int32), gamma, n_max=4, n_min=2)
+        match = self.ngrams.lookup(context, gamma)
         lag = len(context) - len(self.model.model.cached) if self.model else 0
         choice = self.choose(len(match), gamma, lag)
         self._last = choice

@@ -140,12 +140,12 @@ class NgramDrafter:
     busy_s = 0.0
 
     def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
-        self.n_max, self.n_min = n_max, n_min
+        self.index = NgramIndex(n_max, n_min)
 
     def draft(
         self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
     ) -> Draft:
-        tokens = lookup(np.asarray(context, dtype=np.int32), gamma, self.n_max, self.n_min)
+        tokens = self.index.lookup(context, gamma)
         return Draft(tokens, [None] * len(tokens))
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
@@ -156,14 +156,32 @@ def _ema(old: float, new: float, weight: float = 0.2) -> float:
     return new if old == 0 else old + weight * (new - old)
 
 
-def lookup(ctx: np.ndarray, gamma: int, n_max: int, n_min: int) -> list[int]:
-    """The γ tokens that followed the latest earlier match of ctx's last n tokens."""
-    if gamma <= 0:
+class NgramIndex:
+    """Where each n-gram of a growing context (n_min..n_max tokens) last occurred with a
+    known next token: a few dict updates per new token instead of a scan per round."""
+
+    def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
+        self.n_max, self.n_min = n_max, n_min
+        self._next: dict[tuple[int, ...], int] = {}  # n-gram -> index of what followed
+        self._tokens: list[int] = []  # the context indexed so far
+
+    def lookup(self, context: Sequence[int], gamma: int) -> list[int]:
+        """The γ tokens that followed the latest earlier match of the context's last n
+        tokens, longest n first."""
+        self._sync(context)
+        for n in range(min(self.n_max, len(context) - 1), self.n_min - 1, -1):
+            start = self._next.get(tuple(context[-n:]))
+            if start is not None:
+                return list(context[start : start + gamma])
         return []
-    for n in range(min(n_max, len(ctx) - 1), n_min - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(ctx[:-1], n)
-        hits = np.flatnonzero((windows == ctx[-n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return ctx[start : start + gamma].tolist()
-    return []
+
+    def _sync(self, context: Sequence[int]) -> None:
+        done = len(self._tokens)
+        if done > len(context) or list(context[:done]) != self._tokens:
+            self._next.clear()  # another text (a new conversation): index it afresh
+            self._tokens = []
+            done = 0
+        self._tokens.extend(context[done:])
+        for i in range(max(done, 1), len(context)):
+            for n in range(self.n_min, min(self.n_max, i) + 1):
+                self._next[tuple(context[i - n : i])] = i

@@ -70,7 +70,7 @@ class Engine:
         tokens = list(prompt)
 
         # prefill: the target alone gives the first token (this is the TTFT)
-        logits = self._timed_score(rec, tokens, 1)
+        logits = self.target.evaluate(tokens, 1)
         first = self._choose(logits[0], params, tokens, rng)
         rec.observe_first_token()
         yield from out.emit([first], 0, logits if config.trace else None)
@@ -84,15 +84,14 @@ class Engine:
             if room < 1:
                 out.stop_reason = "context_full"
                 break
+            started = time.perf_counter()
             budget = max(0, min(self.gamma, room - 1, out.remaining - 1))
             draft = self._timed_draft(rec, tokens, budget, params, rng)
-            verify_s = rec.llama_s
-            logits = self._timed_score(rec, tokens + draft.tokens, len(draft.tokens) + 1)
-            verify_s = rec.llama_s - verify_s
+            logits, verify_s = self._timed_score(rec, tokens + draft.tokens, len(draft.tokens) + 1)
             verdict = self._verify(draft, logits, params, tokens, rng)
             new = [*draft.tokens[: verdict.accepted], verdict.token]
             answered = len(out.tokens)
-            yield from out.emit(new, verdict.accepted, logits if config.trace else None)
+            pieces = list(out.emit(new, verdict.accepted, logits if config.trace else None))
             tokens.extend(new[: out.kept_last])
             outcome = Outcome(len(draft.tokens), verdict.accepted, verify_s)
             self.accept(tokens, outcome)
@@ -101,14 +100,22 @@ class Engine:
             rec.observe_tokens(len(out.tokens) - answered)
             rec.gamma = budget if draft.planned is None else draft.planned
             rec.drafter = draft.by or self.drafter.name
-            yield RoundEnd(
+            round_end = RoundEnd(
                 rec.drafter, rec.gamma, outcome.drafted, outcome.accepted, rec.snapshot(), draft.why
             )
+            # the round's engine time ends here: what the caller does with the events
+            # below is not ours
+            rec.round_s += time.perf_counter() - started
+            yield from pieces
+            yield round_end
 
         if tail := out.stream.flush():
             yield Piece(tail, -1, "target")
         yield Finished(
-            out.stream.text, tuple(out.tokens), out.stop_reason or "cancelled", rec.snapshot()
+            out.stream.text,
+            tuple(out.tokens),
+            out.stop_reason or "cancelled",
+            rec.snapshot(final=True),
         )
 
     # --- one step each ---------------------------------------------------------------
@@ -134,12 +141,16 @@ class Engine:
         rec.llama_s += self.drafter.busy_s - busy
         return draft
 
-    def _timed_score(self, rec: StatsRecorder, tokens: list[int], n_logits: int) -> np.ndarray:
+    def _timed_score(
+        self, rec: StatsRecorder, tokens: list[int], n_logits: int
+    ) -> tuple[np.ndarray, float]:
+        """The target's logits for the last n_logits positions, and its time in llama."""
         busy, started = self.target.busy_s, time.perf_counter()
         logits = self.target.evaluate(tokens, n_logits)
         rec.verify_s += time.perf_counter() - started
-        rec.llama_s += self.target.busy_s - busy
-        return logits
+        in_llama = self.target.busy_s - busy
+        rec.llama_s += in_llama
+        return logits, in_llama
 
     def _choose(
         self,

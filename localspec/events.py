@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
-
 Source = Literal["draft", "target"]  # accepted draft token, or the target's own choice
 StopReason = Literal["eog", "stop_string", "max_tokens", "context_full", "cancelled"]
 
@@ -29,13 +27,16 @@ class Stats:
     mean_accepted_len: float = 0.0  # tokens per round, counting the target's own token
     tokens_per_s: float = 0.0  # decode speed, after the first token
     ttft_s: float = 0.0
-    itl_p50_s: float = 0.0  # per-token latency: each round's time spread over its tokens
+    # per-token latency (each round's time spread over its tokens); set at the end of an
+    # answer, 0 in the snapshots taken mid-way (sorting every round costs a GPU round)
+    itl_p50_s: float = 0.0
     itl_p95_s: float = 0.0
     prompt_tokens: int = 0
     elapsed_s: float = 0.0
     draft_s: float = 0.0  # wall time in the drafter
     verify_s: float = 0.0  # wall time in the target's verification passes
-    llama_s: float = 0.0  # time inside model calls (both models), for the overhead figure
+    round_s: float = 0.0  # wall time of the rounds (after the first token), engine only
+    llama_s: float = 0.0  # of which inside model calls (both models)
     gamma: int = 0  # γ of the latest round
     drafter: str = ""  # drafter of the latest round
     accepted_per_position: tuple[int, ...] = ()
@@ -43,8 +44,13 @@ class Stats:
 
     @property
     def overhead_s(self) -> float:
-        """Decode time spent outside model calls: Python, sampling, bookkeeping."""
-        return max(0.0, self.draft_s + self.verify_s - self.llama_s)
+        """Round time spent outside model calls: Python, sampling, bookkeeping."""
+        return max(0.0, self.round_s - self.llama_s)
+
+    @property
+    def overhead_share(self) -> float:
+        """overhead_s as a share of the rounds' time."""
+        return self.overhead_s / self.round_s if self.round_s else 0.0
 
     def summary(self) -> str:
         return (
@@ -102,6 +108,7 @@ class StatsRecorder:
     accepted: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    round_s: float = 0.0
     llama_s: float = 0.0
     gamma: int = 0
     drafter: str = ""
@@ -132,10 +139,10 @@ class StatsRecorder:
             self.tokens += n
             self.last_token_at = now
 
-    def snapshot(self) -> Stats:
+    def snapshot(self, final: bool = False) -> Stats:
         now = time.perf_counter()
         decode_s = (self.last_token_at or now) - (self.first_token_at or now)
-        lat = np.asarray(self.per_token_latency) if self.per_token_latency else np.zeros(1)
+        lat = sorted(self.per_token_latency) if final and self.per_token_latency else [0.0]
         return Stats(
             tokens=self.tokens,
             rounds=self.rounds,
@@ -145,15 +152,24 @@ class StatsRecorder:
             mean_accepted_len=(self.tokens - 1) / self.rounds if self.rounds else 0.0,
             tokens_per_s=(self.tokens - 1) / decode_s if decode_s > 0 else 0.0,
             ttft_s=(self.first_token_at - self.start) if self.first_token_at else 0.0,
-            itl_p50_s=float(np.percentile(lat, 50)),
-            itl_p95_s=float(np.percentile(lat, 95)),
+            itl_p50_s=_percentile(lat, 0.50),
+            itl_p95_s=_percentile(lat, 0.95),
             prompt_tokens=self.prompt_tokens,
             elapsed_s=now - self.start,
             draft_s=self.draft_s,
             verify_s=self.verify_s,
+            round_s=self.round_s,
             llama_s=self.llama_s,
             gamma=self.gamma,
             drafter=self.drafter,
             accepted_per_position=tuple(self.accepted_at),
             drafted_per_position=tuple(self.drafted_at),
         )
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
