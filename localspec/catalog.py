@@ -293,20 +293,22 @@ def _suggest(word: str, choices: list[str]) -> str:
 # --- reading the TOML ------------------------------------------------------------------
 
 _TOP = {"default_family", "families", "models", "pairs", "mirrors"}
-_FAMILY = {"name": str, "architecture": str, "tokenizer": str}
-_MODEL = {
+_FAMILY: dict[str, Any] = {"name": str, "architecture": str, "tokenizer": str}
+_MODEL: dict[str, Any] = {
     "name": str, "family": str, "role": str, "params": (int, float), "shape": dict,
     "hub": str, "revision": str, "quants": dict, "drafts": list,
 }
-_SHAPE = {
+_SHAPE: dict[str, Any] = {
     "layers": int, "kv_heads": int, "head_dim": int, "embedding": int, "vocab": int,
     "context": int, "tied_embeddings": bool,
 }
-_QUANT_KEYS = {
+_QUANT_KEYS: dict[str, Any] = {
     "file": str, "size": int, "sha256": str, "hub": str, "revision": str, "mirror": str,
 }
-_MIRROR = {"pypi": str, "version": str, "parts": int, "file": str, "size": int, "sha256": str}
-_PAIR = {"target": str, "draft": str, "quant": str}
+_MIRROR: dict[str, Any] = {
+    "pypi": str, "version": str, "parts": int, "file": str, "size": int, "sha256": str,
+}
+_PAIR: dict[str, Any] = {"target": str, "draft": str, "quant": str}
 
 
 @dataclass

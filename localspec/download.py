@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
+from urllib.parse import urlparse
 
 from . import store
 from .catalog import Catalog, HubFile, Model, Quant, default_catalog, split_spec
@@ -224,9 +225,12 @@ class Hub:
                     say(f"downloading {remote.path} from {remote.repo}"
                         + (f" (resuming at {done / remote.size:.0%})" if done and remote.size
                            else ""))
+                    headers = build_hf_headers()
+                    if urlparse(remote.url).netloc != urlparse(self.endpoint).netloc:
+                        headers.pop("authorization", None)  # a signed CDN URL: no token
                     try:
                         http_get(remote.url, f, resume_size=done,
-                                 headers=build_hf_headers(), expected_size=remote.size,
+                                 headers=headers, expected_size=remote.size,
                                  displayed_filename=PurePosixPath(remote.path).name)
                     except Exception as e:
                         raise DownloadError(

@@ -17,7 +17,6 @@ import platform
 import re
 import subprocess
 from dataclasses import dataclass, replace
-from types import ModuleType
 from typing import Any
 
 from .errors import LocalspecError
@@ -107,7 +106,7 @@ def fmt_size(n: int | float | None) -> str:
 
 def probe(
     overrides: Overrides = Overrides(),
-    nvml: ModuleType | None = None,
+    nvml: Any = None,
     offload: bool | None = None,
 ) -> Hardware:
     """This machine, with `overrides` applied. `nvml` replaces pynvml (tests pass a fake)
@@ -171,13 +170,15 @@ def apply(hw: Hardware, o: Overrides) -> Hardware:
 
 # --- NVIDIA --------------------------------------------------------------------------
 
-def probe_nvidia(nvml: ModuleType | None = None) -> tuple[tuple[Gpu, ...], list[str]]:
-    """NVIDIA GPUs through NVML; ((), [why]) when there is no library, driver or GPU."""
+def probe_nvidia(nvml: Any = None) -> tuple[tuple[Gpu, ...], list[str]]:
+    """NVIDIA GPUs through NVML (`nvml`: pynvml, or a stand-in with its functions);
+    ((), [why]) when there is no library, driver or GPU."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError:
             return (), ["nvidia-ml-py is not installed: NVIDIA GPUs are not detected"]
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception as e:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...

@@ -83,6 +83,8 @@ class GgufInfo:
         """The file type as a quantization name ("Q4_K_M"), or "unknown"."""
         from gguf.constants import LlamaFileType
 
+        if self.file_type is None:
+            return "unknown"
         try:
             return LlamaFileType(self.file_type).name.removeprefix("MOSTLY_").replace(
                 "ALL_", ""

@@ -43,7 +43,8 @@ class Faults:
 class FakeHub:
     files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # repo -> path -> data
     faults: Faults = field(default_factory=Faults)
-    log: list[tuple[str, str, str | None]] = field(default_factory=list)  # method, path, Range
+    # method, path, Range header, whether an Authorization header came along
+    log: list[tuple[str, str, str | None, bool]] = field(default_factory=list)
     url: str = ""
     cdn: str = ""
 
@@ -59,7 +60,7 @@ class FakeHub:
                     return path, data
         return None
 
-    def cdn_gets(self) -> list[tuple[str, str, str | None]]:
+    def cdn_gets(self) -> list[tuple[str, str, str | None, bool]]:
         return [e for e in self.log if e[0] == "GET" and e[1].startswith("/cdn/")]
 
 
@@ -80,7 +81,8 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
             self.route()
 
         def route(self) -> None:
-            hub.log.append((self.command, self.path, self.headers.get("Range")))
+            hub.log.append((self.command, self.path, self.headers.get("Range"),
+                            "Authorization" in self.headers))
             if hub.faults.hang:
                 while hub.faults.hang:  # until the test ends
                     time.sleep(0.05)

@@ -115,6 +115,15 @@ def test_pull_into_hub_cache_layout(home, fake_hub: FakeHub, target_bytes):
     assert not list(repo.glob("blobs/*.incomplete"))
 
 
+def test_the_token_goes_to_the_hub_not_to_the_cdn(home, fake_hub, target_bytes, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    fake_hub.add("test/tiny-target-GGUF", "tiny-target-q4_k_m.gguf", target_bytes)
+    pull(["tiny-target"], catalog=tiny_catalog({}), say=quiet)
+    heads = [e for e in fake_hub.log if e[0] == "HEAD"]
+    assert heads and all(e[3] for e in heads)
+    assert fake_hub.cdn_gets() and not any(e[3] for e in fake_hub.cdn_gets())
+
+
 def test_second_pull_is_a_no_op(home, fake_hub: FakeHub, target_bytes):
     fake_hub.add("test/tiny-target-GGUF", "tiny-target-q4_k_m.gguf", target_bytes)
     catalog = tiny_catalog({"tiny-target-q4_k_m.gguf": target_bytes})

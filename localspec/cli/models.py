@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from .plan import add_hardware_options, hardware_from
 
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     b = budget(hw)
     installed = store.all_installed()
     have = {(e.model, e.quant): e for e in installed}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for m in catalog.models:
         if args.family and m.family != args.family:
             continue
