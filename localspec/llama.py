@@ -87,7 +87,7 @@ class LlamaModel(Model):
             ll.llama_model_free(self._model)
             raise LoadFailed(f"not enough memory for a context of {options.n_ctx} tokens")
         self.n_ctx = ll.llama_n_ctx(self._ctx)
-        self.n_batch = options.n_batch
+        self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps it at the context
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self._piece_cache: dict[int, bytes] = {}

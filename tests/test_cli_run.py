@@ -52,8 +52,8 @@ def test_incompatible_draft(real_paths, gemma_path):
 
 @pytest.mark.real
 def test_prompt_longer_than_the_context(real_paths):
-    r = localspec("run", "word " * 200, "--target", str(real_paths[0]), "--draft", "none",
-                  "--ctx", "64")
+    r = localspec("run", "word " * 600, "--target", str(real_paths[0]), "--draft", "none",
+                  "--ctx", "256")
     assert_one_line_error(r, "context")
 
 

@@ -77,7 +77,8 @@ def test_greedy_speculation_equals_plain_decoding(real_models, plain_runs, draft
 def test_caches_follow_the_accepted_text_across_rounds(real_models):
     target, draft = real_models
     session = Session(Engine(target, DraftModel(draft, p_min=0.0), 5))
-    prompt = session.render(user(PROMPTS["chat"]))  # chat: many rejections
+    # prose: many rejections
+    prompt = session.render(user("Explain in one paragraph how a hash map handles collisions."))
     text = list(prompt)
     seen = []
     for event in session.engine.generate(prompt, GenerationConfig(max_tokens=48)):
