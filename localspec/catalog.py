@@ -1,9 +1,10 @@
 """The model catalog: families that share a tokenizer, their targets and drafts, and where
 each quantization's file comes from.
 
-`models.toml` (in localspec/data) is read with tomllib into frozen dataclasses. Every
-problem in it (an unknown key, a missing field, a draft from another family) is
-collected with its file and line and reported together as one CatalogError, so a typo
+`models.toml` (at the top of the repo; localspec/data/models.toml links to it so that it
+ships in the package) is read with tomllib into frozen dataclasses. Every problem in it
+(an unknown key, a missing field, a draft from another family) is collected with its
+file and line and reported together as one CatalogError, so a typo
 never becomes a traceback or a silently ignored setting.
 """
 
