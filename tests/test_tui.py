@@ -348,3 +348,72 @@ async def test_one_short_exchange_with_the_real_pair(real_paths, home: Path):
         assert 0 < figures["tokens"] <= 16 and figures["tokens_per_s"] > 0
     (conversation,) = saved(home)
     assert conversation.messages[-1].content == answer.text
+
+
+def fake_listing():
+    from tui.listing import Listing, ModelRow, PairRow
+
+    return Listing(
+        "no GPU, 8.0 GiB RAM available, 2 CPU cores",
+        models=[ModelRow("toy-1b", "toy", "target", "Q4_K_M", GiB, True, "CPU"),
+                ModelRow("toy-7b", "toy", "target", "Q4_K_M", 4 * GiB, False, "CPU")],
+        pairs=[PairRow("small", "toy-1b", "toy-draft", "Q4_K_M", GiB, 0, "CPU"),
+               PairRow("big", "toy-7b", "toy-draft", "Q4_K_M", 4 * GiB, 4000, "CPU")],
+        planned=PairSpec("toy-1b:Q4_K_M", "toy-draft:Q4_K_M", 2048, 0),
+        plan_note="Target: toy-1b, the largest that fits.",
+    )
+
+
+async def test_models_screen_switches_and_downloads_pairs(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import threading
+
+    import tui.app
+    import tui.screens.models
+
+    monkeypatch.setattr(tui.screens.models, "gather", fake_listing)
+    downloads = home / "hub"
+    downloads.mkdir()
+    monkeypatch.setattr(tui.app, "download_files", lambda: list(downloads.iterdir()))
+    halfway, finish = threading.Event(), threading.Event()
+
+    def fake_pull(pair_id: str, say) -> None:
+        say(f"downloading {pair_id}")
+        (downloads / "blob.incomplete").write_bytes(b"x" * 2000)
+        halfway.set()
+        assert finish.wait(20)
+
+    monkeypatch.setattr(tui.app, "pull_pair", fake_pull)
+    loaded: list[PairSpec] = []
+    loader = scripted_loader()
+
+    def load(spec, say):
+        loaded.append(spec)
+        return loader(spec, say)
+
+    app = ChatApp(load, SPEC, memory=lambda: FAKE_MEMORY)
+    async with app.run_test(size=(130, 45)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+l")
+        await until(pilot, lambda: getattr(app.screen, "listing", None) is not None)
+        screen = app.screen
+        assert screen.query_one("#models-pairs").row_count == 2
+        await pilot.press("down", "d")  # "big" is not installed: download it
+        await until(pilot, halfway.is_set)
+        await until(pilot, lambda: app.download is not None and app.download.done == 2000)
+        assert screen.has_class("-downloading")
+        assert screen.query_one("ProgressBar").percentage == pytest.approx(0.5)
+        await pilot.press("escape")  # the download goes on without the screen
+        await send(pilot, "still chatting")
+        await until(pilot, lambda: done(app))
+        finish.set()
+        await until(pilot, lambda: app.download.finished)
+        assert any("big is ready" in n.message for n in app._notifications)
+        await pilot.press("ctrl+l")
+        await until(pilot, lambda: getattr(app.screen, "listing", None) is not None)
+        await pilot.press("enter")  # "small" is installed: switch to it
+        await until(pilot, lambda: len(loaded) == 2 and app.pair_state == "ready")
+    assert loaded[1] == PairSpec("toy-1b:Q4_K_M", "toy-draft:Q4_K_M")
+    settings, _ = load_settings(home / "settings.toml")
+    assert (settings.target, settings.draft) == ("toy-1b:Q4_K_M", "toy-draft:Q4_K_M")

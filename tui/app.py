@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -30,12 +31,15 @@ from localspec.settings import Settings, save_settings
 
 from .advice import advice
 from .figures import stats_record, summary_line
+from .listing import PairRow, download_files, downloaded_bytes, pull_pair
 from .memory import MemoryProbe, MemoryUse
 from .messages import (
     AnswerDone,
     AnswerPieces,
     AnswerTick,
     ConversationOpened,
+    Download,
+    DownloadUpdate,
     MemoryUpdate,
     PairFailed,
     PairLoaded,
@@ -75,6 +79,9 @@ class ChatApp(App[None]):
 
     pair_state: reactive[str] = reactive("loading")
     """loading, ready or failed: whether a message can be answered."""
+
+    download: reactive[Download | None] = reactive(None)
+    """The pair being downloaded (or the last one), and how far it got."""
 
     def __init__(
         self,
@@ -304,7 +311,7 @@ class ChatApp(App[None]):
         self.pair_state = "ready"
         self.spec = message.pair.spec
         self.sub_title = self.spec.label
-        self.stats_panel.pair = self.spec.label
+        self.stats_panel.pair = self.spec.lines
         for note in message.notes:
             self.notify(note, title="Models", severity="warning", timeout=10)
         if self.settings.drafter == "model" and not message.pair.has_draft_model:
@@ -370,7 +377,62 @@ class ChatApp(App[None]):
         self.push_screen(ConversationsScreen(self.store, self.conversation_id), chosen)
 
     def action_models(self) -> None:
-        self.notify("The models screen is not available yet.", title="Models")
+        from .screens.models import ModelsScreen
+
+        def chosen(spec: PairSpec | None) -> None:
+            if spec is None or spec == self.spec:
+                return
+            if self.current is not None:
+                self.current[1].set()  # the answer in progress ends with the old pair
+            self.settings = replace(self.settings, target=spec.target, draft=spec.draft)
+            self.save_settings(self.settings)  # the next run opens this pair too
+            self.switch_pair(spec)
+
+        self.push_screen(ModelsScreen(self.spec), chosen)
+
+    def start_download(self, pair: PairRow) -> None:
+        if self.download is not None and not self.download.finished:
+            self.notify(f"{self.download.pair_id} is downloading; one at a time.",
+                        severity="warning")
+            return
+        self.download = Download(pair.id, 0, pair.missing, "starting…")
+        self.pull(pair)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="download")
+    def pull(self, pair: PairRow) -> None:
+        """Download a pair; progress is read off the disk twice a second meanwhile."""
+        since = time.time() - 1
+        line = ["starting…"]
+        finished = threading.Event()
+
+        def progress() -> None:
+            while not finished.wait(0.5) and not self._stopping.is_set():
+                done = downloaded_bytes(since, download_files)
+                self.post_message(DownloadUpdate(Download(pair.id, done, pair.missing, line[0])))
+
+        self.call_from_thread(self.run_worker, progress, thread=True,
+                              group="download-progress", exit_on_error=False)
+        try:
+            pull_pair(pair.id, say=lambda text: line.__setitem__(0, text))
+        except Exception as e:
+            what, todo = advice(e)
+            end = Download(pair.id, 0, pair.missing, "", True, f"{what} {todo}".strip())
+        else:
+            end = Download(pair.id, pair.missing, pair.missing, "done", True)
+        finally:
+            finished.set()
+        self.post_message(DownloadUpdate(end))
+
+    def on_download_update(self, message: DownloadUpdate) -> None:
+        self.download = message.download
+        if not message.download.finished:
+            return
+        if message.download.error:
+            self.notify(message.download.error, title=f"{message.download.pair_id} not "
+                        "downloaded", severity="error", timeout=20)
+        else:
+            self.notify(f"{message.download.pair_id} is ready: use it on the models screen "
+                        "(Ctrl+L).", title="Downloaded")
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield SystemCommand("New conversation", "Start over (Ctrl+N)",

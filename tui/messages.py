@@ -14,6 +14,7 @@ from textual.message import Message
 from localspec.conversations import Conversation, ConversationInfo
 from localspec.events import Source, Stats
 
+from .listing import Listing
 from .memory import MemoryUse
 from .pair import LoadedPair, PairSpec
 
@@ -90,3 +91,32 @@ class ConversationsListed(Message):
 @dataclass
 class ConversationOpened(Message):
     conversation: Conversation
+
+
+@dataclass
+class Listed(Message):
+    """The models screen's listing (catalog, installed, fits, plan)."""
+
+    listing: Listing
+
+
+@dataclass(frozen=True)
+class Download:
+    """A pair being downloaded: how far, and how it ended."""
+
+    pair_id: str
+    done: int  # bytes
+    total: int
+    line: str = ""  # the latest step, as the download tells it
+    finished: bool = False
+    error: str = ""
+
+
+@dataclass
+class DownloadUpdate(Message):
+    """Progress or the end of a download; a newer one replaces a queued one."""
+
+    download: Download
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, DownloadUpdate) and not self.download.finished

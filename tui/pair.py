@@ -29,6 +29,11 @@ class PairSpec:
     def label(self) -> str:
         return f"{short(self.target)} + {short(self.draft)}"
 
+    @property
+    def lines(self) -> str:
+        """Target and draft on a line each, for narrow places."""
+        return f"target {short(self.target)}\ndraft  {short(self.draft)}"
+
 
 def short(spec: str) -> str:
     """A model's name for the screen: the file stem of a path, else the id."""

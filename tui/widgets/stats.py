@@ -79,7 +79,7 @@ class StatsPanel(Vertical):
     """The latest memory reading."""
 
     pair: reactive[str] = reactive("loading models…")
-    """The pair's name, or what is happening to it."""
+    """The pair (target, then draft, a line each), or what is happening to it."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
