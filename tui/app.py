@@ -277,6 +277,8 @@ class ChatApp(App[None]):
     async def on_answer_pieces(self, message: AnswerPieces) -> None:
         # A stopped answer still takes what was sent before the stop (it is saved too);
         # the worker sends nothing after it.
+        if not self.is_running:
+            return  # shutting down: the widgets may be gone already
         if self._is_current(message.answer_id):
             self.stats_panel.count(message.tokens)
         answer = self.transcript.answer(message.answer_id)
@@ -284,10 +286,14 @@ class ChatApp(App[None]):
             await answer.add(message.runs)
 
     def on_answer_tick(self, message: AnswerTick) -> None:
+        if not self.is_running:
+            return  # shutting down: the widgets may be gone already
         if self._is_current(message.answer_id):
             self.stats_panel.figures = stats_record(message.stats, message.speedup)
 
     async def on_answer_done(self, message: AnswerDone) -> None:
+        if not self.is_running:
+            return  # shutting down: the widgets may be gone already
         summary = summary_line(message.stop_reason, message.record)
         answer = self.transcript.answer(message.answer_id)
         if answer is not None:
@@ -305,9 +311,13 @@ class ChatApp(App[None]):
                         severity="warning", timeout=15)
 
     def on_pair_loading(self, message: PairLoading) -> None:
+        if not self.is_running:
+            return  # shutting down: the widgets may be gone already
         self.notify(message.line, title="Loading models", severity="warning")
 
     def on_pair_loaded(self, message: PairLoaded) -> None:
+        if not self.is_running:
+            return  # shutting down: the widgets may be gone already
         self.pair_state = "ready"
         self.spec = message.pair.spec
         self.sub_title = self.spec.label
@@ -318,6 +328,8 @@ class ChatApp(App[None]):
             self.notify("This pair has no draft model: drafting with n-grams.", title="Models")
 
     def on_pair_failed(self, message: PairFailed) -> None:
+        if not self.is_running:
+            return  # shutting down: the widgets may be gone already
         self.pair_state = "failed"
         self.stats_panel.pair = f"not loaded: {short_line(message.error)}"
         self.sub_title = "no models loaded"
@@ -325,9 +337,13 @@ class ChatApp(App[None]):
                     title=f"Could not load {message.spec.label}", severity="error", timeout=20)
 
     def on_memory_update(self, message: MemoryUpdate) -> None:
+        if not self.is_running:
+            return  # shutting down: the widgets may be gone already
         self.stats_panel.memory = message.memory
 
     def on_conversation_opened(self, message: ConversationOpened) -> None:
+        if not self.is_running:
+            return  # shutting down: the widgets may be gone already
         if self.current is not None:
             self.current[1].set()
             self._finish_current()
@@ -424,6 +440,8 @@ class ChatApp(App[None]):
         self.post_message(DownloadUpdate(end))
 
     def on_download_update(self, message: DownloadUpdate) -> None:
+        if not self.is_running:
+            return  # shutting down: the widgets may be gone already
         self.download = message.download
         if not message.download.finished:
             return
