@@ -115,8 +115,9 @@ def test_conversations_screen(snap_compare):
 
 
 def test_models_screen(snap_compare, monkeypatch: pytest.MonkeyPatch):
-    import tui.screens.models
     from test_tui import fake_listing
+
+    import tui.screens.models
 
     monkeypatch.setattr(tui.screens.models, "gather", fake_listing)
 
