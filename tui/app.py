@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import ClassVar
 
 from textual import on, work
@@ -58,7 +58,7 @@ class ChatApp(App[None]):
     """localspec's chat."""
 
     TITLE = "localspec"
-    CSS_PATH: ClassVar[list[str | Path]] = [
+    CSS_PATH: ClassVar[list[str | PurePath]] = [
         STYLES / name for name in ("app.tcss", "settings.tcss", "conversations.tcss", "models.tcss")
     ]
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -165,8 +165,11 @@ class ChatApp(App[None]):
             old, self.pair = self.pair, None
             if old is not None:
                 old.close()
+        def say(line: str) -> None:
+            self.post_message(PairLoading(spec, line))
+
         try:
-            session = self.loader(spec, lambda line: self.post_message(PairLoading(spec, line)))
+            session = self.loader(spec, say)
         except Exception as e:
             self.post_message(PairFailed(spec, *advice(e)))
             return

@@ -113,7 +113,9 @@ def stream(
                 pending.flush()
                 return event.stop_reason, event.stats
     finally:
-        events.close()  # stops the engine where it is
+        close = getattr(events, "close", None)  # a generator: closing stops the engine
+        if close is not None:
+            close()
     pending.flush()
     return "cancelled", last or Stats()
 
