@@ -165,6 +165,7 @@ class ChatApp(App[None]):
             old, self.pair = self.pair, None
             if old is not None:
                 old.close()
+
         def say(line: str) -> None:
             self.post_message(PairLoading(spec, line))
 
