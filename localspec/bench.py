@@ -34,8 +34,10 @@ import numpy as np
 from .backend import Model
 from .errors import LocalspecError
 
-MODE_KINDS = ("baseline", "draft", "ngram", "auto")
-MODE_RE = re.compile(r"^(baseline|draft|ngram|auto)(?:-g(\d+))?$")
+MODE_KINDS = ("baseline", "draft", "ngram", "auto", "peer", "peer-plain")
+MODE_RE = re.compile(r"^(baseline|draft|ngram|auto|peer-plain|peer)(?:-g(\d+))?$")
+FIXED_GAMMA = ("draft", "ngram", "peer")  # the kinds a -gN suffix applies to
+PEER_KINDS = ("peer", "peer-plain")  # llama.cpp's own binaries (localspec.bench_peer)
 DEFAULT_MODES = "baseline,draft,ngram,auto"
 PROMPT_KEYS = {"category", "prompt"}
 NEAR_TIE = 1.0  # logits: batched and one-token kernels differ by up to ~0.5 on this CPU
@@ -114,20 +116,28 @@ def select_prompts(prompts: Sequence[BenchPrompt], only: str | None) -> tuple[Be
 # --- modes -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Mode:
-    """One way to decode: `baseline` (plain), `draft`/`ngram` at a fixed γ, or `auto`."""
+    """One way to decode: `baseline` (plain), `draft`/`ngram` at a fixed γ, `auto`; or
+    the peer: `peer` (llama.cpp's speculative example), `peer-plain` (its plain decoding)."""
 
     name: str
     kind: str  # one of MODE_KINDS
-    gamma: int = 0  # fixed γ for draft/ngram; 0 for baseline and auto
+    gamma: int = 0  # fixed γ for draft/ngram, the peer's --spec-draft-n-max; else 0
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.kind == "draft"
+        return self.kind in ("draft", "peer")
+
+    @property
+    def is_peer(self) -> bool:
+        return self.kind in PEER_KINDS
 
 
 def parse_modes(text: str, gamma: int = 4, have_draft: bool = True) -> tuple[Mode, ...]:
     """`baseline,draft,ngram,auto,draft-g2,...`: baseline is always run, first (every
-    speedup is a ratio to it); `draft`/`ngram` take `gamma`, `draft-gN` takes N."""
+    speedup is a ratio to it); `draft`/`ngram` take `gamma`, `draft-gN` takes N; `peer`
+    drafts DEFAULT_N_MAX, `peer-gN` N."""
+    from .bench_peer import DEFAULT_N_MAX
+
     modes: dict[str, Mode] = {}
     for word in (w.strip() for w in text.split(",")):
         if not word:
@@ -135,13 +145,15 @@ def parse_modes(text: str, gamma: int = 4, have_draft: bool = True) -> tuple[Mod
         m = MODE_RE.match(word)
         if m is None:
             raise BenchError(
-                f"unknown mode {word!r}: use baseline, draft, ngram, auto, draft-gN or ngram-gN"
+                f"unknown mode {word!r}: use baseline, draft, ngram, auto, draft-gN, "
+                "ngram-gN, peer, peer-gN or peer-plain"
             )
         kind, n = m.group(1), m.group(2)
-        if n is not None and kind not in ("draft", "ngram"):
-            raise BenchError(f"mode {word!r}: only draft and ngram take a fixed γ (-gN)")
-        g = int(n) if n is not None else (gamma if kind in ("draft", "ngram") else 0)
-        if kind in ("draft", "ngram") and not 1 <= g <= 32:
+        if n is not None and kind not in FIXED_GAMMA:
+            raise BenchError(f"mode {word!r}: only draft, ngram and peer take a fixed γ (-gN)")
+        default = DEFAULT_N_MAX if kind == "peer" else gamma
+        g = int(n) if n is not None else (default if kind in FIXED_GAMMA else 0)
+        if kind in FIXED_GAMMA and not 1 <= g <= 32:
             raise BenchError(f"mode {word!r}: γ must be between 1 and 32")
         modes[word] = Mode(word, kind, g)
     if not have_draft and (need := [m.name for m in modes.values() if m.needs_draft_model]):
@@ -195,6 +207,17 @@ class RunFigures:
         """Time outside llama.cpp per unit of decode time. The numerator also holds the
         prefill's (tiny) Python time, so this errs high, never low."""
         return self.outside_s / self.decode_s if self.decode_s > 0 else 0.0
+
+    @classmethod
+    def from_peer(cls, f) -> RunFigures:  # f: bench_peer.PeerFigures
+        """What llama.cpp reports of a run; the rest it does not say (zeros)."""
+        return cls(
+            tokens=f.tokens, stop_reason="n/a", tokens_per_s=f.tokens_per_s, ttft_s=f.prompt_s,
+            itl_p50_s=0.0, itl_p95_s=0.0,
+            acceptance_rate=f.accepted / f.drafted if f.drafted else 0.0, mean_accepted_len=0.0,
+            drafted=f.drafted, accepted=f.accepted, rounds=0, decode_s=f.decode_s,
+            llama_s=f.decode_s, outside_s=0.0,
+        )
 
     @classmethod
     def from_finished(cls, done) -> RunFigures:  # done: events.Finished
@@ -269,17 +292,13 @@ class Result:
     itl_p50_s: float
     itl_p95_s: float
     overhead_share: float
-    agreement: Agreement
+    agreement: Agreement | None  # None for the peer: its tokens are not seen
     runs: tuple[RunFigures, ...]
     text: str = ""  # the first run's answer, to read where modes disagree
+    external: bool = False  # a peer run: figures as llama.cpp reports them, others zero
     peer_tokens_per_s: float | None = None  # llama.cpp's speculative example, same prompt
     peer_plain_tokens_per_s: float | None = None  # llama.cpp's plain decoding, same prompt
-
-    @property
-    def vs_peer(self) -> float | None:
-        if not self.peer_tokens_per_s:
-            return None
-        return self.tokens_per_s / self.peer_tokens_per_s
+    vs_peer: float | None = None  # tokens/s ÷ the peer's (side by side when run live)
 
 
 @dataclass(frozen=True)
@@ -297,6 +316,7 @@ class ModeSummary:
     identical: int  # prompts with output identical to the baseline's
     prompts: int
     vs_peer: float | None = None  # median over prompts the peer ran
+    external: bool = False  # the peer itself: no overhead or agreement figures
 
 
 @dataclass(frozen=True)
@@ -351,9 +371,10 @@ class Report:
                 acceptance_rate=_median([r.acceptance_rate for r in rows]),
                 overhead_share=_median([r.overhead_share for r in rows]),
                 max_overhead_share=max(r.overhead_share for r in rows),
-                identical=sum(r.agreement.identical for r in rows),
+                identical=sum(bool(r.agreement and r.agreement.identical) for r in rows),
                 prompts=len(rows),
                 vs_peer=_median(peers) if peers else None,
+                external=rows[0].external,
             ))
         return tuple(out)
 
@@ -398,12 +419,22 @@ class Peer:
     runs: dict[str, PeerRun]  # by prompt name
 
 
+@dataclass(frozen=True)
+class _Record:
+    """One run: its figures and, for localspec's own modes, its answer."""
+
+    figures: RunFigures
+    tokens: tuple[int, ...] = ()
+    text: str = ""
+
+
 @dataclass
 class _Runs:
-    """Every finished run, by (prompt, mode), in repeat order; and each prompt's tokens."""
+    """Every run, by (prompt, mode), in repeat order; each prompt's tokens and text."""
 
-    finished: dict[tuple[str, str], list] = field(default_factory=dict)
+    finished: dict[tuple[str, str], list[_Record]] = field(default_factory=dict)
     prompt_tokens: dict[str, list[int]] = field(default_factory=dict)
+    prompt_text: dict[str, str] = field(default_factory=dict)  # for the peer binaries
 
     def complete(
         self, prompts: Sequence[BenchPrompt], modes: Sequence[Mode]
@@ -430,6 +461,7 @@ def run_bench(
     engine_factory: EngineFactory = build_engine,
     peer: Peer | None = None,
     threads: int = 0,
+    peer_bin=None,  # bench_peer.LlamaCppPeer: runs the peer modes
 ) -> Report:
     """Run every mode on every prompt, `config.repeats` times, interleaved."""
     from .drafters import NoDrafter
@@ -440,17 +472,27 @@ def run_bench(
         raise BenchError("no prompts to run")
     if not modes or modes[0].kind != "baseline":
         raise BenchError("the first mode must be the baseline")
+    live_peer = [m.name for m in modes if m.is_peer]
+    if live_peer and peer_bin is None:
+        raise BenchError(f"mode(s) {', '.join(live_peer)} need llama.cpp's binaries")
+    if live_peer and peer is not None:
+        raise BenchError("compare with the peer live (peer modes) or from a file, not both")
     started, clock, load = datetime.now(UTC), time.perf_counter(), machine_load()
+    if live_peer:
+        peer = Peer("run live, side by side: " + ", ".join(_peer_command(m) for m in modes
+                                                          if m.is_peer), {})
     session = Session(Engine(target, NoDrafter(), 0))
     runs = _Runs()
     for p in prompts:
         runs.prompt_tokens[p.name] = session.render([{"role": "user", "content": p.prompt}])
+        if live_peer:
+            runs.prompt_text[p.name] = _render_text(target, p.prompt)
     if config.warmup:
         _warm_up(target, draft, runs.prompt_tokens[prompts[0].name], engine_factory, modes)
 
     interrupted = False
     try:
-        _measure(target, draft, prompts, modes, config, runs, engine_factory, progress)
+        _measure(target, draft, prompts, modes, config, runs, engine_factory, progress, peer_bin)
     except KeyboardInterrupt:
         # keep what is complete: a long run stopped early still reports
         interrupted = True
@@ -485,6 +527,7 @@ def _measure(
     runs: _Runs,
     engine_factory: EngineFactory,
     progress: Callable[[Progress], None] | None,
+    peer_bin=None,
 ) -> None:
     """The timed runs: for each repeat, for each prompt, every mode in turn."""
     total, done = config.repeats * len(prompts) * len(modes), 0
@@ -494,12 +537,18 @@ def _measure(
             for mode in modes:
                 if progress:
                     progress(Progress(done, total, repeat, p, mode))
-                finished = _run_once(
-                    engine_factory(mode, target, draft), target, draft,
-                    runs.prompt_tokens[p.name], config.max_tokens,
-                )
-                runs.finished.setdefault((p.name, mode.name), []).append(finished)
-                figures = RunFigures.from_finished(finished)
+                if mode.is_peer:
+                    record = _run_peer(peer_bin, mode, runs.prompt_text[p.name], config)
+                else:
+                    finished = _run_once(
+                        engine_factory(mode, target, draft), target, draft,
+                        runs.prompt_tokens[p.name], config.max_tokens,
+                    )
+                    record = _Record(
+                        RunFigures.from_finished(finished), finished.tokens, finished.text
+                    )
+                runs.finished.setdefault((p.name, mode.name), []).append(record)
+                figures = record.figures
                 if mode.kind == "baseline":
                     base_tps = figures.tokens_per_s
                 done += 1
@@ -527,6 +576,30 @@ def _run_once(engine, target: Model, draft: Model | None, prompt: list[int], max
     return finished
 
 
+def _run_peer(peer_bin, mode: Mode, prompt_text: str, config: BenchConfig) -> _Record:
+    if mode.kind == "peer":
+        figures = peer_bin.speculative(prompt_text, config.max_tokens, mode.gamma)
+    else:
+        figures = peer_bin.plain(prompt_text, config.max_tokens)
+    return _Record(RunFigures.from_peer(figures))
+
+
+def _peer_command(mode: Mode) -> str:
+    if mode.kind == "peer":
+        return (f"{mode.name} = llama-speculative-simple --spec-type draft-simple "
+                f"--spec-draft-n-max {mode.gamma}")
+    return f"{mode.name} = llama-completion (plain decoding)"
+
+
+def _render_text(target: Model, prompt: str) -> str:
+    """The prompt as text through the target's chat template, special tokens written
+    out: what localspec tokenizes, for the peer binaries to tokenize the same way."""
+    from .session import _formatter
+
+    render = _formatter(target)  # type: ignore[arg-type]
+    return render(messages=[{"role": "user", "content": prompt}]).prompt  # type: ignore[operator]
+
+
 def _warm_up(target, draft, prompt, engine_factory, modes) -> None:
     """Untimed: the first passes after loading page the weights in and allocate buffers,
     which would be charged to whichever mode ran first."""
@@ -542,26 +615,40 @@ def _results(
     runs: _Runs,
     peer: dict[str, PeerRun],
 ) -> tuple[Result, ...]:
+    live_peer = next((m.name for m in modes if m.kind == "peer"), None)
     out = []
     for p in prompts:
-        base_runs = runs.finished[(p.name, "baseline")]
-        base_tps = [RunFigures.from_finished(f).tokens_per_s for f in base_runs]
+        base = runs.finished[(p.name, "baseline")]
+        base_tps = [r.figures.tokens_per_s for r in base]
+        peer_tps = [r.figures.tokens_per_s for r in runs.finished[(p.name, live_peer)]] if (
+            live_peer) else []
+        plain_tps = [r.figures.tokens_per_s for r in runs.finished.get((p.name, "peer-plain"), [])]
         for mode in modes:
-            finished = runs.finished[(p.name, mode.name)]
-            figures = tuple(RunFigures.from_finished(f) for f in finished)
-            ratios = [f.tokens_per_s / b for f, b in zip(figures, base_tps, strict=True) if b]
-            agreement = _agreement(
-                target, runs.prompt_tokens[p.name], base_runs[0].tokens, finished[0].tokens
-            )
+            records = runs.finished[(p.name, mode.name)]
+            figures = tuple(r.figures for r in records)
+            tps = [f.tokens_per_s for f in figures]
             peer_run = peer.get(p.name)
+            vs_peer: float | None
+            peer_figures: tuple[float | None, float | None]
+            if live_peer:
+                vs_peer = _median_ratio(tps, peer_tps)
+                peer_figures = (_median(peer_tps), _median(plain_tps) if plain_tps else None)
+            elif peer_run:
+                vs_peer = _median(tps) / peer_run.spec_tps if peer_run.spec_tps else None
+                peer_figures = (peer_run.spec_tps, peer_run.plain_tps)
+            else:
+                vs_peer, peer_figures = None, (None, None)
+            agreement = None if mode.is_peer else _agreement(
+                target, runs.prompt_tokens[p.name], base[0].tokens, records[0].tokens
+            )
             out.append(Result(
                 prompt=p.name,
                 category=p.category,
                 mode=mode.name,
                 tokens=figures[0].tokens,
                 stop_reason=figures[0].stop_reason,
-                tokens_per_s=_median([f.tokens_per_s for f in figures]),
-                speedup=_median(ratios),
+                tokens_per_s=_median(tps),
+                speedup=_median_ratio(tps, base_tps),
                 acceptance_rate=figures[0].acceptance_rate,
                 mean_accepted_len=figures[0].mean_accepted_len,
                 ttft_s=_median([f.ttft_s for f in figures]),
@@ -570,11 +657,19 @@ def _results(
                 overhead_share=_median([f.overhead_share for f in figures]),
                 agreement=agreement,
                 runs=figures,
-                text=finished[0].text,
-                peer_tokens_per_s=peer_run.spec_tps if peer_run else None,
-                peer_plain_tokens_per_s=peer_run.plain_tps if peer_run else None,
+                text=records[0].text,
+                external=mode.is_peer,
+                peer_tokens_per_s=peer_figures[0],
+                peer_plain_tokens_per_s=peer_figures[1],
+                vs_peer=vs_peer,
             ))
     return tuple(out)
+
+
+def _median_ratio(values: Sequence[float], bases: Sequence[float]) -> float:
+    """Median over repeats of value ÷ the same repeat's base: side by side."""
+    ratios = [v / b for v, b in zip(values, bases, strict=True) if b]
+    return _median(ratios)
 
 
 def _agreement(
@@ -664,9 +759,11 @@ def to_markdown(report: Report) -> str:
     summary_rows = []
     for s in report.summary():
         row = [s.mode, *(_x(v) for _, v in s.by_category), _x(s.median),
-               f"{_x(s.worst)} {s.worst_prompt}", _pct(s.acceptance_rate),
-               f"{_pct(s.overhead_share)} (max {_pct(s.max_overhead_share)})",
-               f"{s.identical}/{s.prompts}"]
+               f"{_x(s.worst)} {s.worst_prompt}",
+               _pct(s.acceptance_rate) if s.mode != "peer-plain" else "-",
+               f"{_pct(s.overhead_share)} (max {_pct(s.max_overhead_share)})"
+               if not s.external else "-",
+               f"{s.identical}/{s.prompts}" if not s.external else "-"]
         if peer:
             row.append(_x(s.vs_peer) if s.vs_peer is not None else "-")
         summary_rows.append(row)
@@ -681,7 +778,7 @@ def to_markdown(report: Report) -> str:
         line = [p, report.result(p, "baseline").category, f"{tps:.2f}"]
         line += [_x(r.speedup) for r in rows]
         if peer:
-            ratios = [r.vs_peer for r in rows if r.vs_peer is not None]
+            ratios = [r.vs_peer for r in rows if r.vs_peer is not None and not r.external]
             base = report.result(p, "baseline")
             tps_pair = (f"{base.peer_plain_tokens_per_s:.2f}/{base.peer_tokens_per_s:.2f}"
                         if base.peer_tokens_per_s and base.peer_plain_tokens_per_s else "-")
@@ -690,14 +787,7 @@ def to_markdown(report: Report) -> str:
 
     detail_header = ["prompt", "mode", "tokens", "tok/s", "speedup", "accept", "mean len",
                      "TTFT s", "ITL p50/p95 ms", "outside llama.cpp", "agreement"]
-    details = [
-        [r.prompt, r.mode, f"{r.tokens}", f"{r.tokens_per_s:.2f}", _x(r.speedup),
-         _pct(r.acceptance_rate) if r.mode != "baseline" else "-",
-         f"{r.mean_accepted_len:.2f}" if r.mode != "baseline" else "-", f"{r.ttft_s:.2f}",
-         f"{r.itl_p50_s * 1e3:.0f}/{r.itl_p95_s * 1e3:.0f}", _pct(r.overhead_share),
-         r.agreement.label() if r.mode != "baseline" else "-"]
-        for r in report.results
-    ]
+    details = [_detail_row(r) for r in report.results]
     parts = [
         "\n".join(head),
         _table(summary_header, summary_rows, left=(0, len(cats) + 2)),
@@ -716,13 +806,29 @@ def to_markdown(report: Report) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def _detail_row(r: Result) -> list[str]:
+    """One run's figures; '-' where a figure means nothing (the baseline's acceptance) or
+    is not known (what llama.cpp's binaries do not report)."""
+    spec = r.mode != "baseline" and r.mode != "peer-plain"
+    own = not r.external
+    return [
+        r.prompt, r.mode, f"{r.tokens}", f"{r.tokens_per_s:.2f}", _x(r.speedup),
+        _pct(r.acceptance_rate) if spec else "-",
+        f"{r.mean_accepted_len:.2f}" if spec and own else "-",
+        f"{r.ttft_s:.2f}",
+        f"{r.itl_p50_s * 1e3:.0f}/{r.itl_p95_s * 1e3:.0f}" if own else "-",
+        _pct(r.overhead_share) if own else "-",
+        r.agreement.label() if r.agreement and r.mode != "baseline" else "-",
+    ]
+
+
 def to_json(report: Report) -> dict:
     """Every figure, every run; summaries alongside."""
     return {
         "info": asdict(report.info),
         "summary": [asdict(s) for s in report.summary()],
         "results": [
-            {**asdict(r), "vs_peer": r.vs_peer,
+            {**asdict(r),
              "runs": [{**asdict(f), "overhead_share": f.overhead_share} for f in r.runs]}
             for r in report.results
         ],

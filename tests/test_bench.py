@@ -15,6 +15,7 @@ from localspec import bench
 from localspec.bench import Agreement, BenchConfig, BenchError, BenchPrompt, Mode
 from localspec.drafters import NoDrafter
 from localspec.engine import Engine
+from localspec.errors import LocalspecError
 from localspec.toy import ASSISTANT, ToyModel, scripted
 
 REPLY = "def add(a, b):\n    return a + b\n"
@@ -109,7 +110,8 @@ def test_baseline_always_runs_first():
     ("text", "words"),
     [
         ("baseline,turbo", "unknown mode 'turbo'"),
-        ("auto-g3", "only draft and ngram take a fixed γ"),
+        ("auto-g3", "only draft, ngram and peer take a fixed γ"),
+        ("peer-plain-g2", "only draft, ngram and peer take a fixed γ"),
         ("draft-g0", "γ must be between 1 and 32"),
     ],
 )
@@ -281,6 +283,58 @@ def test_bad_peer_file(tmp_path):
     path.write_text('{"prompts": {"one": {"spec_tps": 1}}}')
     with pytest.raises(BenchError, match=r"not a peer_speculative\.sh result"):
         bench.load_peer(path)
+
+
+FAKE_PLAIN = """#!/bin/sh
+# llama-completion's perf lines; fails unless -f holds the chat-templated prompt
+while [ $# -gt 0 ]; do [ "$1" = -f ] && file=$2; shift; done
+grep -q '<|assistant|>' "$file" || exit 3
+echo 'common_perf_print: prompt eval time =   250.00 ms /    20 tokens (12 ms per token)' >&2
+echo 'common_perf_print:        eval time =  2000.00 ms /    19 runs   (105 ms per token)' >&2
+"""
+FAKE_SPEC = """#!/bin/sh
+echo 'main: encoded   19 tokens in    0.200 seconds, speed:   95.000 t/s' >&2
+echo 'main: decoded   22 tokens in    1.000 seconds, speed:   22.000 t/s' >&2
+echo 'main: n_drafted = 12' >&2
+echo 'main: n_accept  = 9' >&2
+"""
+
+
+def fake_peer(tmp_path: Path, spec: str = FAKE_SPEC):
+    from localspec.bench_peer import PLAIN_BIN, SPEC_BIN, LlamaCppPeer
+
+    for name, script in ((PLAIN_BIN, FAKE_PLAIN), (SPEC_BIN, spec)):
+        (tmp_path / name).write_text(script)
+        (tmp_path / name).chmod(0o755)
+    return LlamaCppPeer(tmp_path, tmp_path / "t.gguf", tmp_path / "d.gguf", threads=2)
+
+
+def test_the_peer_runs_live_between_the_modes(tmp_path):
+    report = run_toy("draft,peer,peer-plain", peer_bin=fake_peer(tmp_path))
+    peer, plain = report.result("one", "peer"), report.result("one", "peer-plain")
+    assert peer.tokens_per_s == pytest.approx(22.0) and peer.acceptance_rate == 0.75
+    assert peer.ttft_s == pytest.approx(0.2) and peer.agreement is None and peer.external
+    assert plain.tokens == 20 and plain.tokens_per_s == pytest.approx(9.5)
+    draft = report.result("one", "draft")
+    assert draft.vs_peer == pytest.approx(draft.tokens_per_s / 22.0)
+    assert draft.peer_plain_tokens_per_s == pytest.approx(9.5)
+    assert "peer = llama-speculative-simple" in (report.info.peer or "")
+    text = bench.to_markdown(report)
+    assert "| one | peer | 22 | 22.00 |" in text and "9.50/22.00" in text
+
+
+def test_a_failing_peer_says_why(tmp_path):
+    broken = "#!/bin/sh\necho 'error: unknown argument: --spec-type' >&2\nexit 1\n"
+    with pytest.raises(LocalspecError, match="unknown argument: --spec-type"):
+        run_toy("peer", peer_bin=fake_peer(tmp_path, spec=broken))
+
+
+def test_missing_peer_binaries(tmp_path):
+    from localspec.bench_peer import LlamaCppPeer
+
+    peer = LlamaCppPeer(tmp_path, tmp_path / "t.gguf", None, threads=2)
+    with pytest.raises(LocalspecError, match=r"scripts/peer_speculative\.sh build"):
+        peer.check(speculative=False)
 
 
 def test_agreement_labels():

@@ -33,8 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default: the suite shipped with localspec)")
     b.add_argument("--only", help="comma-separated prompt names or categories to run")
     b.add_argument("--modes", default="baseline,draft,ngram,auto",
-                   help="comma-separated: baseline, draft, ngram, auto, draft-gN, ngram-gN "
-                   "(default: %(default)s; baseline always runs)")
+                   help="comma-separated: baseline, draft, ngram, auto, draft-gN, ngram-gN, "
+                   "and llama.cpp's own binaries as the peer: peer (its speculative example, "
+                   "γ 3; peer-gN), peer-plain (default: %(default)s; baseline always runs)")
     b.add_argument("--gamma", "-g", type=int, default=4,
                    help="γ of the draft and ngram modes (default 4)")
     b.add_argument("--max-tokens", "-n", type=int, default=128,
@@ -45,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default: a new one under ~/.local/share/localspec/bench)")
     b.add_argument("--peer", type=Path, help="JSON from scripts/peer_speculative.sh run --out: "
                    "adds llama.cpp's speculative example, prompt for prompt")
+    b.add_argument("--peer-bin", type=Path,
+                   help="llama.cpp binaries for the peer modes "
+                   "(default: where scripts/peer_speculative.sh build puts them)")
     b.add_argument("--no-chart", action="store_true", help="skip the PNG")
     p.set_defaults(func=run)
 
@@ -63,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
     target_path, draft_path = resolve_pair(args.target, args.draft)
     modes = bench.parse_modes(args.modes, args.gamma, have_draft=draft_path is not None)
     peer = bench.load_peer(args.peer) if args.peer else None
+    peer_bin = None
+    if any(m.is_peer for m in modes):
+        if peer is not None:
+            raise LocalspecError("--peer FILE and the peer modes do the same; pick one")
+        peer_bin = peer_binaries(args, target_path, draft_path, modes)
     out = args.out or default_out_dir()
 
     if (load := bench.machine_load()) > 0.5 * (os.cpu_count() or 1):
@@ -76,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             target, draft, prompts, modes,
             bench.BenchConfig(max_tokens=args.max_tokens, repeats=args.repeats),
             progress=ProgressLine(sys.stderr), peer=peer,
-            threads=args.threads or default_threads(),
+            threads=args.threads or default_threads(), peer_bin=peer_bin,
         )
     finally:
         target.close()
@@ -107,6 +116,23 @@ def resolve_pair(target: str | None, draft: str | None) -> tuple[Path, Path | No
         raise LocalspecError("--draft ngram: the ngram mode needs no draft; "
                              "pass a draft model, or 'none'")
     return resolve_model(target), resolve_model(draft)
+
+
+def peer_binaries(args: argparse.Namespace, target: Path, draft: Path | None, modes):
+    """llama.cpp's binaries for the peer modes, checked before any model loads."""
+    from ..bench_peer import LlamaCppPeer, default_bin_dir
+    from ..llama import default_threads
+
+    runner = LlamaCppPeer(
+        bin_dir=args.peer_bin or default_bin_dir(),
+        target=target,
+        draft=draft,
+        threads=args.threads or default_threads(),
+        n_ctx=args.ctx,
+        n_gpu_layers=args.n_gpu_layers,
+    )
+    runner.check(speculative=any(m.kind == "peer" for m in modes))
+    return runner
 
 
 def load_models(target_path: Path, draft_path: Path | None, args: argparse.Namespace):
