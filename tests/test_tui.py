@@ -399,6 +399,7 @@ async def test_models_screen_switches_and_downloads_pairs(
         await until(pilot, lambda: getattr(app.screen, "listing", None) is not None)
         screen = app.screen
         assert screen.query_one("#models-pairs").row_count == 2
+        assert app.focused is screen.query_one("#models-pairs")
         await pilot.press("down", "d")  # "big" is not installed: download it
         await until(pilot, halfway.is_set)
         await until(pilot, lambda: app.download is not None and app.download.done == 2000)

@@ -54,6 +54,7 @@ class ConversationsScreen(ModalScreen[str | None]):
         options = self.query_one(OptionList)
         options.loading = False
         options.clear_options()
+        options.focus()  # it could not take the focus while loading
         if not message.conversations:
             options.add_option(Option("No saved conversations yet.", disabled=True))
             return

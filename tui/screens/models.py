@@ -83,6 +83,7 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
         pairs = self.query_one("#models-pairs", DataTable)
         pairs.loading = False
         pairs.clear()
+        pairs.focus()  # it could not take the focus while loading
         for p in listing.pairs:
             installed = "yes" if p.installed else f"{fmt_size(p.missing)} to get"
             pairs.add_row(p.id, p.target, p.draft, fmt_size(p.size), installed, p.fits,
