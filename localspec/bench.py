@@ -198,15 +198,14 @@ class RunFigures:
     drafted: int
     accepted: int
     rounds: int
-    decode_s: float  # from the first token to the last
-    llama_s: float  # inside llama.cpp calls, both models, prefill included
-    outside_s: float  # everything else: Python, sampling, bookkeeping (prefill's included)
+    round_s: float  # the engine's time in the rounds after the first token
+    llama_s: float  # of which inside llama.cpp calls (both models)
+    outside_s: float  # the rest: Python, sampling, bookkeeping
 
     @property
     def overhead_share(self) -> float:
-        """Time outside llama.cpp per unit of decode time. The numerator also holds the
-        prefill's (tiny) Python time, so this errs high, never low."""
-        return self.outside_s / self.decode_s if self.decode_s > 0 else 0.0
+        """The share of round time spent outside llama.cpp calls."""
+        return self.outside_s / self.round_s if self.round_s > 0 else 0.0
 
     @classmethod
     def from_peer(cls, f) -> RunFigures:  # f: bench_peer.PeerFigures
@@ -215,7 +214,7 @@ class RunFigures:
             tokens=f.tokens, stop_reason="n/a", tokens_per_s=f.tokens_per_s, ttft_s=f.prompt_s,
             itl_p50_s=0.0, itl_p95_s=0.0,
             acceptance_rate=f.accepted / f.drafted if f.drafted else 0.0, mean_accepted_len=0.0,
-            drafted=f.drafted, accepted=f.accepted, rounds=0, decode_s=f.decode_s,
+            drafted=f.drafted, accepted=f.accepted, rounds=0, round_s=f.decode_s,
             llama_s=f.decode_s, outside_s=0.0,
         )
 
@@ -234,9 +233,11 @@ class RunFigures:
             drafted=s.drafted,
             accepted=s.accepted,
             rounds=s.rounds,
-            decode_s=max(0.0, s.elapsed_s - s.ttft_s),
+            # the engine times its rounds itself, without the time its caller spends
+            # between events, so a consumer cannot inflate the figure
+            round_s=s.round_s,
             llama_s=s.llama_s,
-            outside_s=max(0.0, s.elapsed_s - s.llama_s),
+            outside_s=s.overhead_s,
         )
 
 

@@ -179,7 +179,9 @@ class ProgressLine:
         f = event.figures
         line = f"{head} {f.tokens_per_s:6.2f} tok/s"
         if event.speedup is not None and event.mode.kind != "baseline":
-            line += f"  {event.speedup:.2f}×  accept {f.acceptance_rate:.0%}"
+            line += f"  {event.speedup:.2f}×"
+        if f.drafted:
+            line += f"  accept {f.acceptance_rate:.0%}"
         self.stream.write(("\r\033[K" if self.tty else "") + line + "\n")
         self.stream.flush()
 
