@@ -1,0 +1,1 @@
+"""The chat's dialogs: settings, conversations, models."""
