@@ -29,9 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["chat", *argv]  # no command: the chat, with any options given
     args = build_parser().parse_args(argv)
-    if args.command is None:
-        args = build_parser().parse_args(["chat", *(argv or sys.argv[1:])])
     try:
         return int(args.func(args) or 0)
     except LocalspecError as e:
