@@ -21,9 +21,12 @@ _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6:
 _GGUF_MAGIC = b"GGUF"
 
 
+_SHOW_LOG = bool(os.environ.get("LOCALSPEC_LLAMA_LOG"))  # read once: this runs per decode
+
+
 @ll.llama_log_callback
 def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    if os.environ.get("LOCALSPEC_LLAMA_LOG"):
+    if _SHOW_LOG:
         print(text.decode("utf-8", "replace"), end="", flush=True)
 
 
