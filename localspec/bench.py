@@ -24,7 +24,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -41,6 +41,7 @@ PEER_KINDS = ("peer", "peer-plain")  # llama.cpp's own binaries (localspec.bench
 DEFAULT_MODES = "baseline,draft,ngram,auto"
 PROMPT_KEYS = {"category", "prompt"}
 NEAR_TIE = 1.0  # logits: batched and one-token kernels differ by up to ~0.5 on this CPU
+CONTENDED = 0.85  # a run that got less of the CPU than this shared it with other work
 
 
 class BenchError(LocalspecError):
@@ -201,6 +202,7 @@ class RunFigures:
     round_s: float  # the engine's time in the rounds after the first token
     llama_s: float  # of which inside llama.cpp calls (both models)
     outside_s: float  # the rest: Python, sampling, bookkeeping
+    cpu_share: float | None = None  # CPU time got ÷ (wall × threads); low = contended
 
     @property
     def overhead_share(self) -> float:
@@ -351,6 +353,13 @@ class Report:
     def prompts(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.prompt for r in self.results))
 
+    def contended(self) -> tuple[tuple[str, str, float], ...]:
+        """(prompt, mode, CPU share) of each run that shared the CPU with other work."""
+        return tuple(
+            (r.prompt, r.mode, f.cpu_share) for r in self.results for f in r.runs
+            if f.cpu_share is not None and f.cpu_share < CONTENDED
+        )
+
     def result(self, prompt: str, mode: str) -> Result:
         return next(r for r in self.results if r.prompt == prompt and r.mode == mode)
 
@@ -493,7 +502,8 @@ def run_bench(
 
     interrupted = False
     try:
-        _measure(target, draft, prompts, modes, config, runs, engine_factory, progress, peer_bin)
+        _measure(target, draft, prompts, modes, config, runs, engine_factory, progress, peer_bin,
+                 threads)
     except KeyboardInterrupt:
         # keep what is complete: a long run stopped early still reports
         interrupted = True
@@ -529,6 +539,7 @@ def _measure(
     engine_factory: EngineFactory,
     progress: Callable[[Progress], None] | None,
     peer_bin=None,
+    threads: int = 0,
 ) -> None:
     """The timed runs: for each repeat, for each prompt, every mode in turn."""
     total, done = config.repeats * len(prompts) * len(modes), 0
@@ -538,6 +549,7 @@ def _measure(
             for mode in modes:
                 if progress:
                     progress(Progress(done, total, repeat, p, mode))
+                cpu = _CpuClock(threads)
                 if mode.is_peer:
                     record = _run_peer(peer_bin, mode, runs.prompt_text[p.name], config)
                 else:
@@ -548,6 +560,7 @@ def _measure(
                     record = _Record(
                         RunFigures.from_finished(finished), finished.tokens, finished.text
                     )
+                record = replace(record, figures=replace(record.figures, cpu_share=cpu.share()))
                 runs.finished.setdefault((p.name, mode.name), []).append(record)
                 figures = record.figures
                 if mode.kind == "baseline":
@@ -556,6 +569,33 @@ def _measure(
                 if progress:
                     speedup = figures.tokens_per_s / base_tps if base_tps else None
                     progress(Progress(done, total, repeat, p, mode, figures, speedup))
+
+
+class _CpuClock:
+    """How much of the CPU a run got: CPU seconds (this process and the peer binaries it
+    waited for) over wall seconds × threads. Uncontended, llama.cpp's threads run (or
+    spin) throughout, near 1; other work on the machine shows as less, and makes that
+    run's figures noisy. None when the thread count is not known."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.wall, self.cpu = time.perf_counter(), self._cpu()
+
+    @staticmethod
+    def _cpu() -> float | None:
+        try:
+            import resource  # POSIX only
+        except ImportError:
+            return None
+        me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+            resource.RUSAGE_CHILDREN)
+        return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+    def share(self) -> float | None:
+        wall, now = time.perf_counter() - self.wall, self._cpu()
+        if not self.threads or wall <= 0 or now is None or self.cpu is None:
+            return None
+        return (now - self.cpu) / (wall * self.threads)
 
 
 def _run_once(engine, target: Model, draft: Model | None, prompt: list[int], max_tokens: int):
@@ -753,6 +793,7 @@ def to_markdown(report: Report) -> str:
         f"{info.machine} (load {info.load[0]:.1f} at the start, {info.load[1]:.1f} at the "
         f"end); {info.llama_cpp}; {info.started}, {info.duration_s / 60:.1f} min.",
         "",
+        *_contention_note(report),
         "## Speedup over baseline (median over prompts)",
     ]
     summary_header = ["mode", *cats, "all", "slowest prompt", "accept", "outside llama.cpp",
@@ -787,7 +828,7 @@ def to_markdown(report: Report) -> str:
         by_prompt.append(line)
 
     detail_header = ["prompt", "mode", "tokens", "tok/s", "speedup", "accept", "mean len",
-                     "TTFT s", "ITL p50/p95 ms", "outside llama.cpp", "agreement"]
+                     "TTFT s", "ITL p50/p95 ms", "outside llama.cpp", "CPU", "agreement"]
     details = [_detail_row(r) for r in report.results]
     parts = [
         "\n".join(head),
@@ -798,13 +839,34 @@ def to_markdown(report: Report) -> str:
         _table(detail_header, details, left=(0, 1, len(detail_header) - 1)),
         "Speedup: decode tokens/s over the baseline run's, median over repeats. Accept: "
         "accepted / drafted. Mean len: tokens per round, the target's own included. "
-        "Outside llama.cpp: Python, sampling and bookkeeping per unit of decode time. "
+        "Outside llama.cpp: the share of round time spent in Python, sampling and "
+        "bookkeeping. CPU: the least CPU time a run got, over what its threads asked for "
+        f"(under {CONTENDED:.0%}: other work slowed it). "
         "Agreement: greedy output against the baseline's; where they differ, the "
         f"baseline's top-2 logit margin there (below {NEAR_TIE} with the runner-up taken "
         "is kernel numerics: batched and one-token passes differ in the last bits)."
         + (f" Peer: {info.peer}." if peer else ""),
     ]
     return "\n\n".join(parts) + "\n"
+
+
+def _contention_note(report: Report) -> list[str]:
+    if not (runs := report.contended()):
+        return []
+    n = sum(len(r.runs) for r in report.results)
+    worst = sorted(runs, key=lambda run: run[2])[:3]
+    listed = ", ".join(f"{p} {m} ({share:.0%})" for p, m, share in worst)
+    return [
+        f"**Noisy**: {len(runs)} of {n} runs got less than {CONTENDED:.0%} of the CPU time "
+        f"their threads asked for (other work on the machine), e.g. {listed}. Their "
+        "figures are low; rerun on a quiet machine, or with more --repeats.",
+        "",
+    ]
+
+
+def _cpu(r: Result) -> str:
+    shares = [f.cpu_share for f in r.runs if f.cpu_share is not None]
+    return f"{min(shares):.0%}" if shares else "-"
 
 
 def _detail_row(r: Result) -> list[str]:
@@ -819,6 +881,7 @@ def _detail_row(r: Result) -> list[str]:
         f"{r.ttft_s:.2f}",
         f"{r.itl_p50_s * 1e3:.0f}/{r.itl_p95_s * 1e3:.0f}" if own else "-",
         _pct(r.overhead_share) if own else "-",
+        _cpu(r),
         r.agreement.label() if r.agreement and r.mode != "baseline" else "-",
     ]
 

@@ -245,6 +245,17 @@ def test_an_interrupted_run_reports_the_prompts_it_completed():
         run_toy("draft", progress=stop_at_once)
 
 
+def test_runs_that_did_not_get_the_cpu_are_flagged():
+    # the toy models sleep through their passes: as if other work had the CPU
+    report = run_toy("draft", threads=2)
+    assert len(report.contended()) == len(report.results)
+    assert all(f.cpu_share is not None and f.cpu_share < 0.5
+               for r in report.results for f in r.runs)
+    assert "**Noisy**: 6 of 6 runs" in bench.to_markdown(report)
+    quiet = run_toy("draft")  # thread count unknown: nothing to say
+    assert not quiet.contended() and "Noisy" not in bench.to_markdown(quiet)
+
+
 def test_reports_are_written(tmp_path):
     report = run_toy()
     paths = bench.write_report(report, tmp_path / "out")

@@ -169,6 +169,8 @@ class ProgressLine:
         self.started = time.perf_counter()
 
     def __call__(self, event) -> None:  # event: bench.Progress
+        from ..bench import CONTENDED
+
         head = (f"[{event.done + (event.figures is None):>{len(str(event.total))}}/"
                 f"{event.total}] {event.prompt.name:<24} {event.mode.name:<10}")
         if event.figures is None:
@@ -182,6 +184,8 @@ class ProgressLine:
             line += f"  {event.speedup:.2f}×"
         if f.drafted:
             line += f"  accept {f.acceptance_rate:.0%}"
+        if f.cpu_share is not None and f.cpu_share < CONTENDED:
+            line += f"  (noisy: {f.cpu_share:.0%} of the CPU)"
         self.stream.write(("\r\033[K" if self.tty else "") + line + "\n")
         self.stream.flush()
 
