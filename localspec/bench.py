@@ -245,28 +245,27 @@ class RunFigures:
 
 @dataclass(frozen=True)
 class Agreement:
-    """Greedy output compared with the baseline's, token for token."""
+    """Greedy output compared with the baseline's, token for token. Where they differ, the
+    baseline's own logits there say how far behind its choice the token taken was."""
 
     identical: bool
     first_diff: int | None = None  # index of the first token that differs
-    baseline_margin: float | None = None  # the baseline's top-2 logit gap there
-    runner_up: bool | None = None  # this mode took the baseline's second choice there
+    gap: float | None = None  # baseline's top logit minus that of the token taken there
+    rank: int | None = None  # the taken token's place in the baseline's order (2: runner-up)
 
     @property
     def near_tie(self) -> bool:
         """A divergence that kernel numerics explain (batched vs one-token passes)."""
-        return bool(self.runner_up) and self.baseline_margin is not None and (
-            self.baseline_margin < NEAR_TIE
-        )
+        return self.gap is not None and self.gap < NEAR_TIE
 
     def label(self) -> str:
         if self.identical:
             return "identical"
         where = f"differs at {self.first_diff}"
-        if self.baseline_margin is None:
+        if self.gap is None or self.rank is None:
             return where
-        second = ", runner-up" if self.runner_up else ", NOT runner-up"
-        return f"{where} (margin {self.baseline_margin:.2f}{second})"
+        tie = "near-tie" if self.near_tie else "NOT a near-tie"
+        return f"{where} (baseline's #{self.rank}, {self.gap:.2f} behind: {tie})"
 
 
 def first_difference(baseline: Sequence[int], other: Sequence[int]) -> int | None:
@@ -719,16 +718,20 @@ def _agreement(
     i = first_difference(baseline, other)
     if i is None:
         return Agreement(True)
-    margin, second = baseline_top2(target, prompt, baseline, i)
-    took = other[i] if i < len(other) else None  # None: `other` ended (EOG) here
-    runner_up = second == took if took is not None else target.is_eog(second)
-    return Agreement(False, i, margin, runner_up)
+    row = baseline_logits(target, prompt, baseline, i)
+    order = np.argsort(row)[::-1]
+    if i < len(other):
+        taken = other[i]
+    else:  # `other` ended here: it took an end-of-generation token, the baseline's best one
+        taken = next((int(t) for t in order[:64] if target.is_eog(int(t))), None)
+    if taken is None:
+        return Agreement(False, i)
+    rank = int(np.count_nonzero(row > row[taken])) + 1
+    return Agreement(False, i, float(row[order[0]] - row[taken]), rank)
 
 
-def baseline_top2(
-    target: Model, prompt: list[int], baseline: Sequence[int], i: int
-) -> tuple[float, int]:
-    """The target's top-2 logit gap and second choice for the baseline's token i.
+def baseline_logits(target: Model, prompt: list[int], baseline: Sequence[int], i: int):
+    """The target's logits for the baseline's token i, as plain decoding saw them.
 
     Scored after the timed runs, not traced during them (tracing costs ~0.5 ms a token
     and would slow the baseline): the context goes in as one batch, then token i-1 alone,
@@ -738,11 +741,7 @@ def baseline_top2(
     target.reset()
     if i > 0:
         target.evaluate(context[:-1], 0)
-    row = np.array(target.evaluate(context, 1)[0], dtype=np.float32)
-    second, first = np.argpartition(row, -2)[-2:]
-    if row[second] > row[first]:
-        first, second = second, first
-    return float(row[first] - row[second]), int(second)
+    return np.array(target.evaluate(context, 1)[0], dtype=np.float32)
 
 
 # --- the peer --------------------------------------------------------------------------
@@ -842,9 +841,10 @@ def to_markdown(report: Report) -> str:
         "Outside llama.cpp: the share of round time spent in Python, sampling and "
         "bookkeeping. CPU: the least CPU time a run got, over what its threads asked for "
         f"(under {CONTENDED:.0%}: other work slowed it). "
-        "Agreement: greedy output against the baseline's; where they differ, the "
-        f"baseline's top-2 logit margin there (below {NEAR_TIE} with the runner-up taken "
-        "is kernel numerics: batched and one-token passes differ in the last bits)."
+        "Agreement: greedy output against the baseline's; where they differ, the place of "
+        "the token taken in the baseline's own order there and how far its logit trails "
+        f"the baseline's choice (under {NEAR_TIE}: a near-tie, kernel numerics, since "
+        "batched and one-token passes differ in the last bits)."
         + (f" Peer: {info.peer}." if peer else ""),
     ]
     return "\n\n".join(parts) + "\n"

@@ -152,18 +152,29 @@ def backoff(config: SessionConfig) -> Iterator[tuple[SessionConfig, str]]:
 
 
 def _load(config: SessionConfig) -> Session:
-    target = LlamaModel(resolve_model(config.target), config.target_load)
-    draft_model: LlamaModel | None = None
+    draft_path = None if config.draft in MODEL_FREE_DRAFTERS else resolve_model(config.draft)
+    target, draft_model = load_pair(
+        resolve_model(config.target), config.target_load, draft_path, config.draft_load
+    )
+    return Session(make_engine(target, draft_model, config), draft_model)
+
+
+def load_pair(
+    target_path: Path, target_load: LoadOptions, draft_path: Path | None, draft_load: LoadOptions
+) -> tuple[LlamaModel, LlamaModel | None]:
+    """Target and draft (if any), checked compatible; nothing stays loaded on a failure."""
+    target = LlamaModel(target_path, target_load)
+    draft: LlamaModel | None = None
     try:
-        if config.draft not in MODEL_FREE_DRAFTERS:
-            draft_model = LlamaModel(resolve_model(config.draft), config.draft_load)
-            check_compatible(target, draft_model)
+        if draft_path is not None:
+            draft = LlamaModel(draft_path, draft_load)
+            check_compatible(target, draft)
     except BaseException:
         target.close()
-        if draft_model is not None:
-            draft_model.close()
+        if draft is not None:
+            draft.close()
         raise
-    return Session(make_engine(target, draft_model, config), draft_model)
+    return target, draft
 
 
 def make_engine(target: Model, draft_model: Model | None, config: SessionConfig) -> Engine:

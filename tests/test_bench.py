@@ -168,9 +168,9 @@ def test_a_differing_run_is_reported_where_it_differs():
                              engine_factory=factory)
     agreement = report.result("one", "ngram").agreement
     assert not agreement.identical and agreement.first_diff == 8
-    assert agreement.baseline_margin == pytest.approx(20.0)  # toy confidence: a clear choice
-    assert not agreement.runner_up and not agreement.near_tie
-    assert "differs at 8" in agreement.label() and "NOT runner-up" in agreement.label()
+    assert agreement.gap == pytest.approx(20.0)  # toy confidence: a clear choice
+    assert not agreement.near_tie
+    assert "differs at 8" in agreement.label() and "NOT a near-tie" in agreement.label()
     assert report.result("one", "baseline").agreement.identical
 
 
@@ -180,8 +180,8 @@ def test_a_near_tie_taken_the_other_way_is_marked_as_numerics():
     report = bench.run_bench(target, None, PROMPTS[:1], bench.parse_modes("ngram"), FAST,
                              engine_factory=factory)
     agreement = report.result("one", "ngram").agreement
-    assert agreement.first_diff == 8 and agreement.runner_up and agreement.near_tie
-    assert agreement.baseline_margin == pytest.approx(0.25)
+    assert agreement.first_diff == 8 and agreement.rank == 2 and agreement.near_tie
+    assert agreement.gap == pytest.approx(0.25)
 
 
 def test_an_answer_that_stops_early_differs_where_it_ends():
@@ -189,7 +189,7 @@ def test_an_answer_that_stops_early_differs_where_it_ends():
     report = bench.run_bench(target, None, PROMPTS[:1], bench.parse_modes("ngram"), FAST,
                              engine_factory=differing_factory(REPLY[:5]))
     agreement = report.result("one", "ngram").agreement
-    assert agreement.first_diff == 5 and agreement.runner_up is False  # EOS was no runner-up
+    assert agreement.first_diff == 5 and not agreement.near_tie  # EOS was far behind
 
 
 # --- the run and its reports -------------------------------------------------------------
@@ -350,7 +350,12 @@ def test_missing_peer_binaries(tmp_path):
 
 def test_agreement_labels():
     assert Agreement(True).label() == "identical"
-    assert Agreement(False, 3, 0.4, True).label() == "differs at 3 (margin 0.40, runner-up)"
+    assert Agreement(False, 3, 0.4, 3).label() == (
+        "differs at 3 (baseline's #3, 0.40 behind: near-tie)"
+    )
+    assert Agreement(False, 3, 4.0, 2).label() == (
+        "differs at 3 (baseline's #2, 4.00 behind: NOT a near-tie)"
+    )
 
 
 # --- the command ------------------------------------------------------------------------

@@ -136,22 +136,14 @@ def peer_binaries(args: argparse.Namespace, target: Path, draft: Path | None, mo
 
 
 def load_models(target_path: Path, draft_path: Path | None, args: argparse.Namespace):
-    from ..backend import check_compatible
-    from ..llama import LlamaModel, LoadOptions
+    from ..llama import LoadOptions
+    from ..session import load_pair
 
-    options = LoadOptions(n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers)
-    target = LlamaModel(target_path, options)
-    draft = None
-    try:
-        if draft_path is not None:
-            draft = LlamaModel(draft_path, LoadOptions(n_ctx=args.ctx, n_threads=args.threads))
-            check_compatible(target, draft)
-    except BaseException:
-        target.close()
-        if draft is not None:
-            draft.close()
-        raise
-    return target, draft
+    target_load = LoadOptions(
+        n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers
+    )
+    draft_load = LoadOptions(n_ctx=args.ctx, n_threads=args.threads)
+    return load_pair(target_path, target_load, draft_path, draft_load)
 
 
 def default_out_dir() -> Path:
