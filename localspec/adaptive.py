@@ -2,7 +2,8 @@
 
 Measured online, per conversation:
 - α_i, the chance that draft position i is accepted given the ones before it were, per
-  draft source (n-gram lookup, draft model), as moving averages so a change of topic
+  draft source (the draft model; n-gram lookup per matched length n, as a 4-token match
+  is a much safer bet than a 2-token one), as moving averages so a change of topic
   shows within a few rounds;
 - c, the draft model's cost per token (prior: its weight bytes relative to the target's);
 - T(k), the target's time to verify a batch of k tokens, fitted as a line a + b(k-1)
@@ -31,19 +32,23 @@ from .sampling import Probs, SamplingParams
 
 GAMMA_MAX = 8
 EMA_WEIGHT = 0.15
+PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
 PROBE_SHARE = 0.02  # at most this share of the time goes to probing idle sources
 CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
 SOURCES = ("ngram", "draft")
+NGRAM_PRIOR = {2: 0.35, 3: 0.5, 4: 0.65}  # α before any measurement, by matched length n
 
 
 @dataclass
 class Acceptance:
-    """α_i per draft position, as exponential moving averages. A position not yet
-    drafted takes the α of the one before it, so a deeper draft gets tried."""
+    """α_i per draft position: the prior counts as PRIOR_COUNT observations, then a mean
+    of what was seen turns into a moving average (weight EMA_WEIGHT), so two misses
+    already tell a bad source from a good one. A position not yet drafted takes the α of
+    the one before it, so a deeper draft gets tried."""
 
     alpha: list[float]
-    seen: list[bool] = field(default_factory=lambda: [False] * GAMMA_MAX)
+    seen: list[int] = field(default_factory=lambda: [0] * GAMMA_MAX)
 
     @classmethod
     def prior(cls, value: float) -> Acceptance:
@@ -54,8 +59,9 @@ class Acceptance:
         for i in range(min(accepted + 1, drafted)):
             if not self.seen[i] and i > 0:
                 self.alpha[i] = self.alpha[i - 1]
-            self.seen[i] = True
-            self.alpha[i] += EMA_WEIGHT * (float(i < accepted) - self.alpha[i])
+            self.seen[i] += 1
+            weight = max(EMA_WEIGHT, 1 / (PRIOR_COUNT + self.seen[i]))
+            self.alpha[i] += weight * (float(i < accepted) - self.alpha[i])
         for i in range(1, GAMMA_MAX):
             if not self.seen[i]:
                 self.alpha[i] = self.alpha[i - 1]
@@ -130,7 +136,10 @@ class AdaptiveDrafter:
         self.model = DraftModel(draft_model) if draft_model is not None else None
         self.cost_ratio = cost_ratio
         self.ngrams = NgramIndex(n_max=4, n_min=2)  # 1-token matches are mostly noise
-        self.alpha = {"ngram": Acceptance.prior(0.7), "draft": Acceptance.prior(0.7)}
+        self.alpha = {"draft": Acceptance.prior(0.7)} | {
+            ngram_key(n): Acceptance.prior(a) for n, a in NGRAM_PRIOR.items()
+        }
+        self._match_n = 0  # the length of this round's n-gram match
         self.verify = VerifyCost()
         self.idle_s = dict.fromkeys(SOURCES, 0.0)  # decode time since each was last used
         self._last: Choice | None = None
@@ -156,9 +165,9 @@ class AdaptiveDrafter:
         self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
     ) -> Draft:
         gamma = min(gamma, GAMMA_MAX)
-        match = self.ngrams.lookup(context, gamma)
+        self._match_n, match = self.ngrams.match(context, gamma)
         lag = len(context) - len(self.model.model.cached) if self.model else 0
-        choice = self.choose(len(match), gamma, lag)
+        choice = self.choose(len(match), gamma, lag, self._match_n)
         self._last = choice
         tokens = match[: choice.ngram]
         q: list[Probs | None] = [None] * choice.ngram
@@ -179,7 +188,7 @@ class AdaptiveDrafter:
         self.verify.observe(outcome.drafted + 1, outcome.verify_s)
         n_ng = min(choice.ngram, outcome.drafted)
         if n_ng:
-            self.alpha["ngram"].observe(n_ng, min(outcome.accepted, n_ng))
+            self.alpha[ngram_key(self._match_n)].observe(n_ng, min(outcome.accepted, n_ng))
         if outcome.drafted > n_ng and outcome.accepted >= n_ng:
             self.alpha["draft"].observe(outcome.drafted - n_ng, outcome.accepted - n_ng)
         spent = self._draft_s + outcome.verify_s
@@ -196,16 +205,19 @@ class AdaptiveDrafter:
             return 0.0
         return (lag - 1) * (self.model.catchup_s or self.draft_cost / 2)
 
-    def choose(self, matched: int, gamma: int, lag: int = 0) -> Choice:
-        """The source and k with the best expected tokens/s (see the module docstring)."""
+    def choose(self, matched: int, gamma: int, lag: int = 0, n: int = 4) -> Choice:
+        """The source and k with the best expected tokens/s (see the module docstring);
+        `matched` tokens from an n-gram match of length `n`."""
         if gamma == 0 or not self.verify.seconds:
             return Choice("none", 0, 1.0)  # time one plain round first: T(1)
         a, c = self.verify.a, self.draft_cost
+        ng = self.alpha[ngram_key(n)] if matched else None
         catchup = self.catchup_cost(lag) / CATCHUP_ROUNDS
         options = [Choice("none", 0, 1.0)]
         ks = np.arange(1, gamma + 1)
-        if m := min(matched, gamma):
-            gains = (1 + self.alpha["ngram"].expected(m)) * a / self.verify.batch(ks[:m] + 1)
+        m = min(matched, gamma)
+        if ng and m:
+            gains = (1 + ng.expected(m)) * a / self.verify.batch(ks[:m] + 1)
             options += [
                 Choice("ngram", int(k), g, int(k)) for k, g in zip(ks[:m], gains, strict=True)
             ]
@@ -213,11 +225,11 @@ class AdaptiveDrafter:
             dm = self.alpha["draft"]
             gains = (1 + dm.expected(gamma)) * a / (catchup + ks * c + self.verify.batch(ks + 1))
             options += [Choice("draft", int(k), g) for k, g in zip(ks, gains, strict=True)]
-            if m and m < gamma:
+            if ng and m < gamma:
                 # the whole n-gram match, then the draft model goes on after it
                 rest = ks[: gamma - m]
-                ng_expected = self.alpha["ngram"].expected(m)[-1]
-                reach = self.alpha["ngram"].all_accepted(m)
+                ng_expected = ng.expected(m)[-1]
+                reach = ng.all_accepted(m)
                 tokens = 1 + ng_expected + reach * dm.expected(gamma - m)
                 cost = catchup + (rest + 1) * c + self.verify.batch(m + rest + 1)
                 gains = tokens * a / cost
@@ -255,10 +267,21 @@ class AdaptiveDrafter:
         head = f"{choice.source} γ={choice.k}" if choice.k else "plain decoding"
         gain = f" ≈ {choice.gain:.2f}× plain" if choice.gain else " (probe)"
         return (
-            f"{head}{gain}: α ngram {self.alpha['ngram'].alpha[0]:.2f}, "
+            f"{head}{gain}: α {self._ngram_alpha()}, "
             f"draft {self.alpha['draft'].alpha[0]:.2f}; draft {self.draft_cost * 1e3:.0f} "
             f"ms/token; verify {a * 1e3:.0f} ms + {b * 1e3:.0f} ms per extra token"
         )
+
+    def _ngram_alpha(self) -> str:
+        """α of this round's n-gram match length, or of every length without a match."""
+        ns = [self._match_n] if self._match_n else sorted(NGRAM_PRIOR)
+        return " ".join(f"{n}-gram {self.alpha[ngram_key(n)].alpha[0]:.2f}" for n in ns)
+
+
+def ngram_key(n: int) -> str:
+    """The acceptance key of an n-gram match of length n (lengths outside the priors'
+    range share the nearest one's)."""
+    return f"ngram{min(max(n, min(NGRAM_PRIOR)), max(NGRAM_PRIOR))}"
 
 
 def auto_engine(target: Model, draft: Model | None) -> Engine:

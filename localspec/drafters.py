@@ -168,12 +168,16 @@ class NgramIndex:
     def lookup(self, context: Sequence[int], gamma: int) -> list[int]:
         """The γ tokens that followed the latest earlier match of the context's last n
         tokens, longest n first."""
+        return self.match(context, gamma)[1]
+
+    def match(self, context: Sequence[int], gamma: int) -> tuple[int, list[int]]:
+        """`lookup`, with the n that matched (0: none); a longer match is a safer bet."""
         self._sync(context)
         for n in range(min(self.n_max, len(context) - 1), self.n_min - 1, -1):
             start = self._next.get(tuple(context[-n:]))
             if start is not None:
-                return list(context[start : start + gamma])
-        return []
+                return n, list(context[start : start + gamma])
+        return 0, []
 
     def _sync(self, context: Sequence[int]) -> None:
         done = len(self._tokens)

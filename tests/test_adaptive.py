@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.adaptive import Acceptance, AdaptiveDrafter, VerifyCost, auto_engine
+from localspec.adaptive import Acceptance, AdaptiveDrafter, Choice, VerifyCost, auto_engine
 from localspec.drafters import Outcome
 from localspec.events import RoundEnd
 from localspec.toy import ToyModel, scripted
@@ -57,7 +57,7 @@ def test_expensive_draft_means_plain_decoding():
 
 def test_free_ngram_match_beats_the_draft_model_when_it_is_reliable():
     d = drafter_with(a=0.10, b=0.005, c=0.05, alpha=0.6)
-    d.alpha["ngram"] = Acceptance.prior(0.95)
+    d.alpha["ngram4"] = Acceptance.prior(0.95)
     assert d.choose(matched=6, gamma=8).source.startswith("ngram")
 
 
@@ -97,3 +97,13 @@ def test_auto_speeds_up_a_good_draft_and_picks_plain_for_a_useless_one():
     assert bad[-1].text == reply
     assert sum("draft" in e.drafter for e in rounds) <= 6  # a first try, then plain
     assert any(e.drafter == "ngram" and e.accepted for e in rounds)  # the reply repeats
+
+
+def test_short_ngram_matches_are_judged_apart_from_long_ones():
+    d = drafter_with(a=0.10, b=0.01, c=0.05, alpha=0.3)
+    d.alpha["ngram4"] = Acceptance.prior(0.9)
+    for _ in range(30):  # 2-token matches keep failing
+        d._match_n, d._last = 2, Choice("ngram", 2, 1.0, 2)
+        d.accept([], Outcome(2, 0, 0.12))
+    assert d.choose(matched=4, gamma=4, n=2).k == 0
+    assert d.choose(matched=4, gamma=4, n=4).source.startswith("ngram")
