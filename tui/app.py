@@ -294,6 +294,7 @@ class ChatApp(App[None]):
             return  # shutting down: the widgets may be gone already
         if self._is_current(message.answer_id):
             self.stats_panel.figures = stats_record(message.stats, message.speedup)
+            self.stats_panel.why = message.why
 
     async def on_answer_done(self, message: AnswerDone) -> None:
         if not self.is_running:

@@ -36,6 +36,7 @@ class AnswerTick(Message):
     answer_id: int
     stats: Stats
     speedup: float | None
+    why: str = ""  # the adaptive drafter's reason for the round, in a line
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, AnswerTick) and message.answer_id == self.answer_id

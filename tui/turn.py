@@ -108,7 +108,7 @@ def stream(
                 if last is not None:  # the first round's time includes the prefill
                     pair.costs.observe(event.drafted + 1, event.stats.verify_s - last.verify_s)
                 last = event.stats
-                post(AnswerTick(turn.answer_id, last, _speedup(pair, last)))
+                post(AnswerTick(turn.answer_id, last, _speedup(pair, last), event.why))
             elif isinstance(event, Finished):
                 pending.flush()
                 return event.stop_reason, event.stats

@@ -81,6 +81,9 @@ class StatsPanel(Vertical):
     pair: reactive[str] = reactive("loading models…")
     """The pair (target, then draft, a line each), or what is happening to it."""
 
+    why: reactive[str] = reactive("")
+    """Why `--gamma auto` drafts what it drafts, in a line (empty with a fixed γ)."""
+
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.tokens = 0  # tokens of the current answer, counted as pieces arrive
@@ -94,6 +97,7 @@ class StatsPanel(Vertical):
         yield Sparkline([], id="stats-sparkline")
         yield Static("SPECULATION", classes="stats-heading")
         yield Static(id="stats-speculation")
+        yield Static(id="stats-why", markup=False)
         yield Static("MEMORY", classes="stats-heading")
         yield Static(id="stats-memory")
         with Horizontal(id="stats-legend"):  # colours as in the provenance view (.tcss)
@@ -104,12 +108,14 @@ class StatsPanel(Vertical):
         self._sampler = self.set_interval(SAMPLE_S, self.sample, pause=True)
         self._show_figures()
         self.watch_memory(self.memory)
+        self.watch_why(self.why)
 
     def start_answer(self) -> None:
         self.tokens = 0
         self.rate.restart()
         self.rate.sample(time.monotonic(), 0)
         self.figures = {}
+        self.why = ""
         self.generating = True
 
     def count(self, tokens: int = 1) -> None:
@@ -138,6 +144,12 @@ class StatsPanel(Vertical):
     def watch_memory(self, memory: MemoryUse | None) -> None:
         if self.is_mounted:
             self.query_one("#stats-memory", Static).update(_rows(memory_rows(memory)))
+
+    def watch_why(self, why: str) -> None:
+        if self.is_mounted:
+            label = self.query_one("#stats-why", Static)
+            label.update(why)
+            label.display = bool(why)
 
     def watch_pair(self, pair: str) -> None:
         if self.is_mounted:
