@@ -337,6 +337,7 @@ class BenchInfo:
     peer: str | None = None
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at the start and end
     interrupted: bool = False  # stopped early: the prompts that completed
+    costs: Costs | None = None
 
 
 @dataclass(frozen=True)
@@ -398,6 +399,7 @@ class BenchConfig:
     max_tokens: int = 128
     repeats: int = 1
     warmup: bool = True  # one short untimed run first: page in weights, allocate buffers
+    costs: bool = True  # time T(k) and the draft's step first (a few seconds)
 
 
 @dataclass(frozen=True)
@@ -498,6 +500,8 @@ def run_bench(
             runs.prompt_text[p.name] = _render_text(target, p.prompt)
     if config.warmup:
         _warm_up(target, draft, runs.prompt_tokens[prompts[0].name], engine_factory, modes)
+    costs = measure_costs(target, draft, runs.prompt_tokens[prompts[0].name]) \
+        if config.costs else None
 
     interrupted = False
     try:
@@ -524,8 +528,54 @@ def run_bench(
         peer=peer.name if peer else None,
         load=(load, machine_load()),
         interrupted=interrupted,
+        costs=costs,
     )
     return Report(info, results)
+
+
+# --- what speculation has to work with --------------------------------------------------
+@dataclass(frozen=True)
+class Costs:
+    """The target's seconds to score a batch of k tokens, T(k) for k = 1..K, and the
+    draft model's seconds per token, c: together they bound what speculation can gain
+    on this machine, however good the drafter."""
+
+    verify_s: tuple[float, ...]
+    draft_s: float | None = None
+
+    def ceiling(self, per_token_s: float) -> tuple[int, float] | None:
+        """(γ, speedup) for a drafter that is always right (α = 1) and costs
+        `per_token_s` a token: the best over γ of (γ + 1)·T(1) / (γ·c + T(γ + 1))."""
+        t = self.verify_s
+        if len(t) < 2 or t[0] <= 0:
+            return None
+        gains = {g: (g + 1) * t[0] / (g * per_token_s + t[g]) for g in range(1, len(t))}
+        best = max(gains, key=lambda g: gains[g])
+        return best, gains[best]
+
+
+def measure_costs(target: Model, draft: Model | None, prompt: list[int], k_max: int = 8,
+                  reps: int = 5) -> Costs:
+    verify = tuple(pass_seconds(target, prompt, k, reps) for k in range(1, k_max + 1))
+    step = pass_seconds(draft, prompt, 1, reps) if draft is not None else None
+    target.reset()
+    if draft is not None:
+        draft.reset()
+    return Costs(verify, step)
+
+
+def pass_seconds(model: Model, prefix: list[int], k: int, reps: int) -> float:
+    """Median seconds inside llama.cpp to score k new tokens (logits for all k) after
+    `prefix`, which stays cached; the first pass warms up and is not counted."""
+    model.evaluate(prefix, 1)
+    new = (prefix * (k // len(prefix) + 1))[:k]  # real token ids, any will do
+    times = []
+    for _ in range(reps + 1):
+        busy = model.busy_s
+        model.evaluate(prefix + new, k)
+        times.append(model.busy_s - busy)
+        model.evaluate(prefix, 0)  # roll the k tokens back
+    return _median(times[1:])
 
 
 def _measure(
@@ -832,6 +882,7 @@ def to_markdown(report: Report) -> str:
     parts = [
         "\n".join(head),
         _table(summary_header, summary_rows, left=(0, len(cats) + 2)),
+        *_costs_section(info.costs),
         "## By prompt (speedup over baseline)",
         _table(by_prompt_header, by_prompt, left=(0, 1)),
         "## Every figure",
@@ -848,6 +899,32 @@ def to_markdown(report: Report) -> str:
         + (f" Peer: {info.peer}." if peer else ""),
     ]
     return "\n\n".join(parts) + "\n"
+
+
+def _costs_section(costs: Costs | None) -> list[str]:
+    """T(k), c and the ceilings they set, where they were measured."""
+    if costs is None or not costs.verify_s or costs.verify_s[0] <= 0:
+        return []
+    t = costs.verify_s
+    table = _table(
+        ["", *(str(k) for k in range(1, len(t) + 1))],
+        [["T(k) ms", *(f"{s * 1e3:.3g}" for s in t)],
+         ["T(k) / T(1)", *(f"{s / t[0]:.2f}" for s in t)]],
+    )
+    lines = []
+    if costs.draft_s is not None and (best := costs.ceiling(costs.draft_s)):
+        lines.append(f"the draft model (c = {costs.draft_s * 1e3:.3g} ms a token, "
+                     f"{costs.draft_s / t[0]:.2f} T(1)) {_x(best[1])} at γ {best[0]}")
+    if best := costs.ceiling(0.0):
+        lines.append(f"n-gram lookup (free) {_x(best[1])} at γ {best[0]}")
+    return [
+        "## What speculation has to work with",
+        "T(k): the target's time to score k tokens in one pass (median of 5, after the "
+        "first prompt). A round that drafts γ tokens costs γ·c + T(γ + 1) and yields at "
+        "most γ + 1 tokens, so a drafter that is always right could reach at most: "
+        + "; ".join(lines) + ".",
+        table,
+    ]
 
 
 def _contention_note(report: Report) -> list[str]:

@@ -397,3 +397,23 @@ def test_real_pair_short_bench(real_models, tmp_path):
     assert all(report.result(p.name, "draft").runs[0].drafted > 0 for p in prompts)
     md, _, png = bench.write_report(report, tmp_path)
     assert "edit-fix-bug" in md.read_text() and png.stat().st_size > 0
+
+
+# --- costs ------------------------------------------------------------------------------
+def test_the_ceiling_is_the_best_gamma_for_a_drafter_that_is_always_right():
+    flat = bench.Costs((0.1,) * 4, draft_s=0.05)  # verification as cheap as one token (a GPU)
+    assert flat.ceiling(0.0) == (3, pytest.approx(4.0))  # n-grams: γ + 1 tokens a pass
+    assert flat.ceiling(0.05) == (3, pytest.approx(4 * 0.1 / (3 * 0.05 + 0.1)))
+    linear = bench.Costs((0.1, 0.2, 0.3, 0.4))  # each token costs a pass: nothing to gain
+    assert linear.ceiling(0.0)[1] == pytest.approx(1.0)
+    assert bench.Costs((0.0, 0.0)).ceiling(0.0) is None
+
+
+def test_costs_are_timed_and_reported():
+    target, draft = toy_pair()
+    costs = bench.measure_costs(target, draft, target.tokenize("<|user|>hi"), k_max=6, reps=3)
+    assert len(costs.verify_s) == 6 and costs.draft_s is not None
+    assert costs.verify_s[5] > costs.verify_s[0] > costs.draft_s > 0  # 2 ms + 0.2 ms a token
+    assert target.cached == [] and draft.cached == []  # the runs start cold
+    text = bench.to_markdown(run_toy())
+    assert "## What speculation has to work with" in text and "T(k) / T(1)" in text
