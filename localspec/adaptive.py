@@ -215,7 +215,8 @@ class AdaptiveDrafter:
         catchup = self.catchup_cost(lag) / CATCHUP_ROUNDS
         options = [Choice("none", 0, 1.0)]
         ks = np.arange(1, gamma + 1)
-        m = min(matched, gamma)
+        # a source not yet seen is tried on one token, the cheapest way to learn its α
+        m = min(matched, gamma if ng is None or ng.seen[0] else 1)
         if ng and m:
             gains = (1 + ng.expected(m)) * a / self.verify.batch(ks[:m] + 1)
             options += [
@@ -223,9 +224,10 @@ class AdaptiveDrafter:
             ]
         if self.model is not None:
             dm = self.alpha["draft"]
-            gains = (1 + dm.expected(gamma)) * a / (catchup + ks * c + self.verify.batch(ks + 1))
-            options += [Choice("draft", int(k), g) for k, g in zip(ks, gains, strict=True)]
-            if ng and m < gamma:
+            kd = ks if dm.seen[0] else ks[:1]
+            gains = (1 + dm.expected(len(kd))) * a / (catchup + kd * c + self.verify.batch(kd + 1))
+            options += [Choice("draft", int(k), g) for k, g in zip(kd, gains, strict=True)]
+            if ng and m < gamma and dm.seen[0]:
                 # the whole n-gram match, then the draft model goes on after it
                 rest = ks[: gamma - m]
                 ng_expected = ng.expected(m)[-1]
@@ -244,8 +246,8 @@ class AdaptiveDrafter:
         """Speculation does not pay by the estimates; try an idle source once its idle
         time has paid for the probe, to notice when it pays again (a change of topic)."""
         budget = {s: self.idle_s[s] * PROBE_SHARE for s in SOURCES}
-        k = min(2, gamma)
-        extra = k * self.verify.b  # the verify slots a probe adds
+        k = 1  # one token: the cheapest sign that a source pays again
+        extra = k * self.verify.b  # the verify slot a probe adds
         if matched and budget["ngram"] >= extra:
             return Choice("ngram", min(matched, k), 0.0, min(matched, k))
         draft_probe = self.catchup_cost(lag) + k * self.draft_cost + extra

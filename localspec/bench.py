@@ -264,6 +264,8 @@ class Agreement:
         where = f"differs at {self.first_diff}"
         if self.gap is None or self.rank is None:
             return where
+        if self.rank == 1:  # re-scored, plain decoding's own logits flip too
+            return f"{where} (re-scored, the baseline's top token too: a tie)"
         tie = "near-tie" if self.near_tie else "NOT a near-tie"
         return f"{where} (baseline's #{self.rank}, {self.gap:.2f} behind: {tie})"
 

@@ -36,12 +36,17 @@ def test_verify_cost_fits_a_line_and_tries_the_next_batch_size():
     assert t6 == pytest.approx(0.20)
 
 
+def measured(alpha: float) -> Acceptance:
+    """α as if seen many times (a source not yet seen is tried on one token only)."""
+    return Acceptance([alpha] * 8, [10] * 8)
+
+
 def drafter_with(a: float, b: float, c: float, alpha: float) -> AdaptiveDrafter:
     d = AdaptiveDrafter(ToyModel(scripted("x")))
     for k in range(1, 9):
         d.verify.observe(k, a + b * (k - 1))
     d.model.step_s = c  # type: ignore[union-attr]
-    d.alpha["draft"] = Acceptance.prior(alpha)
+    d.alpha["draft"] = measured(alpha)
     return d
 
 
@@ -57,8 +62,18 @@ def test_expensive_draft_means_plain_decoding():
 
 def test_free_ngram_match_beats_the_draft_model_when_it_is_reliable():
     d = drafter_with(a=0.10, b=0.005, c=0.05, alpha=0.6)
-    d.alpha["ngram4"] = Acceptance.prior(0.95)
+    d.alpha["ngram4"] = measured(0.95)
     assert d.choose(matched=6, gamma=8).source.startswith("ngram")
+
+
+def test_a_source_not_yet_seen_is_tried_on_one_token():
+    d = drafter_with(a=0.10, b=0.005, c=0.01, alpha=0.9)
+    d.alpha["draft"] = Acceptance.prior(0.9)
+    gain = 1.9 * 0.10 / (0.01 + 0.105)  # E(1) a / (c + T(2))
+    assert d.choose(matched=0, gamma=8) == Choice("draft", 1, pytest.approx(gain))
+    d._last = Choice("draft", 1, 1.0)
+    d.accept([], Outcome(1, 1, 0.105))
+    assert d.choose(matched=0, gamma=8).k >= 4  # seen right once: drafts deeply
 
 
 def test_idle_sources_are_probed_on_a_small_budget():
@@ -101,9 +116,9 @@ def test_auto_speeds_up_a_good_draft_and_picks_plain_for_a_useless_one():
 
 def test_short_ngram_matches_are_judged_apart_from_long_ones():
     d = drafter_with(a=0.10, b=0.01, c=0.05, alpha=0.3)
-    d.alpha["ngram4"] = Acceptance.prior(0.9)
+    d.alpha["ngram4"] = measured(0.9)
     for _ in range(30):  # 2-token matches keep failing
         d._match_n, d._last = 2, Choice("ngram", 2, 1.0, 2)
         d.accept([], Outcome(2, 0, 0.12))
-    assert d.choose(matched=4, gamma=4, n=2).k == 0
+    assert "ngram" not in d.choose(matched=4, gamma=4, n=2).source
     assert d.choose(matched=4, gamma=4, n=4).source.startswith("ngram")

@@ -353,6 +353,9 @@ def test_agreement_labels():
     assert Agreement(False, 3, 0.4, 3).label() == (
         "differs at 3 (baseline's #3, 0.40 behind: near-tie)"
     )
+    assert Agreement(False, 3, 0.0, 1).label() == (
+        "differs at 3 (re-scored, the baseline's top token too: a tie)"
+    )
     assert Agreement(False, 3, 4.0, 2).label() == (
         "differs at 3 (baseline's #2, 4.00 behind: NOT a near-tie)"
     )
