@@ -772,6 +772,7 @@ def _agreement(
         return Agreement(True)
     row = baseline_logits(target, prompt, baseline, i)
     order = np.argsort(row)[::-1]
+    taken: int | None
     if i < len(other):
         taken = other[i]
     else:  # `other` ended here: it took an end-of-generation token, the baseline's best one
