@@ -240,9 +240,9 @@ class AdaptiveDrafter:
                     for j, g in zip(rest, gains, strict=True)
                 ]
         best = max(options, key=lambda o: o.gain)
-        return self._probe(matched, gamma, lag) if best.k == 0 else best
+        return self._probe(matched, lag) if best.k == 0 else best
 
-    def _probe(self, matched: int, gamma: int, lag: int) -> Choice:
+    def _probe(self, matched: int, lag: int) -> Choice:
         """Speculation does not pay by the estimates; try an idle source once its idle
         time has paid for the probe, to notice when it pays again (a change of topic)."""
         budget = {s: self.idle_s[s] * PROBE_SHARE for s in SOURCES}

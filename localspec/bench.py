@@ -558,26 +558,34 @@ class Costs:
 
 def measure_costs(target: Model, draft: Model | None, prompt: list[int], k_max: int = 8,
                   reps: int = 5) -> Costs:
-    verify = tuple(pass_seconds(target, prompt, k, reps) for k in range(1, k_max + 1))
-    step = pass_seconds(draft, prompt, 1, reps) if draft is not None else None
-    target.reset()
-    if draft is not None:
-        draft.reset()
+    """T(1..k_max) and c (the timed runs after this start cold again)."""
+    verify = tuple(time_pass(target, prompt, k, reps).llama_s for k in range(1, k_max + 1))
+    step = time_pass(draft, prompt, 1, reps).llama_s if draft is not None else None
     return Costs(verify, step)
 
 
-def pass_seconds(model: Model, prefix: list[int], k: int, reps: int) -> float:
-    """Median seconds inside llama.cpp to score k new tokens (logits for all k) after
-    `prefix`, which stays cached; the first pass warms up and is not counted."""
+@dataclass(frozen=True)
+class PassTimes:
+    """Median seconds of one Model.evaluate of k new tokens after a cached prefix."""
+
+    tokens: int
+    wall_s: float  # around evaluate: Python bookkeeping included
+    llama_s: float  # inside llama.cpp (busy_s)
+
+
+def time_pass(model: Model, prefix: list[int], k: int, reps: int, warmup: int = 1) -> PassTimes:
+    """Score k new tokens (logits for all k) after `prefix`, which stays cached; the first
+    `warmup` passes (allocations, graph capture) are not counted."""
     model.evaluate(prefix, 1)
     new = (prefix * (k // len(prefix) + 1))[:k]  # real token ids, any will do
-    times = []
-    for _ in range(reps + 1):
-        busy = model.busy_s
+    walls, busies = [], []
+    for _ in range(reps + warmup):
+        busy, started = model.busy_s, time.perf_counter()
         model.evaluate(prefix + new, k)
-        times.append(model.busy_s - busy)
+        walls.append(time.perf_counter() - started)
+        busies.append(model.busy_s - busy)
         model.evaluate(prefix, 0)  # roll the k tokens back
-    return _median(times[1:])
+    return PassTimes(k, _median(walls[warmup:]), _median(busies[warmup:]))
 
 
 def _measure(

@@ -35,16 +35,14 @@ import io
 import json
 import platform
 import pstats
-import statistics
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from localspec.adaptive import auto_engine
+from localspec.bench import PassTimes, time_pass
 from localspec.drafters import DraftModel, NgramDrafter, NoDrafter
 from localspec.engine import Engine, GenerationConfig
 from localspec.events import Finished, Piece
@@ -58,15 +56,6 @@ PROMPTS = {
     "chat": "In two sentences: why do cats purr?",
 }
 CONFIGS = ("plain", "draft γ4", "ngram γ4", "auto")
-
-
-@dataclass
-class PassTimes:
-    """Median seconds of one Model.evaluate of k new tokens after a fixed prefix."""
-
-    tokens: int
-    wall_s: float  # around evaluate: Python bookkeeping included
-    llama_s: float  # inside the decode call (busy_s)
 
 
 @dataclass
@@ -146,20 +135,6 @@ def gpu_name() -> str:
         return f"no GPU found ({type(e).__name__})"
 
 
-def time_pass(model: LlamaModel, prefix: list[int], k: int, reps: int) -> PassTimes:
-    """Median of `reps` evaluations of k fresh tokens after `prefix` (cached)."""
-    model.evaluate(prefix, 1)
-    rng = np.random.default_rng(0)
-    walls, busies = [], []
-    for _ in range(reps + 3):  # the first 3 warm up (graph capture, allocations)
-        new = rng.integers(1000, 20000, size=k).tolist()
-        busy, started = model.busy_s, time.perf_counter()
-        model.evaluate(prefix + new, k)
-        walls.append(time.perf_counter() - started)
-        busies.append(model.busy_s - busy)
-    return PassTimes(k, statistics.median(walls[3:]), statistics.median(busies[3:]))
-
-
 def make_engine(config: str, target: LlamaModel, draft: LlamaModel) -> Engine:
     if config == "plain":
         return Engine(target, NoDrafter(), 0)
@@ -207,8 +182,8 @@ def measure(
         prompts = [target.tokenize(p) for p in PROMPTS.values()]
         prefix = prompts[0]
         for k in (1, 5):
-            report.target_pass.append(time_pass(target, prefix, k, reps))
-        report.draft_pass.append(time_pass(draft, prefix, 1, reps))
+            report.target_pass.append(time_pass(target, prefix, k, reps, warmup=3))
+        report.draft_pass.append(time_pass(draft, prefix, 1, reps, warmup=3))
         progress(f"{device}: pass times {[asdict(p) for p in report.target_pass]}")
         gen = GenerationConfig(max_tokens=max_tokens)
         for name in configs:
