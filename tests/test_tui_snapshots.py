@@ -64,6 +64,8 @@ def app() -> ChatApp:
 
 
 async def loaded(pilot) -> None:
+    # a blinking cursor is drawn or not depending on how long the run took: keep it on
+    pilot.app.query_one("#prompt").cursor_blink = False
     while pilot.app.pair_state == "loading" or pilot.app.stats_panel.memory is None:
         await pilot.pause(0.02)
 
