@@ -4,7 +4,8 @@ Measured online, per conversation:
 - α_i, the chance that draft position i is accepted given the ones before it were, per
   draft source (the draft model; n-gram lookup per matched length n, as a 4-token match
   is a much safer bet than a 2-token one), as moving averages so a change of topic
-  shows within a few rounds;
+  shows within a few rounds; a deep position left untested relaxes toward the one
+  before it, so a few early misses cannot keep drafts short for good;
 - c, the draft model's cost per token (prior: its weight bytes relative to the target's);
 - T(k), the target's time to verify a batch of k tokens, fitted as a line a + b(k-1)
   (on a GPU b ≈ 0; on a CPU anywhere from 0.1a to 0.7a).
@@ -36,6 +37,7 @@ PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
 PROBE_SHARE = 0.02  # at most this share of the time goes to probing idle sources
 CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
+RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
 SOURCES = ("ngram", "draft")
 NGRAM_PRIOR = {2: 0.35, 3: 0.5, 4: 0.65}  # α before any measurement, by matched length n
 
@@ -56,15 +58,20 @@ class Acceptance:
 
     def observe(self, drafted: int, accepted: int) -> None:
         # position i tells something only if all before it were accepted
-        for i in range(min(accepted + 1, drafted)):
+        tested = min(accepted + 1, drafted)
+        for i in range(tested):
             if not self.seen[i] and i > 0:
                 self.alpha[i] = self.alpha[i - 1]
             self.seen[i] += 1
             weight = max(EMA_WEIGHT, 1 / (PRIOR_COUNT + self.seen[i]))
             self.alpha[i] += weight * (float(i < accepted) - self.alpha[i])
-        for i in range(1, GAMMA_MAX):
+        for i in range(max(1, tested), GAMMA_MAX):
             if not self.seen[i]:
                 self.alpha[i] = self.alpha[i - 1]
+            elif self.alpha[i] < self.alpha[i - 1]:
+                # A low α_i keeps drafts short, so it would never be tested again; and
+                # acceptance given the earlier tokens right rarely falls with depth.
+                self.alpha[i] += RELAX * (self.alpha[i - 1] - self.alpha[i])
 
     def expected(self, k: int) -> np.ndarray:
         """E(j) - 1 for j = 1..k: the expected accepted tokens when drafting j."""

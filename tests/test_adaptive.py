@@ -26,6 +26,34 @@ def test_acceptance_learns_per_position():
     assert acc.alpha[2] == acc.alpha[1]  # never reached: assumed like the one before
 
 
+def test_a_deep_position_judged_on_early_misses_is_tried_again():
+    """Two early misses at position 2, then only one-token drafts (all right): position 2
+    is never tested, so its α must recover by itself (seen on a chat prompt: auto stayed
+    on one-token drafts for the rest of the answer)."""
+    acc = Acceptance.prior(0.7)
+    acc.observe(drafted=2, accepted=1)
+    acc.observe(drafted=3, accepted=1)
+    low = acc.alpha[1]
+    for _ in range(30):
+        acc.observe(drafted=1, accepted=1)
+    assert acc.alpha[0] > 0.9
+    assert acc.alpha[1] - low > 0.6 * (acc.alpha[0] - low)
+    assert acc.alpha[1] <= acc.alpha[0]  # relaxes toward the one before, never past it
+
+
+def test_auto_drafts_deeply_again_after_early_misses():
+    d = drafter_with(a=0.112, b=0.01, c=0.02, alpha=0.9)  # the F16 pair on a 2-core CPU
+    d.alpha["draft"] = Acceptance.prior(0.7)
+    d.alpha["draft"].observe(drafted=2, accepted=1)
+    d.alpha["draft"].observe(drafted=3, accepted=1)
+    ks = []
+    for _ in range(40):  # the text is easy: every drafted token is accepted
+        k = d.choose(matched=0, gamma=8).k
+        ks.append(k)
+        d.alpha["draft"].observe(drafted=k, accepted=k)
+    assert ks[0] == 1 and min(ks[-5:]) >= 4  # before the fix: 1 every round
+
+
 def test_verify_cost_fits_a_line_and_tries_the_next_batch_size():
     cost = VerifyCost()
     for k, t in [(1, 0.10), (2, 0.12), (3, 0.14)]:
