@@ -573,15 +573,17 @@ class PassTimes:
     llama_s: float  # inside llama.cpp (busy_s)
 
 
-def time_pass(model: Model, prefix: list[int], k: int, reps: int, warmup: int = 1) -> PassTimes:
-    """Score k new tokens (logits for all k) after `prefix`, which stays cached; the first
+def time_pass(model: Model, prefix: list[int], k: int, reps: int, warmup: int = 1,
+              n_logits: int | None = None) -> PassTimes:
+    """Score k new tokens after `prefix`, which stays cached, with logits for the last
+    `n_logits` of them (all k by default: a verify pass; 1 for a catch-up); the first
     `warmup` passes (allocations, graph capture) are not counted."""
     model.evaluate(prefix, 1)
     new = (prefix * (k // len(prefix) + 1))[:k]  # real token ids, any will do
     walls, busies = [], []
     for _ in range(reps + warmup):
         busy, started = model.busy_s, time.perf_counter()
-        model.evaluate(prefix + new, k)
+        model.evaluate(prefix + new, k if n_logits is None else n_logits)
         walls.append(time.perf_counter() - started)
         busies.append(model.busy_s - busy)
         model.evaluate(prefix, 0)  # roll the k tokens back

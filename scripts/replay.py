@@ -16,8 +16,8 @@ choose, p_min and accept), fed the recorded outcomes instead of model calls.
 
 The replay models what the engine pays (a stopped draft still paid the pass that saw the
 low confidence; the draft's cache catches up in one batch) but not Python's own time per
-round, so its speedups read ~10% above the bench's; compare policies with it, and
-measure the one you keep with `localspec bench`.
+round, nor the drift of a shared machine's costs during a bench run: compare policies
+with it, and measure the one you keep with `localspec bench`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from localspec.adaptive import GAMMA_MAX, AdaptiveDrafter
-from localspec.bench import BenchPrompt, load_prompts, measure_costs
+from localspec.bench import BenchPrompt, load_prompts, measure_costs, time_pass
 from localspec.drafters import NoDrafter, Outcome
 from localspec.engine import Engine
 from localspec.llama import LlamaModel, LoadOptions
@@ -78,7 +77,7 @@ def record(
     first: list[int] = prompts[next(iter(prompts))]["prompt"]
     costs = measure_costs(target, draft, first, k_max=GAMMA_MAX + 1)
     return {"costs": {"verify_s": costs.verify_s, "draft_s": costs.draft_s,
-                      "catchup_s": catchup_per_token(draft, prompts)}, "prompts": prompts}
+                      "catchup_s": catchup_per_token(draft, first)}, "prompts": prompts}
 
 
 def greedy_answer(target: LlamaModel, prompt: list[int], max_tokens: int) -> list[int]:
@@ -100,17 +99,10 @@ def own_path(draft: LlamaModel, seq: list[int]) -> list[float]:
     return confs
 
 
-def catchup_per_token(draft: LlamaModel, prompts: dict) -> float:
-    """Seconds per token of a 32-token catch-up batch, beyond one step."""
-    rec = prompts[next(iter(prompts))]
-    text = rec["prompt"] + rec["y"]
-    base, times = text[:-40], []
-    for n in (1, 33):
-        draft.evaluate(base, 1)
-        started = time.perf_counter()
-        draft.evaluate(base + text[len(base) : len(base) + n], 1)
-        times.append(time.perf_counter() - started)
-    return (times[1] - times[0]) / 32
+def catchup_per_token(draft: LlamaModel, prompt: list[int], reps: int = 5) -> float:
+    """Seconds per token of a 32-token catch-up batch (one logits row), beyond one step."""
+    one, batch = (time_pass(draft, prompt, k, reps, n_logits=1).llama_s for k in (1, 33))
+    return (batch - one) / 32
 
 
 # --- replay --------------------------------------------------------------------------

@@ -50,9 +50,14 @@ def test_auto_drafts_deeply_for_a_perfect_draft_and_backs_off_from_a_wrong_one()
 
 def test_a_stopped_draft_pays_for_the_pass_that_saw_the_low_confidence():
     rec = recording(True)
-    rec.conf = [0.9, 0.2] * 21  # sure, unsure, sure, ...
-    drafted, accepted, stopped = rec.draft(0, 4, p_min=0.5)
-    assert (drafted, accepted, stopped) == (1, 1, True)
+    rec.conf = [0.9, 0.2] * 21  # sure at even positions, unsure at odd ones
+    assert rec.draft(0, 4, p_min=0.5) == (1, 1, True)
+    # t = 1: stops at once (c + T(1), 1 token); t = 2, 4, .., 38: drafts one, stops at
+    # the next (2c + T(2), 2 tokens); t = 40: nothing left to draft (T(1))
+    spent = (C + T[0]) + 19 * (2 * C + T[1]) + T[0]
+    replayed = replay.replay(rec, COSTS, "draft-g4")
+    assert replayed.speedup == pytest.approx(40 * T[0] / spent)
+    assert (replayed.rounds, replayed.drafted, replayed.accepted) == (21, 19, 19)
 
 
 @pytest.mark.real
