@@ -5,7 +5,8 @@ Measured online, per conversation:
   draft source (the draft model; n-gram lookup per matched length n, as a 4-token match
   is a much safer bet than a 2-token one), as moving averages so a change of topic
   shows within a few rounds; a deep position left untested relaxes toward the one
-  before it, so a few early misses cannot keep drafts short for good;
+  before it, and an idle draft model's α back up toward its prior, so a few early misses
+  cannot keep drafts short, or the draft model off, for good;
 - c, the draft model's cost per token (prior: its weight bytes relative to the target's);
 - T(k), the target's time to verify a batch of k tokens, fitted as a line a + b(k-1)
   (on a GPU b ≈ 0; on a CPU anywhere from 0.1a to 0.7a).
@@ -39,6 +40,8 @@ CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over 
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
 RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
 SOURCES = ("ngram", "draft")
+RECOVER = 0.02  # per token made without the draft model, its low α closes this share of
+# the gap to its prior
 NGRAM_PRIOR = {2: 0.35, 3: 0.5, 4: 0.65}  # α before any measurement, by matched length n
 
 
@@ -51,10 +54,16 @@ class Acceptance:
 
     alpha: list[float]
     seen: list[int] = field(default_factory=lambda: [0] * GAMMA_MAX)
+    prior_value: float = 0.0
 
     @classmethod
     def prior(cls, value: float) -> Acceptance:
-        return cls([value] * GAMMA_MAX)
+        return cls([value] * GAMMA_MAX, prior_value=value)
+
+    def recover(self, share: float) -> None:
+        """While idle, a below-prior α closes `share` of its gap to the prior: a low α
+        keeps its source unused, so nothing else would ever revise it."""
+        self.alpha = [a + share * max(self.prior_value - a, 0.0) for a in self.alpha]
 
     def observe(self, drafted: int, accepted: int) -> None:
         # position i tells something only if all before it were accepted
@@ -198,6 +207,8 @@ class AdaptiveDrafter:
             self.alpha[ngram_key(self._match_n)].observe(n_ng, min(outcome.accepted, n_ng))
         if outcome.drafted > n_ng and outcome.accepted >= n_ng:
             self.alpha["draft"].observe(outcome.drafted - n_ng, outcome.accepted - n_ng)
+        if "draft" not in choice.source:
+            self.alpha["draft"].recover(1 - (1 - RECOVER) ** (outcome.accepted + 1))
         spent = self._draft_s + outcome.verify_s
         for source in SOURCES:
             if source in choice.source:

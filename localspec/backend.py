@@ -139,16 +139,19 @@ class Model(ABC):
         """Free native resources."""
 
 
+MAX_VOCAB_DIFFERENCE = 128  # llama.cpp's: padded vocabularies of one family differ by this
+
+
 def check_compatible(target: Model, draft: Model) -> None:
     """Refuse a draft whose tokens mean something else to the target (llama.cpp's rule:
     same tokenizer kind and special tokens, vocab sizes within 128, equal token texts)."""
-    max_size_difference, first_checked = 128, 5
+    first_checked = 5
     if target.vocab_kind != draft.vocab_kind:
         raise ModelError(
             f"draft {draft.name} uses a {draft.vocab_kind} tokenizer, "
             f"target {target.name} a {target.vocab_kind} one: they cannot be paired"
         )
-    if abs(target.n_vocab - draft.n_vocab) > max_size_difference:
+    if abs(target.n_vocab - draft.n_vocab) > MAX_VOCAB_DIFFERENCE:
         raise ModelError(
             f"draft {draft.name} has {draft.n_vocab} tokens, target {target.name} has "
             f"{target.n_vocab}: vocabularies too different to pair"

@@ -20,6 +20,7 @@ from .drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
 from .engine import Engine, GenerationConfig
 from .events import Event
 from .llama import LlamaModel, LoadOptions, supports_gpu_offload
+from .quantize import draft_to_load
 
 MODEL_FREE_DRAFTERS = ("ngram", "none")
 
@@ -37,6 +38,7 @@ class SessionConfig:
     target_load: LoadOptions = field(default_factory=LoadOptions)
     draft_load: LoadOptions = field(default_factory=LoadOptions)
     p_min: float = 0.5
+    draft_quant: str = "auto"  # "auto": on a CPU, draft with a Q4_0 copy; "keep"
 
 
 def resolve_model(spec: str) -> Path:
@@ -115,6 +117,7 @@ def open_session(
     """Load the target and the drafter named in `config`. When llama.cpp cannot load
     them (memory, mostly), back off: a smaller context, then fewer target layers on the
     GPU, then no draft model; each step is told through `say`."""
+    config = with_cpu_draft(config, say)
     failure: LoadFailed | None = None
     for attempt, change in backoff(config):
         if failure is not None:
@@ -151,6 +154,16 @@ def backoff(config: SessionConfig) -> Iterator[tuple[SessionConfig, str]]:
         yield replace(config, draft="ngram"), "n-gram drafting instead of the draft model"
 
 
+def with_cpu_draft(config: SessionConfig, say: Callable[[str], None]) -> SessionConfig:
+    """`config` with the draft file to load: on a CPU, its Q4_0 copy (see quantize.py)."""
+    if config.draft in MODEL_FREE_DRAFTERS:
+        return config
+    draft = resolve_model(config.draft)
+    path = draft_to_load(draft, draft_on_gpu(config.draft_load), config.draft_quant, say,
+                         target=resolve_model(config.target))
+    return config if path == draft else replace(config, draft=str(path))
+
+
 def _load(config: SessionConfig) -> Session:
     draft_path = None if config.draft in MODEL_FREE_DRAFTERS else resolve_model(config.draft)
     target, draft_model = load_pair(
@@ -175,6 +188,11 @@ def load_pair(
             draft.close()
         raise
     return target, draft
+
+
+def draft_on_gpu(load: LoadOptions) -> bool:
+    """Whether a model loaded with `load` goes (at least partly) to a GPU."""
+    return load.n_gpu_layers != 0 and supports_gpu_offload()
 
 
 def make_engine(target: Model, draft_model: Model | None, config: SessionConfig) -> Engine:

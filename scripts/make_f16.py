@@ -17,13 +17,10 @@ The file appears atomically (written under a temporary name, then renamed).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 import time
 from pathlib import Path
-
-import llama_cpp as ll
 
 DEFAULT_SOURCE = "qwen2.5-coder-1.5b-instruct"
 Q4_FILE = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
@@ -62,32 +59,6 @@ def f16_name(source: Path) -> str:
     return f"{stem}-f16.gguf"
 
 
-@ll.llama_log_callback
-def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp logs a line per tensor; keep them for --verbose only
-    if os.environ.get("LOCALSPEC_LLAMA_LOG"):
-        print(text.decode("utf-8", "replace"), end="", file=sys.stderr, flush=True)
-
-
-def make_f16(source: Path, out: Path, threads: int) -> None:
-    """Convert `source` to an F16 GGUF at `out`, atomically."""
-    ll.llama_log_set(_log, ctypes.c_void_p(0))
-    ll.llama_backend_init()
-    params = ll.llama_model_quantize_default_params()
-    params.ftype = ll.LLAMA_FTYPE_MOSTLY_F16
-    params.allow_requantize = True  # the source is already quantized
-    params.nthread = threads
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        rc = ll.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params))
-        if rc != 0:
-            sys.exit(f"make_f16: llama_model_quantize failed ({rc}); "
-                     "rerun with LOCALSPEC_LLAMA_LOG=1 to see llama.cpp's log")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("source", nargs="?", default=DEFAULT_SOURCE,
@@ -100,7 +71,9 @@ def main() -> int:
     source = resolve_source(args.source)
     if not source.is_file():
         sys.exit(f"make_f16: source not found: {source} (run ./scripts/setup.sh)")
+    from localspec.errors import LocalspecError
     from localspec.paths import models_dir
+    from localspec.quantize import F16, requantize
 
     # the store, not the source's folder: a hub download's folder is the HF cache's
     out = (args.out or models_dir() / f16_name(source)).expanduser().resolve()
@@ -113,7 +86,10 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"make_f16: {source.name} -> {out} (about a minute, ~3 GB)", file=sys.stderr)
     started = time.perf_counter()
-    make_f16(source, out, args.threads)
+    try:
+        requantize(source, out, F16, threads=args.threads)
+    except LocalspecError as e:
+        sys.exit(f"make_f16: {e}")
     size = out.stat().st_size / 1e9
     print(f"make_f16: wrote {size:.2f} GB in {time.perf_counter() - started:.0f}s",
           file=sys.stderr)

@@ -150,3 +150,37 @@ def test_short_ngram_matches_are_judged_apart_from_long_ones():
         d.accept([], Outcome(2, 0, 0.12))
     assert "ngram" not in d.choose(matched=4, gamma=4, n=2).source
     assert d.choose(matched=4, gamma=4, n=4).source.startswith("ngram")
+
+
+def test_an_unlucky_start_does_not_switch_the_draft_model_off_for_good():
+    """Three misses on an answer's opening turn the draft off; while plain decoding runs,
+    its α recovers toward the prior, so it is drafted with again (seen on a chat prompt
+    whose draft agrees 79% of the time: off after three misses, for 120 tokens)."""
+    d = drafter_with(a=0.104, b=0.0, c=0.0125, alpha=0.7)
+    for k, t in enumerate([0.104, 0.146, 0.150, 0.154, 0.168, 0.174, 0.229, 0.241], 1):
+        d.verify.seconds[k] = t  # the F16 target's costs measured with the Q4_0 draft
+    d.alpha["draft"] = Acceptance.prior(0.7)
+    for _ in range(3):
+        d._last = Choice("draft", 1, 1.0)
+        d.accept([], Outcome(1, 0, 0.114))
+    assert d.choose(matched=0, gamma=8).k == 0
+    plain = 0
+    while d.choose(matched=0, gamma=8).source != "draft":
+        d._last = Choice("none", 0, 1.0)
+        d.accept([], Outcome(0, 0, 0.104))
+        plain += 1
+    assert 5 <= plain <= 40
+    assert d.alpha["draft"].alpha[0] < 0.7  # never past the prior
+
+
+def test_a_draft_that_does_not_pay_at_its_prior_stays_off():
+    d = drafter_with(a=0.10, b=0.05, c=0.08, alpha=0.7)
+    d.alpha["draft"] = Acceptance.prior(0.7)
+    d._last = Choice("draft", 1, 1.0)
+    d.accept([], Outcome(1, 0, 0.15))
+    for _ in range(200):
+        d._last = Choice("none", 0, 1.0)
+        d.accept([], Outcome(0, 0, 0.10))
+        d.idle_s["draft"] = 0.0  # leave probing out: recovery alone must not bring it back
+        assert d.choose(matched=0, gamma=8).k == 0
+    assert d.alpha["draft"].alpha[0] == pytest.approx(0.7, abs=0.01)

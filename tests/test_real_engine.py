@@ -162,3 +162,28 @@ def test_seeded_sampling_is_reproducible_with_the_real_pair(real_models):
     first = run(5)
     assert first.stats.drafted > 0 and first.text
     assert run(5).tokens == first.tokens
+
+
+def test_the_cpu_draft_copy_speculates_losslessly(real_models, plain_runs, tmp_path_factory,
+                                                  monkeypatch):
+    """The Q4_0 copy localspec drafts with on a CPU: still the target's greedy output,
+    and still a good guesser on code."""
+    from localspec import quantize
+    from localspec.llama import LlamaModel, LoadOptions
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path_factory.mktemp("home")))
+    monkeypatch.setattr(quantize, "repacks_q4_0", lambda: True)
+    target, draft = real_models
+    copy = quantize.cpu_draft(draft.path)
+    assert copy != draft.path
+    fast = LlamaModel(copy, LoadOptions(n_ctx=2048, n_threads=2))
+    try:
+        check_compatible(target, fast)
+        engine = Engine(target, DraftModel(fast), 4)
+        for name, (tokens, plain_pieces, plain) in plain_runs.items():
+            spec = list(engine.generate(tokens, TRACE))[-1]
+            assert_lossless(spec, plain_pieces, plain)
+            if name == "code":
+                assert spec.stats.acceptance_rate > 0.6
+    finally:
+        fast.close()

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..errors import LocalspecError
+from .options import add_draft_quant
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096)")
     g.add_argument("--n-gpu-layers", type=int, default=-1,
                    help="target layers to offload to a GPU (default: all that fit)")
+    add_draft_quant(g)
     b = p.add_argument_group("bench")
     b.add_argument("--prompts", type=Path,
                    help='prompts file {"name": {"category": ..., "prompt": ...}} '
@@ -65,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         raise LocalspecError("--ctx must be at least 16")
     prompts = bench.select_prompts(bench.load_prompts(args.prompts), args.only)
     target_path, draft_path = resolve_pair(args.target, args.draft)
+    if draft_path is not None:  # the file both localspec and the peer draft with
+        draft_path = draft_file(draft_path, target_path, args)
     modes = bench.parse_modes(args.modes, args.gamma, have_draft=draft_path is not None)
     peer = bench.load_peer(args.peer) if args.peer else None
     peer_bin = None
@@ -135,6 +139,21 @@ def peer_binaries(args: argparse.Namespace, target: Path, draft: Path | None, mo
     return runner
 
 
+def draft_file(path: Path, target: Path, args: argparse.Namespace) -> Path:
+    from ..quantize import draft_to_load
+    from ..session import draft_on_gpu
+
+    on_gpu = draft_on_gpu(draft_options(args))
+    return draft_to_load(path, on_gpu, args.draft_quant,
+                         lambda line: print(f"bench: {line}", file=sys.stderr), target)
+
+
+def draft_options(args: argparse.Namespace):  # -> LoadOptions
+    from ..llama import LoadOptions
+
+    return LoadOptions(n_ctx=args.ctx, n_threads=args.threads)
+
+
 def load_models(target_path: Path, draft_path: Path | None, args: argparse.Namespace):
     from ..llama import LoadOptions
     from ..session import load_pair
@@ -142,8 +161,7 @@ def load_models(target_path: Path, draft_path: Path | None, args: argparse.Names
     target_load = LoadOptions(
         n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers
     )
-    draft_load = LoadOptions(n_ctx=args.ctx, n_threads=args.threads)
-    return load_pair(target_path, target_load, draft_path, draft_load)
+    return load_pair(target_path, target_load, draft_path, draft_options(args))
 
 
 def default_out_dir() -> Path:

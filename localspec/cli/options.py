@@ -31,6 +31,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=0, help="CPU threads (default: physical cores)")
     g.add_argument("--n-gpu-layers", type=int, default=None,
                    help="target layers to offload to the GPU (default: from the plan)")
+    add_draft_quant(g)
+
+
+def add_draft_quant(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--draft-quant", choices=("auto", "keep"), default="auto",
+                   help="auto (default): on a CPU, draft with a Q4_0 copy of the draft model, "
+                   "made once (llama.cpp's fastest type there); keep: the file as it is")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -90,6 +97,7 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
         target=target,
         draft=draft,
         gamma=args.gamma,
+        draft_quant=args.draft_quant,
         target_load=load,
         draft_load=LoadOptions(n_ctx=load.n_ctx, n_threads=args.threads),
     )
