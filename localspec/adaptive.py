@@ -3,10 +3,11 @@
 Measured online, per conversation:
 - α_i, the chance that draft position i is accepted given the ones before it were, per
   draft source (the draft model; n-gram lookup per matched length n, as a 4-token match
-  is a much safer bet than a 2-token one), as moving averages so a change of topic
-  shows within a few rounds; a deep position left untested relaxes toward the one
-  before it, and an idle draft model's α back up toward its prior, so a few early misses
-  cannot keep drafts short, or the draft model off, for good;
+  is a much safer bet than a 2-token one; a draft cut short by p_min counts as a miss
+  where it stopped), as moving averages so a change of topic shows within a few
+  rounds; a deep position left untested relaxes toward the one before it, and an idle
+  draft model's α back up toward its prior, so a few early misses cannot keep drafts
+  short, or the draft model off, for good;
 - c, the draft model's cost per token (prior: its weight bytes relative to the target's);
 - T(k), the target's time to verify a batch of k tokens, fitted as a line a + b(k-1)
   (on a GPU b ≈ 0; on a CPU anywhere from 0.1a to 0.7a).
@@ -205,8 +206,10 @@ class AdaptiveDrafter:
         n_ng = min(choice.ngram, outcome.drafted)
         if n_ng:
             self.alpha[ngram_key(self._match_n)].observe(n_ng, min(outcome.accepted, n_ng))
-        if outcome.drafted > n_ng and outcome.accepted >= n_ng:
-            self.alpha["draft"].observe(outcome.drafted - n_ng, outcome.accepted - n_ng)
+        # a draft model that stopped short (p_min) yielded nothing where it stopped: a miss
+        stopped = choice.k > max(outcome.drafted, choice.ngram)
+        if outcome.accepted >= n_ng and (outcome.drafted > n_ng or stopped):
+            self.alpha["draft"].observe(outcome.drafted - n_ng + stopped, outcome.accepted - n_ng)
         if "draft" not in choice.source:
             self.alpha["draft"].recover(1 - (1 - RECOVER) ** (outcome.accepted + 1))
         spent = self._draft_s + outcome.verify_s

@@ -4,9 +4,9 @@ On a CPU a draft model's step is compute-bound, and its speed depends on the ten
 types more than on their size: llama.cpp repacks Q4_0 tensors into interleaved blocks
 with dedicated AVX2/AVX-512/NEON kernels, but a K-quant mix of a small model is mostly
 other types (a 0.5B Qwen's 896-wide rows fall back to Q5_0, and its 136M-parameter
-output head stays Q8_0 or Q6_K). A copy of the whole draft in Q4_0 steps twice as fast on an
-AVX-512 EPYC (11.5 against 23 ms a token) at 1.5 points less greedy agreement with the
-target. The draft's weights decide only speed, never the output: the target verifies
+output head stays Q8_0 or Q6_K). A copy of the whole draft in Q4_0 steps twice as fast
+on an AVX-512 EPYC (11.5 against 23 ms a token) at 1.5 points less greedy agreement with
+the target. The draft's weights decide only speed, never the output: the target verifies
 every token. So on a CPU localspec drafts with such a copy, made once into the store.
 """
 

@@ -184,3 +184,22 @@ def test_a_draft_that_does_not_pay_at_its_prior_stays_off():
         d.idle_s["draft"] = 0.0  # leave probing out: recovery alone must not bring it back
         assert d.choose(matched=0, gamma=8).k == 0
     assert d.alpha["draft"].alpha[0] == pytest.approx(0.7, abs=0.01)
+
+
+def test_a_draft_cut_short_by_p_min_counts_as_a_miss_where_it_stopped():
+    """The Q4_K_M target with the Q4_0 draft: p_min is high, so planned deep drafts stop
+    after one confident token. Each such round paid a stopped draft step and a 2-token
+    verify for ~1.9 tokens; auto must plan by what it got, not by what it planned."""
+    d = drafter_with(a=0.0334, b=0.0, c=0.0099, alpha=0.98)  # the answer opened easy
+    d.verify = VerifyCost()
+    for k, t in enumerate([0.0334, 0.0587, 0.0748, 0.101], 1):  # larger batches untimed
+        d.verify.observe(k, t)
+    planned = []
+    for _ in range(8):
+        d._last = d.choose(matched=0, gamma=8)
+        planned.append(d._last.k)
+        if d._last.k == 0:
+            break
+        d.accept([], Outcome(1, 1, 0.0587))  # one token drafted, right; then a stop
+    assert planned[0] >= 4 and planned[-1] == 0 and len(planned) <= 4  # before: 4 forever
+    assert d.alpha["draft"].alpha[1] < 0.8 < d.alpha["draft"].alpha[0]
