@@ -49,6 +49,7 @@ def test_copies_of_same_named_files_do_not_collide(tmp_path: Path) -> None:
     assert cpu_draft_path(a).name == "d.cpu-q4_0.gguf"
 
 
+@pytest.mark.real
 def test_a_failed_copy_falls_back_to_the_draft(real_paths, repacking, monkeypatch) -> None:
     def fail(*args, **kwargs):
         raise quantize.QuantizeError("llama.cpp could not requantize it (1)")
@@ -70,7 +71,7 @@ def test_the_real_draft_gets_a_q4_0_copy_made_once(real_paths, repacking) -> Non
     assert len(said) == 1 and "Q4_0 copy" in said[0]
     info, source = gguf_info(copy), gguf_info(draft)
     assert info.file_type == Q4_0 and source.file_type != Q4_0
-    # all of it Q4_0 (18 bytes per 32 weights), the tied output head included
+    # all of it Q4_0 (18 bytes per 32 weights), the output head included
     q4_table = source.vocab * source.embedding // 32 * 18
     assert info.output_bytes in (0, q4_table) and source.output_bytes not in (0, q4_table)
     assert 0 <= info.embd_bytes - q4_table < 64 << 10  # the table, and a few norms
@@ -87,6 +88,7 @@ def test_the_real_draft_gets_a_q4_0_copy_made_once(real_paths, repacking) -> Non
     assert len(said) == 2  # made again
 
 
+@pytest.mark.real
 def test_a_draft_that_cannot_pair_is_not_copied(real_paths, gemma_path, repacking) -> None:
     said: list[str] = []
     target, draft = real_paths
