@@ -7,7 +7,7 @@ Measured online, per conversation:
   where it stopped), as moving averages so a change of topic shows within a few
   rounds; a deep position left untested relaxes toward the one before it, and an idle
   draft model's α back up toward its prior, so a few early misses cannot keep drafts
-  short, or the draft model off, for good;
+  short, or the draft model off, for good; a source not yet used is judged at its prior;
 - c, the draft model's cost per token (prior: its weight bytes relative to the target's);
 - T(k), the target's time to verify a batch of k tokens, fitted as a line a + b(k-1)
   (on a GPU b ≈ 0; on a CPU anywhere from 0.1a to 0.7a).
@@ -19,6 +19,10 @@ that does not pay is switched off. A source left idle is probed again once the t
 since its last use would have paid for the probe PROBE_SHARE times over, so probing
 costs at most that share. Hybrid drafting: a prompt-lookup match is free, so it goes
 first; the draft model drafts when there is none, or extends it when that pays.
+
+The draft model stops early (p_min, per position) at a token too unsure to pay for what
+drafting on from it costs: its verify slot and the steps after it, against the tokens it
+may add at the rate the round aims at (`p_min`).
 """
 
 from __future__ import annotations
@@ -190,7 +194,7 @@ class AdaptiveDrafter:
         q: list[Probs | None] = [None] * choice.ngram
         busy = self.busy_s
         if self.model is not None and choice.k > choice.ngram:
-            self.model.p_min = self.p_min()
+            self.model.p_min = self.p_min(choice)
             more = self.model.draft([*context, *tokens], choice.k - choice.ngram, params, rng)
             tokens, q = tokens + more.tokens, q + more.q
         self._draft_s = self.busy_s - busy
@@ -236,8 +240,9 @@ class AdaptiveDrafter:
         catchup = self.catchup_cost(lag) / CATCHUP_ROUNDS
         options = [Choice("none", 0, 1.0)]
         ks = np.arange(1, gamma + 1)
-        # a source not yet seen is tried on one token, the cheapest way to learn its α
-        m = min(matched, gamma if ng is None or ng.seen[0] else 1)
+        # A source not yet seen is judged at its prior, at every depth: on a CPU a 2-token
+        # pass can cost most of a 6-token one, so a 1-token try is the dearest way to learn.
+        m = min(matched, gamma)
         if ng and m:
             gains = (1 + ng.expected(m)) * a / self.verify.batch(ks[:m] + 1)
             options += [
@@ -245,10 +250,9 @@ class AdaptiveDrafter:
             ]
         if self.model is not None:
             dm = self.alpha["draft"]
-            kd = ks if dm.seen[0] else ks[:1]
-            gains = (1 + dm.expected(len(kd))) * a / (catchup + kd * c + self.verify.batch(kd + 1))
-            options += [Choice("draft", int(k), g) for k, g in zip(kd, gains, strict=True)]
-            if ng and m < gamma and dm.seen[0]:
+            gains = (1 + dm.expected(gamma)) * a / (catchup + ks * c + self.verify.batch(ks + 1))
+            options += [Choice("draft", int(k), g) for k, g in zip(ks, gains, strict=True)]
+            if ng and m < gamma:
                 # the whole n-gram match, then the draft model goes on after it
                 rest = ks[: gamma - m]
                 ng_expected = ng.expected(m)[-1]
@@ -276,11 +280,33 @@ class AdaptiveDrafter:
             return Choice("draft", k, 0.0)
         return Choice("none", 0, 1.0)
 
-    def p_min(self) -> float:
-        """Draft-model early stop: an unsure token must be likely enough to pay for its
-        draft step and verify slot (c + b) out of the target step it saves (a)."""
-        a, b = self.verify.a, self.verify.b
-        return float(np.clip((self.draft_cost + b) / a, 0.05, 0.9)) if a > 0 else 0.5
+    def p_min(self, choice: Choice) -> list[float]:
+        """Draft-model early stop, per token the draft model drafts this round: the
+        confidence q it needs for drafting on from it to pay. Its own draft step is spent;
+        drafting on to depth m costs the verify slots it adds, T(m + 1) − T(here), and the
+        draft steps after it, and adds q (1 + α_next + α_next α_after + ...) tokens times
+        the chance that the draft gets this far. It pays when that beats the rate ρ the
+        round aims at (its expected gain, in tokens/s), for some m up to the planned depth.
+        So a token that alone would not pay its slot can still open a deep draft that
+        does, as on a CPU, where T(2) − T(1) can be ten times T(6) − T(2)."""
+        n_model = choice.k - choice.ngram
+        a, c = self.verify.a, self.draft_cost
+        if a <= 0:
+            return [0.5] * n_model
+        t = self.verify.batch(np.arange(1, choice.k + 2))  # t[i] = T(i + 1)
+        alpha = np.array(self.alpha["draft"].alpha[:n_model])
+        rho = max(choice.gain, 1.0) / a
+        reach = 1.0  # the chance that every token before this one is accepted
+        if choice.ngram:
+            reach = self.alpha[ngram_key(self._match_n)].all_accepted(choice.ngram)
+        thresholds = []
+        for j in range(n_model):
+            before = choice.ngram + j  # drafted tokens ahead of this one
+            cost = t[before + 1 : choice.k + 1] - t[before] + np.arange(n_model - j) * c
+            adds = reach * (1 + np.concatenate(([0.0], np.cumsum(np.cumprod(alpha[j + 1 :])))))
+            thresholds.append(float(np.clip(np.min(rho * cost / adds), 0.05, 0.9)))
+            reach *= alpha[j]
+        return thresholds
 
     def explain(self, choice: Choice) -> str:
         """One line on why this round drafts what it drafts."""

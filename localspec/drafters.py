@@ -74,11 +74,12 @@ class DraftModel:
 
     It stops early when its own top-token probability falls below `p_min`: an unsure
     guess is likely rejected, and each extra token costs a draft step and a verify slot.
+    `p_min` is one threshold, or one per drafted position (the last one holds after).
     """
 
     name = "draft"
 
-    def __init__(self, model: Model, p_min: float = 0.5) -> None:
+    def __init__(self, model: Model, p_min: float | Sequence[float] = 0.5) -> None:
         self.model = model
         self.p_min = p_min
         self.step_s = 0.0  # moving average of a one-token draft step (0 = not yet timed)
@@ -98,7 +99,7 @@ class DraftModel:
         tokens: list[int] = []
         qs: list[Probs | None] = []
         seq = list(context)
-        for _ in range(gamma):
+        for i in range(gamma):
             logits = self._step(seq)
             if params.greedy:
                 x, confidence = top2(penalize(logits, params, seq))
@@ -106,7 +107,7 @@ class DraftModel:
             else:
                 q = logits_to_probs(logits, params, seq)
                 confidence = float(q.max())
-            if confidence < self.p_min:
+            if confidence < self._p_min(i):
                 break
             if q is not None:
                 x = sample(q, rng)
@@ -114,6 +115,11 @@ class DraftModel:
             tokens.append(x)
             seq.append(x)
         return Draft(tokens, qs)
+
+    def _p_min(self, i: int) -> float:
+        if isinstance(self.p_min, int | float):
+            return self.p_min
+        return self.p_min[min(i, len(self.p_min) - 1)]
 
     def _step(self, seq: list[int]) -> np.ndarray:
         """One draft forward pass; one-token passes are timed (catching up after plain

@@ -121,9 +121,11 @@ class Recording:
         self.guess, self.conf = rec["guess"], rec["conf"]
         self.after_miss = {int(k): v for k, v in rec["after_miss"].items()}
 
-    def draft(self, start: int, n: int, p_min: float) -> tuple[int, int, bool]:
+    def draft(self, start: int, n: int, p_min: float | Sequence[float]) -> tuple[int, int, bool]:
         """(drafted, accepted, stopped early) for the draft model drafting up to n tokens
-        from position `start` of y; it stops at a confidence below p_min."""
+        from position `start` of y; it stops at a confidence below p_min (one threshold,
+        or one per drafted position)."""
+        thresholds = [p_min] * n if isinstance(p_min, int | float) else list(p_min)
         accepted, miss = 0, None
         for j in range(n):
             pos = start + j
@@ -132,7 +134,7 @@ class Recording:
             else:
                 path = self.after_miss.get(start + miss, [])
                 conf = path[j - miss - 1] if j - miss - 1 < len(path) else 0.0
-            if conf < p_min:
+            if conf < thresholds[j]:
                 return j, accepted, True
             if miss is None and pos < len(self.y) and self.guess[pos] == self.y[pos]:
                 accepted += 1
@@ -164,12 +166,12 @@ def replay(rec: Recording, costs: Costs, policy: str) -> Replayed:
     while t < len(y):
         context = rec.prompt + y[:t]
         gamma = min(GAMMA_MAX if auto else fixed, len(y) - t - 1)
-        k, n_ngram, p_min = gamma, 0, 0.5
+        k, n_ngram, p_min = gamma, 0, [0.5] * gamma
         match: list[int] = []
         if auto:
             drafter._match_n, match = drafter.ngrams.match(context, gamma)
             choice = drafter.choose(len(match), gamma, len(context) - cached, drafter._match_n)
-            drafter._last, k, n_ngram, p_min = choice, choice.k, choice.ngram, drafter.p_min()
+            drafter._last, k, n_ngram, p_min = choice, choice.k, choice.ngram, drafter.p_min(choice)
         accepted = next((j for j in range(n_ngram) if match[j] != y[t + j]), n_ngram)
         draft_s, n_model = 0.0, 0
         if k > n_ngram:

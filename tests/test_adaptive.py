@@ -65,7 +65,7 @@ def test_verify_cost_fits_a_line_and_tries_the_next_batch_size():
 
 
 def measured(alpha: float) -> Acceptance:
-    """α as if seen many times (a source not yet seen is tried on one token only)."""
+    """α as if seen many times."""
     return Acceptance([alpha] * 8, [10] * 8)
 
 
@@ -94,14 +94,43 @@ def test_free_ngram_match_beats_the_draft_model_when_it_is_reliable():
     assert d.choose(matched=6, gamma=8).source.startswith("ngram")
 
 
-def test_a_source_not_yet_seen_is_tried_on_one_token():
-    d = drafter_with(a=0.10, b=0.005, c=0.01, alpha=0.9)
-    d.alpha["draft"] = Acceptance.prior(0.9)
-    gain = 1.9 * 0.10 / (0.01 + 0.105)  # E(1) a / (c + T(2))
-    assert d.choose(matched=0, gamma=8) == Choice("draft", 1, pytest.approx(gain))
-    d._last = Choice("draft", 1, 1.0)
-    d.accept([], Outcome(1, 1, 0.105))
-    assert d.choose(matched=0, gamma=8).k >= 4  # seen right once: drafts deeply
+F16_CPU_T = [0.0789, 0.143, 0.159, 0.159, 0.162, 0.162, 0.210, 0.220]  # T(1..8), 2 cores
+
+
+def on_cpu(d: AdaptiveDrafter, seconds: list[float]) -> AdaptiveDrafter:
+    """The F16 target's measured T(k) on 2 CPU cores: T(2) is 1.8 T(1), T(6) 2 T(1)."""
+    for k, t in enumerate(seconds, 1):
+        d.verify.seconds[k] = t
+    return d
+
+
+def test_a_source_not_yet_seen_is_judged_at_its_prior_at_every_depth():
+    """Where a 2-token pass costs most of a 6-token one, trying a new source on one token
+    is the dearest way to learn its α (the F16 pair: the draft model, tried on one token
+    at 1.8 T(1), was judged not to pay and never drafted deeply)."""
+    d = on_cpu(drafter_with(a=0.0789, b=0.0, c=0.0099, alpha=0.7), F16_CPU_T)
+    d.alpha["draft"] = Acceptance.prior(0.7)
+    choice = d.choose(matched=0, gamma=8)
+    assert choice.source == "draft" and choice.k >= 4 and choice.gain > 1
+    d.alpha["ngram4"] = Acceptance.prior(0.65)
+    d.model = None
+    assert d.choose(matched=8, gamma=8, n=4).k >= 4  # a new n-gram length likewise
+
+
+def test_p_min_of_a_one_token_draft_is_its_verify_slot_at_the_rounds_rate():
+    d = drafter_with(a=0.10, b=0.02, c=0.01, alpha=0.8)
+    assert d.p_min(Choice("draft", 1, 1.5)) == [pytest.approx(1.5 * 0.02 / 0.10)]
+
+
+def test_p_min_lets_a_deep_draft_pay_for_a_dear_second_slot():
+    """A first token that alone would not pay its verify slot (64 ms of a 79 ms step) can
+    open a deep draft that does; past the second slot, tokens are nearly free."""
+    d = on_cpu(drafter_with(a=0.0789, b=0.0, c=0.0099, alpha=0.85), F16_CPU_T)
+    assert d.p_min(Choice("draft", 1, 1.4)) == [0.9]  # 1.4 × 64/79, clipped
+    deep = d.p_min(Choice("draft", 5, 1.4))
+    assert deep[0] < 0.7 and deep[1] < 0.4 and max(deep[2:]) < 0.1
+    after_ngram = d.p_min(Choice("ngram+draft", 5, 1.4, ngram=2))
+    assert len(after_ngram) == 3 and after_ngram[0] <= deep[2] + 0.05
 
 
 def test_idle_sources_are_probed_on_a_small_budget():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from localspec.backend import ContextFull
@@ -134,3 +135,13 @@ def test_stats_count_what_happened():
     assert s.mean_accepted_len == pytest.approx((s.tokens - 1) / s.rounds)
     assert s.drafted_per_position[0] == s.rounds - 1 or s.drafted_per_position[0] >= 1
     assert sum(s.accepted_per_position) == s.accepted
+
+
+def test_the_draft_model_stops_at_a_per_position_p_min():
+    _, _, draft = pair()
+    drafter = DraftModel(draft, p_min=[0.0, 0.0, 1.01])  # the third token needs certainty+
+    context = draft.tokenize("<|assistant|>")
+    params = GenerationConfig().sampling
+    assert len(drafter.draft(context, 5, params, np.random.default_rng(0)).tokens) == 2
+    drafter.p_min = [0.0]  # the last threshold holds for the positions after it
+    assert len(drafter.draft(context, 5, params, np.random.default_rng(0)).tokens) == 5
