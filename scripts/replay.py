@@ -11,8 +11,11 @@ a policy over every prompt with those costs: `auto` is the real AdaptiveDrafter 
 choose, p_min and accept), fed the recorded outcomes instead of model calls.
 
     .venv/bin/python scripts/replay.py record -t TARGET.gguf -d DRAFT.gguf --out rec.json
-    .venv/bin/python scripts/replay.py replay rec.json [--policies auto,draft-g4,draft-g5]
+    .venv/bin/python scripts/replay.py replay rec.json [--policies auto,draft-g4,oracle]
         [--costs "T1,T2,...,T9;c;catchup"]   # seconds; default: the recorded ones
+
+`oracle` is a bound: the fastest rounds any drafter of these sources could pick, knowing
+what the target will accept.
 
 The replay models what the engine pays (a stopped draft still paid the pass that saw the
 low confidence; the draft's cache catches up in one batch) but not Python's own time per
@@ -35,7 +38,7 @@ import numpy as np
 
 from localspec.adaptive import GAMMA_MAX, AdaptiveDrafter
 from localspec.bench import BenchPrompt, load_prompts, measure_costs, time_pass
-from localspec.drafters import NoDrafter, Outcome
+from localspec.drafters import NgramIndex, NoDrafter, Outcome
 from localspec.engine import Engine
 from localspec.llama import LlamaModel, LoadOptions
 from localspec.sampling import top2
@@ -195,6 +198,46 @@ def replay(rec: Recording, costs: Costs, policy: str) -> Replayed:
     return Replayed(speedup, rounds, total_drafted, total_accepted)
 
 
+def oracle(rec: Recording, costs: Costs) -> Replayed:
+    """A bound on any drafter of these sources: each round drafts k n-gram tokens, k
+    draft-model tokens, or the n-gram match and then the draft model, knowing what the
+    target will accept; the rounds are a shortest path over the positions of y. Left
+    out: the draft model's catch-up and its early stop, so no policy reaches it."""
+    y, t_of, c = rec.y, costs.verify_s, costs.draft_s
+    n = len(y)
+    run = [0] * (n + 1)  # run[t]: the draft model's guesses from t on that are right
+    for t in range(n - 1, -1, -1):
+        run[t] = run[t + 1] + 1 if rec.guess[t] == y[t] else 0
+    ngrams = NgramIndex(n_max=4, n_min=2)  # auto's
+    options: dict[int, list[tuple[int, int, float]]] = {}  # t: (drafted, accepted, seconds)
+    for t in range(1, n):
+        match = ngrams.lookup(rec.prompt + y[:t], GAMMA_MAX)
+        right = next((j for j, x in enumerate(match) if t + j >= n or x != y[t + j]), len(match))
+        here = [(0, 0, t_of[0])]
+        here += [(k, min(right, k), t_of[k]) for k in range(1, len(match) + 1)]
+        here += [(k, min(run[t], k), k * c + t_of[k]) for k in range(1, GAMMA_MAX + 1)]
+        if right == len(match) > 0:
+            m = right
+            here += [(m + j, m + min(run[t + m], j), j * c + t_of[m + j])
+                     for j in range(1, GAMMA_MAX - m + 1)]
+        options[t] = [(d, min(a, n - t - 1), s) for d, a, s in here]
+    best = [0.0] * (n + 1)  # best[t]: the least time from position t to the end
+    pick: dict[int, tuple[int, int, float]] = {}
+    for t in range(n - 1, 0, -1):
+        pick[t] = min(options[t], key=lambda o: o[2] + best[t + o[1] + 1])
+        best[t] = pick[t][2] + best[t + pick[t][1] + 1]
+    t, rounds, drafted, accepted = 1, 0, 0, 0
+    while t < n:
+        rounds, drafted, accepted = rounds + 1, drafted + pick[t][0], accepted + pick[t][1]
+        t += pick[t][1] + 1
+    speedup = (n - 1) * t_of[0] / best[1] if n > 1 else 1.0
+    return Replayed(speedup, rounds, drafted, accepted)
+
+
+def run_policy(rec: Recording, costs: Costs, policy: str) -> Replayed:
+    return oracle(rec, costs) if policy == "oracle" else replay(rec, costs, policy)
+
+
 def report(data: dict, costs: Costs, policies: list[str]) -> None:
     prompts = data["prompts"]
     categories = sorted({r["category"] for r in prompts.values()})
@@ -203,7 +246,8 @@ def report(data: dict, costs: Costs, policies: list[str]) -> None:
     print("| policy | " + " | ".join(categories) + " | all | slowest |")
     print("|---|" + "---:|" * (len(categories) + 2))
     for policy in policies:
-        by = {name: replay(Recording(r), costs, policy).speedup for name, r in prompts.items()}
+        by = {name: run_policy(Recording(r), costs, policy).speedup
+              for name, r in prompts.items()}
         cells = [statistics.median(s for n, s in by.items() if prompts[n]["category"] == c)
                  for c in categories]
         print(f"| {policy} | " + " | ".join(f"{x:.2f}×" for x in cells)
@@ -241,8 +285,9 @@ def main() -> int:
     costs = parse_costs(args.costs) if args.costs else Costs(
         list(recorded["verify_s"]), recorded["draft_s"], recorded["catchup_s"])
     policies = args.policies.split(",")
-    if bad := [p for p in policies if p != "auto" and not p.removeprefix("draft-g").isdigit()]:
-        print(f"replay: unknown policy {bad[0]!r}: use auto or draft-gN", file=sys.stderr)
+    known = ("auto", "oracle")
+    if bad := [p for p in policies if p not in known and not p.removeprefix("draft-g").isdigit()]:
+        print(f"replay: unknown policy {bad[0]!r}: use auto, oracle or draft-gN", file=sys.stderr)
         return 2
     report(data, costs, policies)
     return 0

@@ -60,6 +60,27 @@ def test_a_stopped_draft_pays_for_the_pass_that_saw_the_low_confidence():
     assert (replayed.rounds, replayed.drafted, replayed.accepted) == (21, 19, 19)
 
 
+def test_the_oracle_bounds_every_policy_and_takes_the_cheapest_rounds():
+    # a perfect draft: the best rounds draft 8 at a time (9 tokens for 8c + T(9))
+    right, wrong = recording(True), recording(False)
+    bound = replay.oracle(right, COSTS)
+    assert bound.speedup == pytest.approx(40 * T[0] / (4 * (8 * C + T[8]) + 3 * C + T[3]))
+    assert bound.speedup >= max(replay.replay(right, COSTS, p).speedup
+                                for p in ("auto", "draft-g4", "draft-g8"))
+    # a draft that is always wrong: plain decoding, round after round
+    assert replay.oracle(wrong, COSTS).speedup == pytest.approx(1.0)
+    assert replay.oracle(wrong, COSTS).drafted == 0
+
+
+def test_the_oracle_takes_free_ngram_runs():
+    y = [5, 6, 7, 8, 9] * 8  # repeats itself: n-gram matches (5 tokens long) are right
+    rec = replay.Recording({"prompt": [5, 6, 7, 8, 9], "y": y, "guess": [0] * 40,
+                            "conf": [0.9] * 41, "after_miss": {}})
+    bound = replay.oracle(rec, COSTS)
+    assert bound.drafted == bound.accepted > 30 and bound.rounds <= 8
+    assert bound.speedup > 39 * T[0] / (8 * T[5])
+
+
 @pytest.mark.real
 def test_a_recording_of_the_real_pair_replays_what_the_engine_does(real_models):
     """Greedy, fixed γ: the replay drafts and accepts exactly what the real engine does."""
