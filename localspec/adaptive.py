@@ -7,7 +7,8 @@ Measured online, per conversation:
   where it stopped), as moving averages so a change of topic shows within a few
   rounds; a deep position left untested relaxes toward the one before it, and an idle
   draft model's α back up toward its prior, so a few early misses cannot keep drafts
-  short, or the draft model off, for good; a source not yet used is judged at its prior;
+  short, or the draft model off, for good; a source not yet used is judged at its prior
+  (the draft model also on T's prior line: its first try is dear);
 - c, the draft model's cost per token (prior: its weight bytes relative to the target's);
 - T(k), the target's time to verify a batch of k tokens, fitted as a line a + b(k-1)
   (on a GPU b ≈ 0; on a CPU anywhere from 0.1a to 0.7a).
@@ -128,6 +129,11 @@ class VerifyCost:
         a line). The first untimed size above the timed ones is assumed as cheap as the
         largest timed one (T never falls with k), so it gets tried and timed."""
         return np.array([self._one(int(k)) for k in ks])
+
+    def prior_line(self, ks: np.ndarray) -> np.ndarray:
+        """T(k) on the line a + b(k-1), b at most its CPU prior: no optimism for an
+        untimed size, and no steep line drawn through a CPU's first step either."""
+        return self.a + min(self.b, CPU_SLOPE * self.a) * (ks - 1)
 
     def _one(self, k: int) -> float:
         if k in self.seconds:
@@ -250,7 +256,10 @@ class AdaptiveDrafter:
             ]
         if self.model is not None:
             dm = self.alpha["draft"]
-            gains = (1 + dm.expected(gamma)) * a / (catchup + ks * c + self.verify.batch(ks + 1))
+            # Its first try pays the catch-up of the whole prompt, so it has to pay by the
+            # priors, not just time a batch size (on a CPU the dearest one, T(2)).
+            batch = self.verify.batch if dm.seen[0] else self.verify.prior_line
+            gains = (1 + dm.expected(gamma)) * a / (catchup + ks * c + batch(ks + 1))
             options += [Choice("draft", int(k), g) for k, g in zip(ks, gains, strict=True)]
             if ng and m < gamma:
                 # the whole n-gram match, then the draft model goes on after it
@@ -258,7 +267,7 @@ class AdaptiveDrafter:
                 ng_expected = ng.expected(m)[-1]
                 reach = ng.all_accepted(m)
                 tokens = 1 + ng_expected + reach * dm.expected(gamma - m)
-                cost = catchup + (rest + 1) * c + self.verify.batch(m + rest + 1)
+                cost = catchup + (rest + 1) * c + batch(m + rest + 1)
                 gains = tokens * a / cost
                 options += [
                     Choice("ngram+draft", m + int(j), g, m)

@@ -117,6 +117,23 @@ def test_a_source_not_yet_seen_is_judged_at_its_prior_at_every_depth():
     assert d.choose(matched=8, gamma=8, n=4).k >= 4  # a new n-gram length likewise
 
 
+@pytest.mark.parametrize(("a", "c", "tried"), [(0.0792, 0.0105, True), (0.0385, 0.0104, False)])
+def test_a_draft_model_not_yet_tried_must_pay_on_the_prior_cost_line(
+    a: float, c: float, tried: bool
+) -> None:
+    """Its first try pays the prompt's catch-up, so it is made where the priors say it
+    pays (the F16 target: c = 0.13 T(1)), not just to time T(2), which an untimed size
+    would be assumed to cost as T(1) (the Q4_K_M target: c = 0.27 T(1), where the draft
+    model tried on one token cost 4-8% on every short prompt, then stayed off)."""
+    d = drafter_with(a=a, b=0.0, c=c, alpha=0.7)
+    d.verify = VerifyCost()
+    d.verify.observe(1, a)  # one plain round timed
+    d.alpha["draft"] = Acceptance.prior(0.7)
+    d.model.catchup_s = 0.0034  # type: ignore[union-attr]
+    choice = d.choose(matched=0, gamma=8, lag=60)
+    assert (choice.source == "draft") == tried and (choice.k > 0) == tried
+
+
 def test_p_min_of_a_one_token_draft_is_its_verify_slot_at_the_rounds_rate():
     d = drafter_with(a=0.10, b=0.02, c=0.01, alpha=0.8)
     assert d.p_min(Choice("draft", 1, 1.5)) == [pytest.approx(1.5 * 0.02 / 0.10)]
