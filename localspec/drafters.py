@@ -107,7 +107,7 @@ class DraftModel:
             else:
                 q = logits_to_probs(logits, params, seq)
                 confidence = float(q.max())
-            if confidence < self._p_min(i):
+            if confidence < p_min_at(self.p_min, i):
                 break
             if q is not None:
                 x = sample(q, rng)
@@ -115,11 +115,6 @@ class DraftModel:
             tokens.append(x)
             seq.append(x)
         return Draft(tokens, qs)
-
-    def _p_min(self, i: int) -> float:
-        if isinstance(self.p_min, int | float):
-            return self.p_min
-        return self.p_min[min(i, len(self.p_min) - 1)]
 
     def _step(self, seq: list[int]) -> np.ndarray:
         """One draft forward pass; one-token passes are timed (catching up after plain
@@ -156,6 +151,14 @@ class NgramDrafter:
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         pass
+
+
+def p_min_at(p_min: float | Sequence[float], i: int) -> float:
+    """The early-stop threshold of the i-th drafted token: one for all, or one per
+    position (the last one holds after)."""
+    if isinstance(p_min, int | float):
+        return p_min
+    return p_min[min(i, len(p_min) - 1)]
 
 
 def _ema(old: float, new: float, weight: float = 0.2) -> float:

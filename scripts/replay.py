@@ -38,7 +38,7 @@ import numpy as np
 
 from localspec.adaptive import GAMMA_MAX, AdaptiveDrafter
 from localspec.bench import BenchPrompt, load_prompts, measure_costs, time_pass
-from localspec.drafters import NgramIndex, NoDrafter, Outcome
+from localspec.drafters import NgramIndex, NoDrafter, Outcome, p_min_at
 from localspec.engine import Engine
 from localspec.llama import LlamaModel, LoadOptions
 from localspec.sampling import top2
@@ -128,7 +128,6 @@ class Recording:
         """(drafted, accepted, stopped early) for the draft model drafting up to n tokens
         from position `start` of y; it stops at a confidence below p_min (one threshold,
         or one per drafted position)."""
-        thresholds = [p_min] * n if isinstance(p_min, int | float) else list(p_min)
         accepted, miss = 0, None
         for j in range(n):
             pos = start + j
@@ -137,7 +136,7 @@ class Recording:
             else:
                 path = self.after_miss.get(start + miss, [])
                 conf = path[j - miss - 1] if j - miss - 1 < len(path) else 0.0
-            if conf < thresholds[j]:
+            if conf < p_min_at(p_min, j):
                 return j, accepted, True
             if miss is None and pos < len(self.y) and self.guess[pos] == self.y[pos]:
                 accepted += 1
