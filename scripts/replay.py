@@ -200,36 +200,45 @@ def replay(rec: Recording, costs: Costs, policy: str) -> Replayed:
 def oracle(rec: Recording, costs: Costs) -> Replayed:
     """A bound on any drafter of these sources: each round drafts k n-gram tokens, k
     draft-model tokens, or the n-gram match and then the draft model, knowing what the
-    target will accept; the rounds are a shortest path over the positions of y. Left
-    out: the draft model's catch-up and its early stop, so no policy reaches it."""
+    target will accept; the rounds are a shortest path over the positions of y, in two
+    states: before the draft model's first use, which pays its read of the context so
+    far, and after. Left out: its catch-up after n-gram rounds and its early stop, so no
+    policy reaches it."""
     y, t_of, c = rec.y, costs.verify_s, costs.draft_s
     n = len(y)
     run = [0] * (n + 1)  # run[t]: the draft model's guesses from t on that are right
     for t in range(n - 1, -1, -1):
         run[t] = run[t + 1] + 1 if rec.guess[t] == y[t] else 0
     ngrams = NgramIndex(n_max=4, n_min=2)  # auto's
-    options: dict[int, list[tuple[int, int, float]]] = {}  # t: (drafted, accepted, seconds)
+    Option = tuple[int, int, float, bool]  # drafted, accepted, seconds, by the draft model
+    # best[used][t]: the least time from position t to the end; pick: the round taken
+    best = [[0.0] * (n + 1) for _ in range(2)]
+    pick: list[dict[int, Option]] = [{}, {}]
+    options: dict[int, list[Option]] = {}
     for t in range(1, n):
         match = ngrams.lookup(rec.prompt + y[:t], GAMMA_MAX)
         right = next((j for j, x in enumerate(match) if t + j >= n or x != y[t + j]), len(match))
-        here = [(0, 0, t_of[0])]
-        here += [(k, min(right, k), t_of[k]) for k in range(1, len(match) + 1)]
-        here += [(k, min(run[t], k), k * c + t_of[k]) for k in range(1, GAMMA_MAX + 1)]
+        here = [(0, 0, t_of[0], False)]
+        here += [(k, min(right, k), t_of[k], False) for k in range(1, len(match) + 1)]
+        here += [(k, min(run[t], k), k * c + t_of[k], True) for k in range(1, GAMMA_MAX + 1)]
         if right == len(match) > 0:
             m = right
-            here += [(m + j, m + min(run[t + m], j), j * c + t_of[m + j])
+            here += [(m + j, m + min(run[t + m], j), j * c + t_of[m + j], True)
                      for j in range(1, GAMMA_MAX - m + 1)]
-        options[t] = [(d, min(a, n - t - 1), s) for d, a, s in here]
-    best = [0.0] * (n + 1)  # best[t]: the least time from position t to the end
-    pick: dict[int, tuple[int, int, float]] = {}
+        options[t] = [(d, min(a, n - t - 1), s, by) for d, a, s, by in here]
     for t in range(n - 1, 0, -1):
-        pick[t] = min(options[t], key=lambda o: o[2] + best[t + o[1] + 1])
-        best[t] = pick[t][2] + best[t + pick[t][1] + 1]
-    t, rounds, drafted, accepted = 1, 0, 0, 0
+        first_read = (len(rec.prompt) + t - 1) * costs.catchup_s
+        for used in (1, 0):
+            totals = [s + (first_read if by and not used else 0.0) + best[used or by][t + a + 1]
+                      for _, a, s, by in options[t]]
+            i = int(np.argmin(totals))
+            pick[used][t], best[used][t] = options[t][i], totals[i]
+    t, used, rounds, drafted, accepted = 1, 0, 0, 0, 0
     while t < n:
-        rounds, drafted, accepted = rounds + 1, drafted + pick[t][0], accepted + pick[t][1]
-        t += pick[t][1] + 1
-    speedup = (n - 1) * t_of[0] / best[1] if n > 1 else 1.0
+        d, a, _, by = pick[used][t]
+        rounds, drafted, accepted, used = rounds + 1, drafted + d, accepted + a, used or by
+        t += a + 1
+    speedup = (n - 1) * t_of[0] / best[0][1] if n > 1 else 1.0
     return Replayed(speedup, rounds, drafted, accepted)
 
 

@@ -72,6 +72,17 @@ def test_the_oracle_bounds_every_policy_and_takes_the_cheapest_rounds():
     assert replay.oracle(wrong, COSTS).drafted == 0
 
 
+def test_the_oracle_pays_the_draft_models_first_read_of_the_context_once():
+    right = recording(True)
+    right.prompt = [1] * 50
+    read = 0.001  # a token; the first round (t = 1) reads the prompt and y[0]: 50 tokens
+    bound = replay.oracle(right, replay.Costs(T, C, read))
+    assert bound.speedup == pytest.approx(
+        40 * T[0] / (50 * read + 4 * (8 * C + T[8]) + 3 * C + T[3]))
+    # a read dearer than all the drafting could save: plain decoding throughout
+    assert replay.oracle(right, replay.Costs(T, C, 0.1)).drafted == 0
+
+
 def test_the_oracle_takes_free_ngram_runs():
     y = [5, 6, 7, 8, 9] * 8  # repeats itself: n-gram matches (5 tokens long) are right
     rec = replay.Recording({"prompt": [5, 6, 7, 8, 9], "y": y, "guess": [0] * 40,
