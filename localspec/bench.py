@@ -17,6 +17,7 @@ tie the baseline had there). Reports: Markdown, JSON with every figure, PNG char
 from __future__ import annotations
 
 import gc
+import io
 import json
 import os
 import platform
@@ -33,6 +34,7 @@ import numpy as np
 
 from .backend import Model
 from .errors import LocalspecError
+from .paths import write_atomic
 
 MODE_KINDS = ("baseline", "draft", "ngram", "auto", "peer", "peer-plain")
 MODE_RE = re.compile(r"^(baseline|draft|ngram|auto|peer-plain|peer)(?:-g(\d+))?$")
@@ -989,7 +991,7 @@ def to_json(report: Report) -> dict:
     }
 
 
-def write_chart(report: Report, path: Path) -> None:
+def chart_png(report: Report) -> bytes:
     """Grouped bars: median speedup by category (and over all prompts), one bar per mode."""
     import matplotlib
 
@@ -1017,8 +1019,10 @@ def write_chart(report: Report, path: Path) -> None:
         ax.legend(fontsize=8, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
-    fig.savefig(path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
+    return png.getvalue()
 
 
 def _spread(report: Report, mode: str) -> tuple[list[float], list[float]]:
@@ -1030,14 +1034,14 @@ def _spread(report: Report, mode: str) -> tuple[list[float], list[float]]:
 
 
 def write_report(report: Report, out_dir: Path, chart: bool = True) -> tuple[Path, ...]:
-    """bench.md, bench.json and bench.png in `out_dir`; returns the paths written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """bench.md, bench.json and bench.png in `out_dir`, each written atomically; returns
+    the paths written."""
     md, js, png = out_dir / "bench.md", out_dir / "bench.json", out_dir / "bench.png"
-    md.write_text(to_markdown(report), encoding="utf-8")
-    js.write_text(json.dumps(to_json(report), indent=2, ensure_ascii=False), encoding="utf-8")
+    write_atomic(md, to_markdown(report))
+    write_atomic(js, json.dumps(to_json(report), indent=2, ensure_ascii=False))
     if not chart:
         return md, js
-    write_chart(report, png)
+    write_atomic(png, chart_png(report))
     return md, js, png
 
 

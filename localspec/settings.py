@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -18,7 +16,7 @@ from typing import Any, Literal, get_args
 
 from .engine import GenerationConfig
 from .errors import LocalspecError
-from .paths import home
+from .paths import home, write_atomic
 from .sampling import SamplingParams
 
 Drafter = Literal["model", "ngram", "none"]  # the pair's draft model, n-grams, or plain decoding
@@ -128,19 +126,7 @@ def load_settings(path: Path | None = None) -> tuple[Settings, list[Problem]]:
 def save_settings(settings: Settings, path: Path | None = None) -> None:
     """Write `settings` atomically: readers see the old file or the new one, never half."""
     path = path or settings_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = "".join(f"{key} = {_toml(value)}\n" for key, value in asdict(settings).items())
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".settings-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    write_atomic(path, "".join(f"{key} = {_toml(v)}\n" for key, v in asdict(settings).items()))
 
 
 def updated(settings: Settings, **changes: Any) -> Settings:
@@ -156,16 +142,3 @@ def _toml(value: Any) -> str:
     # A JSON string is a TOML basic string, except that TOML wants DEL escaped too.
     return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007F")
 
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

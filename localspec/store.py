@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import LocalspecError
-from .paths import home, models_dir
+from .paths import home, models_dir, write_atomic
 
 _HASH_BLOCK = 8 << 20
 
@@ -146,11 +146,7 @@ def _record_path(model: str, quant: str) -> Path:
 
 def record(entry: Installed) -> Installed:
     """Write a verified model's record (atomically: a crash leaves the old one or none)."""
-    path = _record_path(entry.model, entry.quant)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(entry.to_json(), indent=1))
-    os.replace(tmp, path)
+    write_atomic(_record_path(entry.model, entry.quant), json.dumps(entry.to_json(), indent=1))
     return entry
 
 

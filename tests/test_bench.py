@@ -260,6 +260,8 @@ def test_reports_are_written(tmp_path):
     report = run_toy()
     paths = bench.write_report(report, tmp_path / "out")
     md, js, png = paths
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "bench.json", "bench.md", "bench.png"]  # written atomically: no temporaries left
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(js.read_text())
     assert data["info"]["target"] == "toy-target" and data["info"]["max_tokens"] == 40
@@ -375,11 +377,15 @@ def localspec(*args: str) -> subprocess.CompletedProcess:
         (["--only", "nope"], "no prompt or category named nope"),
         (["--max-tokens", "0"], "--max-tokens"),
         (["--draft", "none", "--modes", "draft"], "need a draft model"),
+        (["--out", "a-file/sub"], "Not a directory"),  # before the run, not after it
     ],
 )
 def test_command_errors_are_one_line(tmp_path, args, words):
     if args[0] == "--prompts":
         args = ["--prompts", str(write(tmp_path, args[1]))]
+    if args[0] == "--out":
+        (tmp_path / "a-file").write_text("")
+        args = ["--out", str(tmp_path / args[1])]
     r = localspec("bench", "--target", str(tmp_path / "t.gguf"), *args)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()

@@ -36,7 +36,7 @@ def test_round_trip_keeps_every_field(tmp_path: Path):
     )
     save_settings(s, path)
     assert load_settings(path) == (s, [])
-    assert not list(tmp_path.glob(".settings-*")), "the temporary file is renamed away"
+    assert not list(tmp_path.glob(".*.tmp")), "the temporary file is renamed away"
 
 
 def test_saving_replaces_the_file_whole(tmp_path: Path):
@@ -46,6 +46,22 @@ def test_saving_replaces_the_file_whole(tmp_path: Path):
     save_settings(Settings(max_tokens=6), path)
     assert load_settings(path)[0].max_tokens == 6
     assert os.stat(path).st_ino != inode  # a rename, not an in-place rewrite
+
+
+def test_a_save_that_fails_keeps_the_old_file_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    path = tmp_path / "settings.toml"
+    save_settings(Settings(max_tokens=5), path)
+
+    def disk_full(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("localspec.paths.os.replace", disk_full)
+    with pytest.raises(OSError):
+        save_settings(Settings(max_tokens=6), path)
+    assert load_settings(path)[0].max_tokens == 5
+    assert [p.name for p in tmp_path.iterdir()] == ["settings.toml"]
 
 
 def test_home_moves_with_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

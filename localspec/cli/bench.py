@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ctx < 16:
         raise LocalspecError("--ctx must be at least 16")
     prompts = bench.select_prompts(bench.load_prompts(args.prompts), args.only)
+    out = output_dir(args.out)
     target_path, draft_path = resolve_pair(args.target, args.draft)
     if draft_path is not None:  # the file both localspec and the peer draft with
         draft_path = draft_file(draft_path, target_path, args)
@@ -76,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
         if peer is not None:
             raise LocalspecError("--peer FILE and the peer modes do the same; pick one")
         peer_bin = peer_binaries(args, target_path, draft_path, modes)
-    out = args.out or default_out_dir()
 
     if (load := bench.machine_load()) > 0.5 * (os.cpu_count() or 1):
         print(f"bench: the machine is busy (load {load:.1f} on {os.cpu_count()} CPUs): "
@@ -95,8 +95,11 @@ def run(args: argparse.Namespace) -> int:
         target.close()
         if draft is not None:
             draft.close()
-    paths = bench.write_report(report, out, chart=not args.no_chart)
-    print(bench.to_markdown(report))
+    print(bench.to_markdown(report))  # first: a full disk must not lose the figures
+    try:
+        paths = bench.write_report(report, out, chart=not args.no_chart)
+    except OSError as e:
+        raise LocalspecError(f"could not write the report to {out}: {e.strerror or e}") from e
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     if report.info.interrupted:
         raise KeyboardInterrupt  # reported, but still an interrupted run (exit 130)
@@ -162,6 +165,24 @@ def load_models(target_path: Path, draft_path: Path | None, args: argparse.Names
         n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers
     )
     return load_pair(target_path, target_load, draft_path, draft_options(args))
+
+
+def output_dir(out: Path | None) -> Path:
+    """Where the report goes, checked before a long run rather than after it: `--out`
+    made now, the default one (a new directory per run) made when written."""
+    if out is None:
+        out = default_out_dir()
+        existing = next(p for p in out.parents if p.exists() or p == p.parent)
+        if not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+            raise LocalspecError(f"cannot write bench reports under {existing} (use --out DIR)")
+        return out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LocalspecError(f"--out {out}: {e.strerror or e}") from e
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise LocalspecError(f"--out {out}: not writable")
+    return out
 
 
 def default_out_dir() -> Path:
