@@ -81,14 +81,17 @@ class LlamaModel(Model):
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         threads = options.n_threads or default_threads()
         cparams = ll.llama_context_default_params()
-        cparams.n_ctx = options.n_ctx
+        # Beyond its training context a model degrades, and llama.cpp would still try to
+        # allocate the cache for it: cap it there (0 asks for exactly that).
+        trained = ll.llama_model_n_ctx_train(self._model)
+        cparams.n_ctx = min(options.n_ctx or trained, trained) if trained > 0 else options.n_ctx
         cparams.n_batch = cparams.n_ubatch = options.n_batch
         cparams.n_seq_max = 1
         cparams.n_threads = cparams.n_threads_batch = threads
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             ll.llama_model_free(self._model)
-            raise LoadFailed(f"not enough memory for a context of {options.n_ctx} tokens")
+            raise LoadFailed(f"not enough memory for a context of {cparams.n_ctx} tokens")
         self.n_ctx = ll.llama_n_ctx(self._ctx)
         self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps it at the context
         self._mem = ll.llama_get_memory(self._ctx)

@@ -127,6 +127,8 @@ def open_session(
         except LoadFailed as e:
             failure = e
             continue
+        for note in session.notes:  # what loading this attempt noticed
+            say(note)
         if failure is not None:
             session.notes.append(f"loaded with {change} ({failure})")
         return session
@@ -169,7 +171,11 @@ def _load(config: SessionConfig) -> Session:
     target, draft_model = load_pair(
         resolve_model(config.target), config.target_load, draft_path, config.draft_load
     )
-    return Session(make_engine(target, draft_model, config), draft_model)
+    session = Session(make_engine(target, draft_model, config), draft_model)
+    if target.n_ctx < config.target_load.n_ctx:
+        session.notes.append(f"context capped at {target.n_ctx} tokens: "
+                             f"{target.name} was trained for that")
+    return session
 
 
 def load_pair(

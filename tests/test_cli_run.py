@@ -44,6 +44,14 @@ def test_bad_sampling_value():
     assert_one_line_error(localspec("run", "hi", "--target", "x.gguf", "--top-p", "0"), "top-p")
 
 
+@pytest.mark.parametrize(("option", "value"), [("--ctx", "99999999999"), ("--ctx", "8"),
+                                               ("--threads", "-2")])
+def test_out_of_range_numbers_are_refused_before_anything_loads(option: str, value: str):
+    r = localspec("run", "hi", "--target", "x.gguf", option, value)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"argument {option}: must be between" in r.stderr.strip().splitlines()[-1]
+
+
 @pytest.mark.real
 def test_incompatible_draft(real_paths, gemma_path):
     r = localspec("run", "hi", "--target", str(real_paths[0]), "--draft", str(gemma_path))

@@ -104,3 +104,28 @@ def test_the_engine_generates_with_the_tiny_models(tiny_models, drafter: str) ->
     if drafter == "draft":
         assert finished.stats.drafted >= 4  # p_min 0: every round drafts
     assert finished.stats.llama_s > 0
+
+
+def test_a_context_beyond_the_models_training_is_capped_and_said(tmp_path: Path) -> None:
+    """llama.cpp would allocate any context asked for (a typo in --ctx could take all
+    memory); localspec caps it at the model's training context and says so."""
+    import gguf
+
+    from localspec.llama import LlamaModel, LoadOptions
+    from localspec.session import SessionConfig, open_session
+
+    make = load_script()
+    vocab = gguf.GGUFReader(str(vocab_source()))
+    path = make.build(replace(make.TARGET, n_layer=1, n_ctx=256), vocab, tmp_path / "t.gguf")
+    for asked in (100_000, 0):  # 0: the training context
+        model = LlamaModel(path, LoadOptions(n_ctx=asked, n_threads=1))
+        assert model.n_ctx == 256
+        model.close()
+    said: list[str] = []
+    session = open_session(SessionConfig(str(path), target_load=LoadOptions(n_ctx=100_000)),
+                           say=said.append)
+    try:
+        assert session.target.n_ctx == 256
+        assert said == session.notes and "capped at 256" in said[0]
+    finally:
+        session.close()

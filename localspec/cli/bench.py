@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..errors import LocalspecError
-from .options import add_draft_quant
+from .options import add_draft_quant, ctx_arg, threads_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,8 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--target", "-t", help="target: a .gguf path or a catalog id "
                    "(default: the machine's default pair)")
     g.add_argument("--draft", "-d", help="draft: a .gguf path, a catalog id, or 'none'")
-    g.add_argument("--threads", type=int, default=0, help="CPU threads (default: physical cores)")
-    g.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096)")
+    g.add_argument("--threads", type=threads_arg, default=0,
+                   help="CPU threads (default: physical cores)")
+    g.add_argument("--ctx", type=ctx_arg, default=4096,
+                   help="context size in tokens (default 4096)")
     g.add_argument("--n-gpu-layers", type=int, default=-1,
                    help="target layers to offload to a GPU (default: all that fit)")
     add_draft_quant(g)
@@ -63,8 +65,6 @@ def run(args: argparse.Namespace) -> int:
         raise LocalspecError("--max-tokens must be at least 1")
     if args.repeats < 1:
         raise LocalspecError("--repeats must be at least 1")
-    if args.ctx < 16:
-        raise LocalspecError("--ctx must be at least 16")
     prompts = bench.select_prompts(bench.load_prompts(args.prompts), args.only)
     out = output_dir(args.out)
     target_path, draft_path = resolve_pair(args.target, args.draft)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from ..errors import LocalspecError
 
@@ -19,6 +20,25 @@ def gamma_arg(text: str) -> int | str:
     return value
 
 
+def ranged_int(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: an int within [lo, hi], refused at parse time with the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be between {lo} and {hi}")
+        return value
+
+    return parse
+
+
+ctx_arg = ranged_int(16, 1 << 24)  # llama.cpp takes 32 bits; models cap it far lower
+threads_arg = ranged_int(0, 1024)
+
+
 def add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", "-t", help="target model: a .gguf path or a catalog id")
@@ -27,8 +47,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--gamma", "-g", type=gamma_arg, default="auto",
                    help="tokens drafted per round, or 'auto' (default)")
-    g.add_argument("--ctx", type=int, default=None, help="context size in tokens")
-    g.add_argument("--threads", type=int, default=0, help="CPU threads (default: physical cores)")
+    g.add_argument("--ctx", type=ctx_arg, default=None, help="context size in tokens")
+    g.add_argument("--threads", type=threads_arg, default=0,
+                   help="CPU threads (default: physical cores)")
     g.add_argument("--n-gpu-layers", type=int, default=None,
                    help="target layers to offload to the GPU (default: from the plan)")
     add_draft_quant(g)
@@ -86,8 +107,6 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
         n_gpu_layers = pair.n_gpu_layers if n_gpu_layers is None else n_gpu_layers
     if draft is None:
         draft = "ngram"
-    if n_ctx is not None and n_ctx < 16:
-        raise LocalspecError("--ctx must be at least 16")
     load = LoadOptions(
         n_ctx=n_ctx or 4096,
         n_threads=args.threads,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..errors import LocalspecError
+from .options import ctx_arg, ranged_int
 
 
 def add_hardware_options(p: argparse.ArgumentParser) -> None:
@@ -22,7 +22,7 @@ def add_hardware_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--vram", type=size, metavar="SIZE", help="one GPU with this much memory")
     g.add_argument("--ram", type=size, metavar="SIZE", help="this much RAM")
     g.add_argument("--gpu", choices=("none", "nvidia", "apple"), help="this kind of GPU, or none")
-    g.add_argument("--cores", type=int, metavar="N", help="this many CPU cores")
+    g.add_argument("--cores", type=ranged_int(1, 4096), metavar="N", help="this many CPU cores")
 
 
 def hardware_from(args: argparse.Namespace):  # -> Hardware
@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "drafting, and say why.",
     )
     p.add_argument("--family", "-f", help="a model family (default: the catalog's default)")
-    p.add_argument("--ctx", type=int, help="context wanted, in tokens (default 8192)")
+    p.add_argument("--ctx", type=ctx_arg, help="context wanted, in tokens (default 8192)")
     p.add_argument("--min-speed", type=float, default=DEFAULT_MIN_SPEED, metavar="TOK/S",
                    help="skip targets estimated slower than this (default %(default)g)")
     p.add_argument("--installed", action="store_true",
@@ -56,8 +56,6 @@ def run(args: argparse.Namespace) -> int:
     from ..catalog import default_catalog
     from ..planner import Request, plan_catalog, plan_installed
 
-    if args.ctx is not None and args.ctx < 16:
-        raise LocalspecError("--ctx must be at least 16")
     catalog = default_catalog()
     hw = hardware_from(args)
     installed = store.all_installed()
