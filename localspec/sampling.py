@@ -8,6 +8,7 @@ temperature, top-k, top-p, min-p. Temperature 0 means greedy (argmax).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,16 +32,20 @@ class SamplingParams:
         return self.temperature <= 0.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
+        if not 0 <= self.temperature < math.inf:  # also refuses nan
+            raise ValueError("temperature must be a number >= 0")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError("top-p must be in (0, 1]")
         if not 0.0 <= self.min_p < 1.0:
             raise ValueError("min-p must be in [0, 1)")
         if self.top_k < 0:
             raise ValueError("top-k must be >= 0")
-        if self.repeat_penalty <= 0:
-            raise ValueError("repeat penalty must be > 0")
+        if not 0 < self.repeat_penalty < math.inf:
+            raise ValueError("repeat penalty must be a number > 0")
+        if self.repeat_last_n < 0:
+            raise ValueError("repeat-last-n must be >= 0")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError("seed must be >= 0")
 
 
 def penalize(logits: np.ndarray, params: SamplingParams, history: Sequence[int]) -> np.ndarray:

@@ -47,7 +47,12 @@ def test_sample_follows_probs():
     assert abs(draws[0] - 0.7) < 0.03
 
 
-@pytest.mark.parametrize("bad", [{"temperature": -1}, {"top_p": 0}, {"min_p": 1.0}, {"top_k": -1}])
+@pytest.mark.parametrize("bad", [
+    {"temperature": -1}, {"temperature": float("nan")}, {"temperature": float("inf")},
+    {"top_p": 0}, {"top_p": float("nan")}, {"min_p": 1.0}, {"min_p": float("nan")},
+    {"top_k": -1}, {"repeat_penalty": 0}, {"repeat_penalty": float("nan")},
+    {"repeat_penalty": float("inf")}, {"seed": -1},
+])
 def test_bad_params_are_refused(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
