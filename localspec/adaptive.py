@@ -193,7 +193,7 @@ class AdaptiveDrafter:
     ) -> Draft:
         gamma = min(gamma, GAMMA_MAX)
         self._match_n, match = self.ngrams.match(context, gamma)
-        lag = len(context) - len(self.model.model.cached) if self.model else 0
+        lag = self.model.unread(context) if self.model else 0
         choice = self.choose(len(match), gamma, lag, self._match_n)
         self._last = choice
         tokens = match[: choice.ngram]

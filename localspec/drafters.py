@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .backend import Model
+from .backend import Model, common_prefix
 from .sampling import Probs, SamplingParams, logits_to_probs, penalize, sample, top2
 
 
@@ -69,21 +69,58 @@ class NoDrafter:
         pass
 
 
+SINKS = 4  # leading tokens a cut context keeps (StreamingLLM's attention sinks)
+WINDOW = 512  # the most unread tokens a draft model reads at once
+
+
 class DraftModel:
     """A small model of the same vocabulary, decoding γ tokens one at a time.
 
     It stops early when its own top-token probability falls below `p_min`: an unsure
     guess is likely rejected, and each extra token costs a draft step and a verify slot.
     `p_min` is one threshold, or one per drafted position (the last one holds after).
+
+    It reads the whole context, unless that means reading more than `window` tokens it
+    has not seen (a long prompt, or a long stretch of a conversation without it); then it
+    reads the first SINKS tokens and the last `window`, and goes on from there. Catching
+    up stays bounded, so it can be tried again late in a long chat; a draft decides only
+    how fast the answer comes, so a cut context can cost acceptance, never output.
     """
 
     name = "draft"
 
-    def __init__(self, model: Model, p_min: float | Sequence[float] = 0.5) -> None:
+    def __init__(
+        self, model: Model, p_min: float | Sequence[float] = 0.5, window: int = WINDOW
+    ) -> None:
         self.model = model
         self.p_min = p_min
+        self.window = window
         self.step_s = 0.0  # moving average of a one-token draft step (0 = not yet timed)
         self.catchup_s = 0.0  # same, per token of a catch-up batch (after plain rounds)
+        self._cut = 0  # context[SINKS:_cut] is left out of what it reads (0: nothing)
+
+    def view(self, context: Sequence[int]) -> tuple[list[int], int]:
+        """What the draft model reads for `context` (see the class docstring), and how
+        much of it its cache already holds."""
+        if self._cut > len(context):
+            self._cut = 0  # another, shorter conversation
+        seq = self._seen_as(context)
+        held = common_prefix(self.model.cached, seq)
+        if len(seq) - held > self.window:
+            self._cut = len(context) - self.window
+            seq = self._seen_as(context)
+            held = common_prefix(self.model.cached, seq)
+        return seq, held
+
+    def unread(self, context: Sequence[int]) -> int:
+        """Tokens it would read before its first draft step for `context`."""
+        seq, held = self.view(context)
+        return len(seq) - min(held, len(seq) - 1)
+
+    def _seen_as(self, context: Sequence[int]) -> list[int]:
+        if self._cut <= SINKS:
+            return list(context)
+        return [*context[:SINKS], *context[self._cut :]]
 
     @property
     def busy_s(self) -> float:
@@ -98,7 +135,7 @@ class DraftModel:
     ) -> Draft:
         tokens: list[int] = []
         qs: list[Probs | None] = []
-        seq = list(context)
+        seq, _ = self.view(context)
         for i in range(gamma):
             logits = self._step(seq)
             if params.greedy:
@@ -129,7 +166,8 @@ class DraftModel:
         return logits
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
-        self.model.rollback(tokens)  # drop the rejected draft tokens now, as the target does
+        # drop the rejected draft tokens now, as the target does
+        self.model.rollback(self._seen_as(tokens))
 
 
 class NgramDrafter:

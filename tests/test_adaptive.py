@@ -249,3 +249,29 @@ def test_a_draft_cut_short_by_p_min_counts_as_a_miss_where_it_stopped():
         d.accept([], Outcome(1, 1, 0.0587))  # one token drafted, right; then a stop
     assert planned[0] >= 4 and planned[-1] == 0 and len(planned) <= 4  # before: 4 forever
     assert d.alpha["draft"].alpha[1] < 0.8 < d.alpha["draft"].alpha[0]
+
+
+def rounds_until_the_draft_model_is_probed(conversation_len: int) -> int:
+    """Plain rounds (Q4_K_M-like costs on this project's CPU) until an idle draft model
+    that has read nothing of a `conversation_len`-token chat is tried again."""
+    d = drafter_with(a=0.034, b=0.02, c=0.010, alpha=0.3)
+    d.model.catchup_s = 0.003  # type: ignore[union-attr]
+    context = [i % 250 for i in range(conversation_len)]
+    for rounds in range(20_000):
+        lag = d.model.unread(context)  # type: ignore[union-attr]
+        choice = d.choose(matched=0, gamma=8, lag=lag)
+        if "draft" in choice.source:
+            return rounds
+        d._last = choice
+        d.accept([], Outcome(0, 0, 0.034))
+    return 20_000
+
+
+def test_a_draft_model_left_off_through_a_long_chat_is_still_probed_again():
+    """It reads at most a window of what it missed, so the probe that notices a change of
+    topic costs the same after 2,000 tokens as after 50,000 (it cost 25 times more)."""
+    from localspec.drafters import WINDOW
+
+    near, far = (rounds_until_the_draft_model_is_probed(n) for n in (2_000, 50_000))
+    assert far == near < 20_000
+    assert near == pytest.approx(WINDOW * 0.003 / 0.034 / 0.02, rel=0.1)  # PROBE_SHARE

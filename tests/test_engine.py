@@ -145,3 +145,23 @@ def test_the_draft_model_stops_at_a_per_position_p_min():
     assert len(drafter.draft(context, 5, params, np.random.default_rng(0)).tokens) == 2
     drafter.p_min = [0.0]  # the last threshold holds for the positions after it
     assert len(drafter.draft(context, 5, params, np.random.default_rng(0)).tokens) == 5
+
+
+def test_a_draft_model_far_behind_reads_its_sinks_and_a_window_and_stays_lossless():
+    from localspec.drafters import SINKS
+
+    target, draft = ToyModel(scripted(REPLY), name="target"), ToyModel(scripted(REPLY))
+    drafter = DraftModel(draft, p_min=0.0, window=32)
+    session = Session(Engine(target, drafter, 4))
+    user = [{"role": "user", "content": "x" * 300}]
+    prompt = session.render(user)
+    done = list(session.chat(user))[-1]
+    assert done.text == REPLY  # the target's answer, whatever the draft read
+    assert draft.decoded < len(prompt)  # it never read the whole prompt
+    # its cache: the first SINKS tokens, then the text from within the window's reach on
+    text, tail = [*prompt, *done.tokens], draft.cached[SINKS : SINKS + 32]
+    assert draft.cached[:SINKS] == text[:SINKS]
+    start = next(s for s in range(SINKS + 1, len(text)) if text[s : s + len(tail)] == tail)
+    assert len(prompt) - 32 <= start < len(prompt)
+    # the window kept the assistant marker, so the draft still guessed right
+    assert done.stats.accepted >= len(done.tokens) // 2

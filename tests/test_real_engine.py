@@ -61,16 +61,22 @@ def assert_lossless(spec: Finished, plain_pieces: list[Piece], plain: Finished) 
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])
-@pytest.mark.parametrize("drafter_kind", ["draft", "ngram"])
+@pytest.mark.parametrize("drafter_kind", ["draft", "ngram", "draft-window"])
 def test_greedy_speculation_equals_plain_decoding(real_models, plain_runs, drafter_kind, gamma):
     target, draft = real_models
-    drafter = DraftModel(draft) if drafter_kind == "draft" else NgramDrafter()
+    drafter = {  # draft-window: it reads its sinks and the last 16 tokens of each prompt
+        "draft": lambda: DraftModel(draft),
+        "draft-window": lambda: DraftModel(draft, window=16),
+        "ngram": NgramDrafter,
+    }[drafter_kind]()
     engine = Engine(target, drafter, gamma)
     drafted = 0
     for tokens, plain_pieces, plain in plain_runs.values():
         spec = list(engine.generate(tokens, TRACE))[-1]
         assert_lossless(spec, plain_pieces, plain)
         drafted += spec.stats.drafted
+        if drafter_kind == "draft-window":
+            assert draft.kv_len() == len(draft.cached) < len(tokens) + len(spec.tokens)
     assert drafted > 0
 
 
