@@ -58,10 +58,15 @@ def test_plan_errors_are_one_line(home, capsys):
     one_line_error(*run(capsys, "plan", "--gpu", "none", "--ram", "1GiB")[::2], "nothing fits")
 
 
-def test_plan_refuses_a_bad_size(home, capsys):
+@pytest.mark.parametrize(("args", "words"), [
+    (["--vram", "lots"], "'lots' is not a size"),
+    (["--cores", "0"], "--cores: must be between 1"),
+    (["--ctx", "8"], "--ctx: must be between 16"),
+])
+def test_plan_refuses_a_bad_machine_or_context(home, capsys, args, words):
     with pytest.raises(SystemExit) as e:
-        main(["plan", "--vram", "lots"])
-    assert e.value.code == 2 and "'lots' is not a size" in capsys.readouterr().err
+        main(["plan", *args])
+    assert e.value.code == 2 and words in capsys.readouterr().err
 
 
 def test_models_lists_the_catalog_with_fit(home, capsys):
