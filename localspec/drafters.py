@@ -102,9 +102,13 @@ class DraftModel:
     def view(self, context: Sequence[int]) -> tuple[list[int], int]:
         """What the draft model reads for `context` (see the class docstring), and how
         much of it its cache already holds."""
-        if self._cut > len(context):
-            self._cut = 0  # another, shorter conversation
-        seq = self._seen_as(context)
+        if self._cut:
+            seq = self._seen_as(context)
+            held = common_prefix(self.model.cached, seq)
+            if held > SINKS and len(seq) - held <= self.window:
+                return seq, held  # going on from its cut
+            self._cut = 0  # not read yet, or another conversation: judge it afresh
+        seq = list(context)
         held = common_prefix(self.model.cached, seq)
         if len(seq) - held > self.window:
             self._cut = len(context) - self.window

@@ -1,6 +1,7 @@
 import numpy as np
 
-from localspec.drafters import NgramIndex
+from localspec.drafters import DraftModel, NgramIndex
+from localspec.toy import ToyModel, scripted
 
 
 def brute_force(ctx: list[int], gamma: int, n_max: int, n_min: int) -> list[int]:
@@ -24,3 +25,19 @@ def test_index_starts_afresh_for_another_text():
     index = NgramIndex(n_max=3, n_min=1)
     assert index.lookup([1, 2, 3, 1, 2], 2) == [3, 1]
     assert index.lookup([7, 8, 9, 7], 2) == [8, 9]  # nothing left over from [1, 2, 3, ...]
+
+
+def test_a_cut_draft_reads_a_new_conversation_whole_when_it_fits():
+    from localspec.drafters import SINKS
+
+    model = ToyModel(scripted("ok"), n_ctx=100_000)
+    drafter = DraftModel(model, p_min=0.0, window=16)
+    long_chat = [1, 2, 3, 4, *(10 + i for i in range(26))]  # 30 tokens, none read
+    seq, held = drafter.view(long_chat)
+    assert seq == [*long_chat[:SINKS], *long_chat[-16:]] and held == 0
+    model.evaluate(seq, 1)  # it reads the cut view, then goes on from it
+    assert drafter.view([*long_chat, 7]) == ([*seq, 7], len(seq))
+    # another conversation, opening like the first (the same template): 18 tokens, of
+    # which 14 unread, fit the window, so it reads them all, not the first's cut of them
+    new_chat = [1, 2, 3, 4, *(200 + i for i in range(14))]
+    assert drafter.view(new_chat) == (new_chat, SINKS)
