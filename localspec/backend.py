@@ -25,6 +25,10 @@ class ModelError(LocalspecError):
 class LoadFailed(ModelError):
     """llama.cpp could not load a model or allocate its context (most often: memory)."""
 
+    def __init__(self, message: str, n_ctx: int | None = None) -> None:
+        super().__init__(message)
+        self.n_ctx = n_ctx  # the context it could not allocate, when that was the failure
+
 
 class ContextFull(ModelError):
     """The tokens do not fit in the model's context window."""

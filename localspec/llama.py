@@ -91,7 +91,9 @@ class LlamaModel(Model):
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             ll.llama_model_free(self._model)
-            raise LoadFailed(f"not enough memory for a context of {cparams.n_ctx} tokens")
+            raise LoadFailed(
+                f"not enough memory for a context of {cparams.n_ctx} tokens", cparams.n_ctx
+            )
         self.n_ctx = ll.llama_n_ctx(self._ctx)
         self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps it at the context
         self._mem = ll.llama_get_memory(self._ctx)

@@ -119,13 +119,16 @@ def open_session(
     GPU, then no draft model; each step is told through `say`."""
     config = with_cpu_draft(config, say)
     failure: LoadFailed | None = None
+    failed = config
     for attempt, change in backoff(config):
         if failure is not None:
+            if fails_again(attempt, failed, failure):
+                continue
             say(f"{failure}; retrying with {change}")
         try:
             session = _load(attempt)
         except LoadFailed as e:
-            failure = e
+            failure, failed = e, attempt
             continue
         for note in session.notes:  # what loading this attempt noticed
             say(note)
@@ -154,6 +157,23 @@ def backoff(config: SessionConfig) -> Iterator[tuple[SessionConfig, str]]:
         yield config, f"{layers} target layers on the GPU"
     if config.draft not in MODEL_FREE_DRAFTERS:
         yield replace(config, draft="ngram"), "n-gram drafting instead of the draft model"
+
+
+def fails_again(attempt: SessionConfig, failed: SessionConfig, failure: LoadFailed) -> bool:
+    """Whether `attempt` is the `failed` one with a context no smaller than the one that
+    could not be allocated: a context asked beyond a model's training is capped there,
+    so the first halvings of a huge `--ctx` would load the same one again."""
+    if failure.n_ctx is None:
+        return False
+    return (
+        _without_ctx(attempt) == _without_ctx(failed)
+        and attempt.target_load.n_ctx >= failure.n_ctx
+    )
+
+
+def _without_ctx(config: SessionConfig) -> SessionConfig:
+    return replace(config, target_load=replace(config.target_load, n_ctx=0),
+                   draft_load=replace(config.draft_load, n_ctx=0))
 
 
 def with_cpu_draft(config: SessionConfig, say: Callable[[str], None]) -> SessionConfig:

@@ -56,3 +56,29 @@ def replace_layers(config: SessionConfig, layers: int) -> SessionConfig:
     from dataclasses import replace
 
     return replace(config, target_load=replace(config.target_load, n_gpu_layers=layers))
+
+
+def test_open_session_skips_contexts_that_would_be_capped_to_the_one_that_failed(monkeypatch):
+    """`--ctx 16M` on a model trained for 32k is capped to 32k: when that does not fit,
+    halving to 8M, 4M, ... would load the same 32k context again."""
+    monkeypatch.setattr(session_mod, "supports_gpu_offload", lambda: False)
+    huge = SessionConfig(target="t.gguf", draft="d.gguf", target_load=LoadOptions(n_ctx=1 << 24))
+    tried = []
+
+    def capped_load(config):
+        n_ctx = min(config.target_load.n_ctx, 32768)
+        tried.append(config.target_load.n_ctx)
+        if n_ctx > 8192:
+            raise LoadFailed(f"not enough memory for a context of {n_ctx} tokens", n_ctx)
+        return session_mod.Session.__new__(session_mod.Session)
+
+    monkeypatch.setattr(session_mod, "_load", capped_load)
+    monkeypatch.setattr(session_mod.Session, "notes", [], raising=False)
+    said = []
+    open_session(huge, say=said.append)
+    assert tried == [1 << 24, 16384, 8192]
+    assert said == [
+        "not enough memory for a context of 32768 tokens; retrying with a context of 16384 tokens",
+        "not enough memory for a context of 16384 tokens; retrying with a context of 8192 tokens",
+    ]
+
