@@ -232,7 +232,8 @@ async def test_invalid_settings_are_refused_in_the_form(home: Path):
 
 
 async def test_provenance_colours_the_answer_by_source(home: Path):
-    app = make_app()
+    # a fixed γ: `auto` times the toy pair's passes, which are noise, and may not draft
+    app = make_app(settings=Settings(gamma=3))
     async with app.run_test() as pilot:
         await ready(pilot)
         await send(pilot, "hi")
@@ -248,6 +249,26 @@ async def test_provenance_colours_the_answer_by_source(home: Path):
         styles = {str(span.style) for span in text.spans}
         assert len(styles) == 2, "draft and target runs look different"
         await until(pilot, lambda: load_settings(home / "settings.toml")[0].provenance)
+
+
+async def test_a_provenance_view_hidden_while_the_answer_streams_shows_all_of_it(home: Path):
+    """Hidden, it is not redrawn as pieces arrive; shown again, it has every piece."""
+    app = make_app("stream " * 60, token_s=0.02)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await until(pilot, lambda: bool(answers(app)) and bool(answers(app)[-1].text))
+        view = answers(app)[-1].query_one(ProvenanceView)
+        await pilot.press("ctrl+t")  # shown mid-answer, then hidden again
+        await until(pilot, lambda: view.display and bool(view.render().plain))
+        await pilot.press("ctrl+t")
+        await until(pilot, lambda: done(app))
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert view.display
+        assert view.render().plain == "stream " * 60
+        assert "".join(strip.text for strip in view.render_lines(view.region.reset_offset)
+                       ).split() == ["stream"] * 60
 
 
 async def test_command_palette_runs_the_app_commands():

@@ -46,7 +46,7 @@ from .messages import (
     PairLoading,
 )
 from .pair import LoadedPair, PairLoader, PairSpec
-from .turn import Turn, run_turn
+from .turn import Pacer, Turn, run_turn
 from .widgets import PromptInput, StatsPanel, Transcript
 from .widgets.transcript import STATUS
 
@@ -107,6 +107,7 @@ class ChatApp(App[None]):
         self.current: tuple[int, threading.Event] | None = None  # the streaming answer
         self._answers = 0
         self._stopping = threading.Event()
+        self.pacer = Pacer()  # how often the streaming answer is redrawn
         self.set_reactive(ChatApp.provenance, self.settings.provenance)
 
     # --- layout and lifetime ---------------------------------------------------------
@@ -251,7 +252,10 @@ class ChatApp(App[None]):
         self.current = (answer_id, cancel)
         self.generating = True
         self.stats_panel.start_answer()
-        self.generate(Turn(answer_id, self.conversation_id, text, self.settings, cancel))
+        self.pacer.restart()
+        self.generate(
+            Turn(answer_id, self.conversation_id, text, self.settings, cancel, self.pacer)
+        )
 
     async def action_stop(self) -> None:
         """Stop the answer now: the UI stops at once, the engine at its round's end."""
@@ -285,6 +289,7 @@ class ChatApp(App[None]):
             return  # shutting down: the widgets may be gone already
         if self._is_current(message.answer_id):
             self.stats_panel.count(message.tokens)
+            self.pacer.observe(time.thread_time(), time.monotonic())
         answer = self.transcript.answer(message.answer_id)
         if answer is not None:
             await answer.add(message.runs)

@@ -21,8 +21,8 @@ from .pair import LoadedPair, PairSpec
 
 @dataclass
 class AnswerPieces(Message):
-    """Text emitted since the last message, as (text, source) runs: a round's worth, or
-    the first token alone (so that it shows at once)."""
+    """Text emitted since the last message, as (text, source) runs: the rounds since the
+    last redraw (see turn.Pacer), or the first token alone (so that it shows at once)."""
 
     answer_id: int
     runs: list[tuple[str, Source]]
@@ -31,7 +31,7 @@ class AnswerPieces(Message):
 
 @dataclass
 class AnswerTick(Message):
-    """Figures after a round; a newer tick of the same answer replaces a queued one."""
+    """Figures as of a redraw; a newer tick of the same answer replaces a queued one."""
 
     answer_id: int
     stats: Stats

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from textual.message import Message
 
@@ -24,6 +25,38 @@ from .figures import speedup, stats_record
 from .messages import AnswerDone, AnswerPieces, AnswerTick
 from .pair import LoadedPair
 
+UI_SHARE = 0.1  # of a core, at most, for redrawing a streaming answer
+
+
+@dataclass
+class Pacer:
+    """How often a streaming answer is redrawn: ten times a second, less where redrawing
+    would take more than UI_SHARE of a core. A redraw is the UI thread's work (~25 ms on
+    a slow 2-core laptop, a few ms on a fast one), and where llama.cpp's threads fill
+    every core it comes out of their time: redrawn every round, the chat decoded at half
+    the speed of `localspec run` on such a machine. The UI thread reports what it spent
+    (`observe`); the generation worker reads `every_s`."""
+
+    every_s: float = 0.1
+    fastest_s: float = 0.1
+    slowest_s: float = 0.5
+    _last: tuple[float, float] | None = None  # the UI thread's CPU and wall clocks
+
+    def observe(self, cpu_s: float, wall_s: float) -> None:
+        """The UI thread's own CPU time (time.thread_time()) and time.monotonic(), taken
+        each time it shows a batch of pieces."""
+        last, self._last = self._last, (cpu_s, wall_s)
+        if last is None or wall_s - last[1] <= 0:
+            return
+        share = (cpu_s - last[0]) / (wall_s - last[1])
+        wanted = self.every_s * share / UI_SHARE  # redraws cost the UI thread per second
+        self.every_s = min(max(self.every_s + (wanted - self.every_s) / 2, self.fastest_s),
+                           self.slowest_s)
+
+    def restart(self) -> None:
+        """A new answer: the pause between answers says nothing of redraws."""
+        self._last = None
+
 
 @dataclass(frozen=True)
 class Turn:
@@ -32,6 +65,7 @@ class Turn:
     user_text: str
     settings: Settings
     cancel: threading.Event
+    pacer: Pacer = field(default_factory=Pacer)
 
 
 def run_turn(
@@ -93,6 +127,7 @@ def stream(
     events = session.chat(messages, turn.settings.generation(), turn.cancel)
     last: Stats | None = None
     pending = Pending(turn.answer_id, post)
+    shown_at = 0.0
     try:
         for event in events:
             if turn.cancel.is_set():
@@ -104,11 +139,13 @@ def stream(
                 if last is None:
                     pending.flush()  # the first token shows at once (TTFT)
             elif isinstance(event, RoundEnd):
-                pending.flush()
                 if last is not None:  # the first round's time includes the prefill
                     pair.costs.observe(event.drafted + 1, event.stats.verify_s - last.verify_s)
                 last = event.stats
-                post(AnswerTick(turn.answer_id, last, _speedup(pair, last), event.why))
+                if (now := time.monotonic()) - shown_at >= turn.pacer.every_s:
+                    shown_at = now
+                    pending.flush()
+                    post(AnswerTick(turn.answer_id, last, _speedup(pair, last), event.why))
             elif isinstance(event, Finished):
                 pending.flush()
                 return event.stop_reason, event.stats
@@ -121,7 +158,7 @@ def stream(
 
 
 class Pending:
-    """Pieces not yet posted, merged into runs by source: one message per round rather
+    """Pieces not yet posted, merged into runs by source: one message per redraw rather
     than one per token keeps the UI ahead of a fast GPU."""
 
     def __init__(self, answer_id: int, post: Callable[[Message], object]) -> None:

@@ -15,7 +15,8 @@ from textual.widgets import Label, Sparkline, Static
 from ..figures import RateWindow, human_bytes
 from ..memory import MemoryUse
 
-SAMPLE_S = 0.25  # the panel refreshes four times a second while an answer streams
+SAMPLE_S = 0.5  # the panel refreshes twice a second while an answer streams (each costs the
+# UI thread ~10 ms on a slow CPU, taken from llama.cpp where its threads fill every core)
 
 
 def _rows(rows: list[tuple[str, str]]) -> Table:
@@ -142,15 +143,19 @@ class StatsPanel(Vertical):
             self._show_figures()
 
     def watch_memory(self, memory: MemoryUse | None) -> None:
-        if self.is_mounted:
-            self.query_one("#stats-memory", Static).update(_rows(memory_rows(memory)))
+        if self.is_mounted:  # the rows keep their number: no new layout while streaming
+            self.query_one("#stats-memory", Static).update(
+                _rows(memory_rows(memory)), layout=not self.generating
+            )
 
     def watch_why(self, why: str) -> None:
         """The decision in the panel ("ngram γ=3 ≈ 1.24× plain"); the figures behind it
         (α, costs) in its tooltip."""
         if self.is_mounted:
             label = self.query_one("#stats-why", Static)
-            label.update(why.split(": ", 1)[0])
+            decision = why.split(": ", 1)[0]
+            if decision != str(label.content):  # mostly unchanged from round to round
+                label.update(decision)
             label.tooltip = why or None
             self.set_class(bool(why), "-explaining")
 
@@ -159,9 +164,12 @@ class StatsPanel(Vertical):
             self.query_one("#stats-pair", Static).update(pair)
 
     def _show_figures(self) -> None:
+        # While an answer streams the rows only change their values: redrawing just them,
+        # not the screen's layout, keeps the UI thread off the cores llama.cpp decodes on.
+        layout = not self.generating
         self.query_one("#stats-speed", Static).update(
-            _rows(speed_rows(self.rate_now, self.figures))
+            _rows(speed_rows(self.rate_now, self.figures)), layout=layout
         )
         self.query_one("#stats-speculation", Static).update(
-            _rows(speculation_rows(self.figures))
+            _rows(speculation_rows(self.figures)), layout=layout
         )

@@ -99,7 +99,9 @@ class Answer(Vertical):
         if self._stream is None:
             self._stream = Markdown.get_stream(self.query_one(Markdown))
         await self._stream.write("".join(text for text, _ in runs))
-        self.query_one(ProvenanceView).refresh(layout=True)
+        view = self.query_one(ProvenanceView)
+        if view.display:  # a hidden one renders its spans as they are when it is shown
+            view.refresh(layout=True)
 
     def stop(self) -> None:
         """Marked stopped at once; what the engine had already sent still arrives."""
