@@ -25,6 +25,7 @@ class Stats:
     accepted: int = 0
     acceptance_rate: float = 0.0  # α: accepted / drafted
     mean_accepted_len: float = 0.0  # tokens per round, counting the target's own token
+    # (the end-of-generation token too, and tokens past a stop or max_tokens)
     tokens_per_s: float = 0.0  # decode speed, after the first token
     ttft_s: float = 0.0
     # per-token latency (each round's time spread over its tokens); set at the end of an
@@ -149,7 +150,7 @@ class StatsRecorder:
             drafted=self.drafted,
             accepted=self.accepted,
             acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
-            mean_accepted_len=(self.tokens - 1) / self.rounds if self.rounds else 0.0,
+            mean_accepted_len=1 + self.accepted / self.rounds if self.rounds else 0.0,
             tokens_per_s=(self.tokens - 1) / decode_s if decode_s > 0 else 0.0,
             ttft_s=(self.first_token_at - self.start) if self.first_token_at else 0.0,
             itl_p50_s=_percentile(lat, 0.50),

@@ -132,9 +132,18 @@ def test_stats_count_what_happened():
     s = done.stats
     assert s.acceptance_rate == 1.0
     assert s.tokens == len(REPLY.encode())
-    assert s.mean_accepted_len == pytest.approx((s.tokens - 1) / s.rounds)
+    assert s.mean_accepted_len == pytest.approx(1 + s.accepted / s.rounds)
     assert s.drafted_per_position[0] == s.rounds - 1 or s.drafted_per_position[0] >= 1
     assert sum(s.accepted_per_position) == s.accepted
+
+
+def test_plain_decoding_makes_one_token_a_round():
+    """The round that makes the end-of-generation token shows no text but made a token:
+    a plain answer is 1 token a round, not (n - 1) / n."""
+    session = Session(Engine(ToyModel(scripted(REPLY)), NoDrafter(), 0))
+    done = list(session.chat(USER))[-1]
+    assert done.stop_reason == "eog"
+    assert done.stats.mean_accepted_len == 1.0
 
 
 def test_the_draft_model_stops_at_a_per_position_p_min():
