@@ -33,8 +33,8 @@ class Pacer:
     """How often a streaming answer is redrawn: ten times a second, less where redrawing
     would take more than UI_SHARE of a core. A redraw is the UI thread's work (~25 ms on
     a slow 2-core laptop, a few ms on a fast one), and where llama.cpp's threads fill
-    every core it comes out of their time: redrawn every round, the chat decoded at half
-    the speed of `localspec run` on such a machine. The UI thread reports what it spent
+    every core it comes out of their time: redrawn every round, the chat decoded at 50-60%
+    of `localspec run`'s speed on such a machine. The UI thread reports what it spent
     (`observe`); the generation worker reads `every_s`."""
 
     every_s: float = 0.1

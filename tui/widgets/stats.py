@@ -15,8 +15,9 @@ from textual.widgets import Label, Sparkline, Static
 from ..figures import RateWindow, human_bytes
 from ..memory import MemoryUse
 
-SAMPLE_S = 0.5  # the panel refreshes twice a second while an answer streams (each costs the
-# UI thread ~10 ms on a slow CPU, taken from llama.cpp where its threads fill every core)
+# The panel refreshes twice a second while an answer streams: each refresh costs the UI
+# thread ~10 ms on a slow CPU, taken from llama.cpp where its threads fill every core.
+SAMPLE_S = 0.5
 
 
 def _rows(rows: list[tuple[str, str]]) -> Table:
