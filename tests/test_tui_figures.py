@@ -37,6 +37,13 @@ def test_speedup_is_plain_time_over_actual_time():
     assert speedup(Stats(tokens=1, tokens_per_s=0.0), 0.1) is None
 
 
+def test_the_speedup_leaves_out_what_the_ui_took_between_rounds():
+    """20 tokens in 1 s of rounds, but 1.25 s of answer: the UI's 0.25 s would slow plain
+    decoding too, so it is not speculation's to answer for."""
+    stats = Stats(tokens=21, tokens_per_s=16.0, round_s=1.0)
+    assert speedup(stats, 0.1) == pytest.approx(2.0)
+
+
 def test_summary_line():
     record = stats_record(Stats(tokens=31, tokens_per_s=24.5, drafted=24, accepted=18,
                                 acceptance_rate=0.75), 1.94)

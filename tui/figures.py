@@ -82,9 +82,12 @@ class VerifyCosts:
 
 
 def speedup(stats: Stats, plain_s: float | None) -> float | None:
-    """Plain decoding's time for the answer's tokens over the time they took."""
+    """Plain decoding's time for the answer's tokens over the time the engine's rounds
+    took: the time the UI takes between rounds would slow plain decoding as much."""
     if plain_s is None or stats.tokens < 2 or stats.tokens_per_s <= 0:
         return None
+    if stats.round_s > 0:
+        return plain_s * (stats.tokens - 1) / stats.round_s
     return plain_s * stats.tokens_per_s
 
 
