@@ -31,8 +31,8 @@ UI_SHARE = 0.1  # of a core, at most, for redrawing a streaming answer
 @dataclass
 class Pacer:
     """How often a streaming answer is redrawn: ten times a second, less where redrawing
-    would take more than UI_SHARE of a core. A redraw is the UI thread's work (~25 ms on
-    a slow 2-core laptop, a few ms on a fast one), and where llama.cpp's threads fill
+    would take more than UI_SHARE of a core. A redraw is the UI thread's work (25-70 ms on
+    this project's 2-core machine, less on a faster one), and where llama.cpp's threads fill
     every core it comes out of their time: redrawn every round, the chat decoded at 50-60%
     of `localspec run`'s speed on such a machine. The UI thread reports what it spent
     (`observe`); the generation worker reads `every_s`."""
@@ -50,7 +50,8 @@ class Pacer:
         if last is None or wall_s - last[1] <= 0:
             return
         share = (cpu_s - last[0]) / (wall_s - last[1])
-        wanted = self.every_s * share / UI_SHARE  # redraws cost the UI thread per second
+        wanted = self.every_s * share / UI_SHARE  # the pace at which share = UI_SHARE
+        # halfway there: one interval's share is noisy (a redraw may fall in the next one)
         self.every_s = min(max(self.every_s + (wanted - self.every_s) / 2, self.fastest_s),
                            self.slowest_s)
 
