@@ -52,6 +52,14 @@ def test_out_of_range_numbers_are_refused_before_anything_loads(option: str, val
     assert f"argument {option}: must be between" in r.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize(("value", "why"), [("40", "must be between 0 and 32"),
+                                          ("x", "'x' is not a whole number")])
+def test_a_bad_gamma_is_refused_and_auto_named(value: str, why: str):
+    r = localspec("run", "hi", "--target", "x.gguf", "--gamma", value)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].endswith(f"--gamma/-g: {why} (or 'auto')")
+
+
 @pytest.mark.real
 def test_incompatible_draft(real_paths, gemma_path):
     r = localspec("run", "hi", "--target", str(real_paths[0]), "--draft", str(gemma_path))

@@ -8,18 +8,6 @@ from collections.abc import Callable
 from ..errors import LocalspecError
 
 
-def gamma_arg(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("must be a number or 'auto'") from None
-    if not 0 <= value <= 32:
-        raise argparse.ArgumentTypeError("must be between 0 and 32")
-    return value
-
-
 def ranged_int(lo: int, hi: int) -> Callable[[str], int]:
     """An argparse type: an int within [lo, hi], refused at parse time with the range."""
 
@@ -37,6 +25,17 @@ def ranged_int(lo: int, hi: int) -> Callable[[str], int]:
 
 ctx_arg = ranged_int(16, 1 << 24)  # llama.cpp takes 32 bits; models cap it far lower
 threads_arg = ranged_int(0, 1024)
+_gamma_int = ranged_int(0, 32)
+
+
+def gamma_arg(text: str) -> int | str:
+    """Tokens drafted per round, or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        return _gamma_int(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (or 'auto')") from None
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:

@@ -155,7 +155,7 @@ class StatsPanel(Vertical):
         if self.is_mounted:
             label = self.query_one("#stats-why", Static)
             decision = why.split(": ", 1)[0]
-            if decision != str(label.content):  # mostly unchanged from round to round
+            if decision != str(label.content):  # unchanged through plain decoding
                 label.update(decision)
             label.tooltip = why or None
             self.set_class(bool(why), "-explaining")
