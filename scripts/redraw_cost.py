@@ -1,8 +1,9 @@
 """The chat's cost of one redraw of a streaming answer: the UI thread's CPU time per
 append of ~30 characters to a Markdown answer with a code fence, headless, after N
-earlier answers in the transcript (what `tui.turn.Pacer` budgets).
+earlier answers in the transcript (what `tui.turn.Pacer` budgets). `--no-fold` keeps
+every earlier answer unfolded (see `tui.widgets.transcript.Transcript`).
 
-Usage: .venv/bin/python scripts/redraw_cost.py [N ...]     (default: 0 5 20)
+Usage: .venv/bin/python scripts/redraw_cost.py [--no-fold] [N ...]   (default: 0 5 20 40)
 """
 
 from __future__ import annotations
@@ -22,8 +23,14 @@ from tui.widgets.transcript import Answer, UserMessage
 CODE = "\n".join(f"    def method_{i}(self, key):\n        return self.cache.get(key, {i})"
                  for i in range(12))
 ANSWER = (f"Here is a small cache class:\n\n```python\nclass Cache:\n{CODE}\n```\n\n"
-          "Each method looks a key up and falls back to a default. " * 2)
+          "How it works:\n\n"
+          + "".join(f"{i}. **Method {i}** looks a key up and falls back to {i}.\n"
+                    for i in range(4))
+          + "\nEach method looks a key up and falls back to a default. " * 2)
 CHUNK = 30  # characters per redraw: a few tokens, as a paced redraw brings
+PAUSE_S = 0.1  # after each append: time for the redraw (a pilot's pause would also wait
+# on a message to every widget of the screen, a cost that grows with the chat and that
+# the app does not pay)
 
 
 class Layout(App[None]):
@@ -53,16 +60,24 @@ async def redraw_ms(earlier: int) -> float:
             ])
         answer = await transcript.add_turn("a question", 1)
         await pilot.pause()
+        await asyncio.sleep(5 * PAUSE_S)
+        cpu = time.thread_time()
+        await asyncio.sleep(5 * PAUSE_S)
+        idle = (time.thread_time() - cpu) / 5  # a clock, a cursor: per pause, without appends
         cpu, n = time.thread_time(), 0
         for i in range(0, len(ANSWER), CHUNK):
             await answer.add([(ANSWER[i:i + CHUNK], "target")])
-            await pilot.pause()  # the redraw
+            await asyncio.sleep(PAUSE_S)  # the redraw
             n += 1
-        return 1e3 * (time.thread_time() - cpu) / n
+        return 1e3 * ((time.thread_time() - cpu) / n - idle)
 
 
 def main() -> int:
-    for earlier in [int(a) for a in sys.argv[1:]] or [0, 5, 20]:
+    args = sys.argv[1:]
+    if "--no-fold" in args:
+        args.remove("--no-fold")
+        Answer.fold = lambda self: None  # type: ignore[method-assign]
+    for earlier in [int(a) for a in args] or [0, 5, 20, 40]:
         ms = asyncio.run(redraw_ms(earlier))
         print(f"{earlier:3d} earlier answers: {ms:.1f} ms of UI-thread CPU per redraw")
     return 0

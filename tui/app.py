@@ -377,6 +377,8 @@ class ChatApp(App[None]):
 
     def watch_provenance(self, provenance: bool) -> None:
         self.set_class(provenance, "-provenance")
+        for transcript in self.query(Transcript):  # none yet while the app starts
+            transcript.refold()  # the provenance view's height is not the Markdown's
         if provenance != self.settings.provenance:
             self.settings = replace(self.settings, provenance=provenance)
             self.save_settings(self.settings)

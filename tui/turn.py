@@ -39,8 +39,9 @@ class Pacer:
 
     every_s: float = 0.1
     fastest_s: float = 0.1
-    slowest_s: float = 1.0  # a redraw's cost grows with the chat: 28 ms, ~70 ms after 20
-    # earlier answers (Textual lays out every block of every answer; scripts/redraw_cost.py)
+    slowest_s: float = 1.0  # a redraw's cost grows with the chat and the answer: 30 ms,
+    # 60 ms after 20 earlier answers, folded (scripts/redraw_cost.py); a long code fence
+    # is highlighted again at each redraw
     _last: tuple[float, float] | None = None  # the UI thread's CPU and wall clocks
 
     def observe(self, cpu_s: float, wall_s: float) -> None:
