@@ -29,6 +29,9 @@ class MemoryUse:
     used: int  # the machine's RAM in use
     total: int
     gpus: tuple[GpuMemory, ...] = ()
+    mapped: int = 0  # of `process`, pages of files: the mmapped model files, which the
+    # machine counts as available (it may drop them and read them again), so `process`
+    # can exceed `used` (Linux; 0 where unknown)
 
 
 class MemoryProbe:
@@ -40,9 +43,9 @@ class MemoryProbe:
 
     def __call__(self) -> MemoryUse:
         vm = psutil.virtual_memory()
-        return MemoryUse(
-            self._process.memory_info().rss, vm.total - vm.available, vm.total, self._gpus()
-        )
+        info = self._process.memory_info()
+        return MemoryUse(info.rss, vm.total - vm.available, vm.total, self._gpus(),
+                         mapped=getattr(info, "shared", 0))  # Linux: file pages + shmem
 
     def _gpus(self) -> tuple[GpuMemory, ...]:
         nvml = self._init_nvml()

@@ -57,8 +57,11 @@ def speculation_rows(figures: Mapping[str, Any]) -> list[tuple[str, str]]:
 def memory_rows(memory: MemoryUse | None) -> list[tuple[str, str]]:
     if memory is None:
         return [("RAM", "…")]
+    app = human_bytes(memory.process)
+    if memory.mapped >= memory.process / 10:  # say why "app" may be more than "RAM"
+        app += f" · {human_bytes(memory.mapped)} mmap"
     rows = [
-        ("app", human_bytes(memory.process)),
+        ("app", app),
         ("RAM", f"{human_bytes(memory.used)} / {human_bytes(memory.total)}"),
     ]
     for gpu in memory.gpus:
