@@ -60,13 +60,17 @@ async def all_unfolded_height(pilot, transcript: Transcript) -> int:
     return transcript.virtual_size.height
 
 
+async def open_long_chat(pilot) -> Transcript:
+    await until_loaded(pilot)
+    transcript = pilot.app.query_one(Transcript)
+    transcript.show(conversation(12))
+    await settle(pilot)
+    return transcript
+
+
 async def test_answers_out_of_view_are_folded_and_those_scrolled_to_unfold():
-    app = chat()
-    async with app.run_test(size=(100, 30)) as pilot:
-        await until_loaded(pilot)
-        transcript = app.query_one(Transcript)
-        transcript.show(conversation(12))
-        await settle(pilot)
+    async with chat().run_test(size=(100, 30)) as pilot:
+        transcript = await open_long_chat(pilot)
         answers = list(transcript.query(Answer))
         assert [a.folded for a in answers[:8]] == [True] * 8
         assert not answers[-1].folded and shown(answers[-1])
@@ -85,12 +89,8 @@ async def test_answers_out_of_view_are_folded_and_those_scrolled_to_unfold():
 
 @pytest.mark.parametrize("change", ["width", "provenance"])
 async def test_a_change_of_height_refolds_at_the_new_height(change: str):
-    app = chat()
-    async with app.run_test(size=(100, 30)) as pilot:
-        await until_loaded(pilot)
-        transcript = app.query_one(Transcript)
-        transcript.show(conversation(12))
-        await settle(pilot)
+    async with chat().run_test(size=(100, 30)) as pilot:
+        transcript = await open_long_chat(pilot)
         before = transcript.virtual_size.height
         if change == "width":
             await pilot.resize_terminal(50, 30)
