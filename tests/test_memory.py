@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tui.memory import MemoryProbe, MemoryUse
+from tui.memory import GpuMemory, MemoryProbe, MemoryUse
 from tui.widgets.stats import memory_rows
 
 MiB = 1 << 20
@@ -22,7 +22,7 @@ def test_the_probe_reads_this_process_and_the_machine():
         probe.close()
     assert 0 < memory.process < memory.total
     assert 0 < memory.used <= memory.total
-    assert memory.gpus == ()  # no NVML on this machine, or GPU rows: never an error
+    assert all(isinstance(gpu, GpuMemory) for gpu in memory.gpus)  # none without NVML
     assert 0 <= memory.mapped <= memory.process
 
 

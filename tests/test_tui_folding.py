@@ -4,10 +4,9 @@ does not make every redraw of a streaming answer dearer (tui.widgets.transcript)
 from __future__ import annotations
 
 import pytest
+from test_tui import done, make_app, ready, send, until
 
 from localspec.conversations import Conversation, StoredMessage
-from tui.app import ChatApp
-from tui.scripted import SPEC, scripted_loader
 from tui.widgets import Answer, Transcript
 
 pytestmark = pytest.mark.tui
@@ -32,15 +31,6 @@ def home(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
 
 
-def chat() -> ChatApp:
-    return ChatApp(scripted_loader("a reply"), SPEC)
-
-
-async def until_loaded(pilot) -> None:
-    while pilot.app.pair_state == "loading":
-        await pilot.pause(0.02)
-
-
 async def settle(pilot) -> None:
     for _ in range(4):  # a fold pass runs after a refresh, and may unfold for another
         await pilot.pause()
@@ -61,7 +51,7 @@ async def all_unfolded_height(pilot, transcript: Transcript) -> int:
 
 
 async def open_long_chat(pilot) -> Transcript:
-    await until_loaded(pilot)
+    await ready(pilot)
     transcript = pilot.app.query_one(Transcript)
     transcript.show(conversation(12))
     await settle(pilot)
@@ -69,7 +59,7 @@ async def open_long_chat(pilot) -> Transcript:
 
 
 async def test_answers_out_of_view_are_folded_and_those_scrolled_to_unfold():
-    async with chat().run_test(size=(100, 30)) as pilot:
+    async with make_app().run_test(size=(100, 30)) as pilot:
         transcript = await open_long_chat(pilot)
         answers = list(transcript.query(Answer))
         assert [a.folded for a in answers[:8]] == [True] * 8
@@ -89,7 +79,7 @@ async def test_answers_out_of_view_are_folded_and_those_scrolled_to_unfold():
 
 @pytest.mark.parametrize("change", ["width", "provenance"])
 async def test_a_change_of_height_refolds_at_the_new_height(change: str):
-    async with chat().run_test(size=(100, 30)) as pilot:
+    async with make_app().run_test(size=(100, 30)) as pilot:
         transcript = await open_long_chat(pilot)
         before = transcript.virtual_size.height
         if change == "width":
@@ -105,15 +95,12 @@ async def test_a_change_of_height_refolds_at_the_new_height(change: str):
 
 
 async def test_answers_streamed_earlier_in_the_chat_fold_when_a_new_one_starts():
-    app = ChatApp(scripted_loader(REPLY), SPEC)
+    app = make_app(REPLY)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until_loaded(pilot)
+        await ready(pilot)
         for i in range(6):
-            app.query_one("PromptInput").focus()
-            await pilot.press(*f"q{i}", "enter")
-            while not (len(app.query(Answer)) == i + 1
-                       and app.query(Answer).last().status == "done"):
-                await pilot.pause(0.02)
+            await send(pilot, f"q{i}")
+            await until(pilot, lambda i=i: len(app.query(Answer)) == i + 1 and done(app))
         await settle(pilot)
         answers = list(app.query(Answer))
         assert answers[0].folded and not answers[-1].folded

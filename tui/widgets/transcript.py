@@ -133,7 +133,7 @@ class Answer(Vertical):
     def fold(self) -> None:
         """Hide an ended answer's contents and keep its height: a blank box of the size it
         had, which a layout passes over as one widget instead of every Markdown block."""
-        if self._shown and not self.folded:
+        if self._shown and not self.folded and self.outer_size.height:  # laid out
             self.folded = True
             self.styles.height = self.outer_size.height
             for child in self.children:
@@ -240,5 +240,4 @@ class Transcript(VerticalScroll):
                 summary = summary_line(m.stop_reason or "", m.stats)
                 widgets.append(Answer(None, m.content, m.spans, status, summary))
         self.mount_all(widgets or [Markdown(WELCOME, id="welcome")])
-        self.anchor()
-        self.fold_later()
+        self.anchor()  # each answer folds once its Markdown is mounted (Answer._shown)
