@@ -1,8 +1,11 @@
-"""localspec: speculative decoding for local GGUF models through llama.cpp."""
+"""localspec: speculative decoding for local GGUF models through llama.cpp.
 
-import contextlib
+The packages, from the bottom up:
 
-# llama.cpp's library is loaded before numpy's: a CUDA build segfaulted at model load
-# whenever numpy had been imported first (seen on an H100, docs/gpu-overhead.md).
-with contextlib.suppress(ImportError):  # the catalog and downloads work without it
-    import llama_cpp  # noqa: F401
+- `localspec.decoding`: the algorithm (draft, verify, emit); knows nothing of files or UIs.
+- `localspec.backends`: the `Model` interface and its llama.cpp and toy implementations.
+- `localspec.models`: the catalog, installed files, downloads, the machine, the planner.
+- `localspec.bench`: side-by-side benchmarks and the policy replay.
+- `localspec.session`, `settings`, `conversations`: what the CLI and the chat share.
+- `localspec.cli`: the `localspec` command. The chat lives in the top-level `tui` package.
+"""

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import LocalspecError
-from .paths import conversations_dir
+from localspec.errors import LocalspecError
+from localspec.paths import conversations_dir
 
 FORMAT = 1
 TITLE_CHARS = 60

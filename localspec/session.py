@@ -14,13 +14,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypedDict
 
-from .adaptive import auto_engine
-from .backend import LoadFailed, Model, ModelError, check_compatible
-from .drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
-from .engine import Engine, GenerationConfig
-from .events import Event
-from .llama import LlamaModel, LoadOptions, supports_gpu_offload
-from .quantize import draft_to_load
+from localspec.backends.base import LoadFailed, Model, ModelError, check_compatible
+from localspec.backends.llama import LlamaModel, LoadOptions, supports_gpu_offload
+from localspec.backends.quantize import draft_to_load
+from localspec.decoding.adaptive import auto_engine
+from localspec.decoding.drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
+from localspec.decoding.engine import Engine, GenerationConfig
+from localspec.decoding.events import Event
 
 MODEL_FREE_DRAFTERS = ("ngram", "none")
 
@@ -46,7 +46,7 @@ def resolve_model(spec: str) -> Path:
     path = Path(spec).expanduser()
     if path.suffix == ".gguf" or path.exists() or "/" in spec:
         return path
-    from . import catalog  # catalog ids: only when the spec is not a path
+    from localspec.models import catalog  # catalog ids: only when the spec is not a path
 
     return catalog.resolve_installed(spec)
 

@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from .engine import GenerationConfig
-from .errors import LocalspecError
-from .paths import home, write_atomic
-from .sampling import SamplingParams
+from localspec.decoding.engine import GenerationConfig
+from localspec.decoding.sampling import SamplingParams
+from localspec.errors import LocalspecError
+from localspec.paths import home, write_atomic
 
 Drafter = Literal["model", "ngram", "none"]  # the pair's draft model, n-grams, or plain decoding
 DRAFTERS: tuple[Drafter, ...] = get_args(Drafter)

@@ -26,7 +26,7 @@ from __future__ import annotations
 # llama_cpp (libllama and the ggml backends) must load before numpy: on the H100 machine,
 # with the CUDA build, a model load crashed (SIGSEGV in llama_model::print_info's
 # std::stringstream) whenever numpy had been imported first. See docs/gpu-overhead.md.
-import localspec.llama  # noqa: F401
+import localspec.backends.llama  # noqa: F401
 # isort: on
 
 import argparse
@@ -41,12 +41,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from localspec.adaptive import auto_engine
-from localspec.bench import PassTimes, time_pass
-from localspec.drafters import DraftModel, NgramDrafter, NoDrafter
-from localspec.engine import Engine, GenerationConfig
-from localspec.events import Finished, Piece
-from localspec.llama import LlamaModel, LoadOptions, supports_gpu_offload
+from localspec.backends.llama import LlamaModel, LoadOptions, supports_gpu_offload
+from localspec.bench.runner import PassTimes, time_pass
+from localspec.decoding.adaptive import auto_engine
+from localspec.decoding.drafters import DraftModel, NgramDrafter, NoDrafter
+from localspec.decoding.engine import Engine, GenerationConfig
+from localspec.decoding.events import Finished, Piece
 
 PROMPTS = {
     "code": "Write a Python function that returns the n-th Fibonacci number iteratively.",

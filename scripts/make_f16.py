@@ -37,7 +37,7 @@ def resolve_source(spec: str) -> Path:
     if path.suffix == ".gguf" or path.exists():
         return path
     try:
-        from localspec.catalog import resolve_installed
+        from localspec.models.catalog import resolve_installed
 
         return Path(resolve_installed(spec))
     except ImportError:
@@ -71,9 +71,9 @@ def main() -> int:
     source = resolve_source(args.source)
     if not source.is_file():
         sys.exit(f"make_f16: source not found: {source} (run ./scripts/setup.sh)")
+    from localspec.backends.quantize import F16, requantize
     from localspec.errors import LocalspecError
     from localspec.paths import models_dir
-    from localspec.quantize import F16, requantize
 
     # the store, not the source's folder: a hub download's folder is the HF cache's
     out = (args.out or models_dir() / f16_name(source)).expanduser().resolve()

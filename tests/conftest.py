@@ -13,7 +13,7 @@ DRAFT_ID = "qwen2.5-coder-0.5b-instruct"
 
 
 def installed(model_id: str) -> Path:
-    from localspec import catalog
+    from localspec.models import catalog
 
     try:
         return catalog.resolve_installed(model_id)
@@ -29,7 +29,7 @@ def real_paths() -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def real_models(real_paths: tuple[Path, Path]) -> Iterator[tuple]:
     """The real target and draft, loaded once for the whole run (2 threads, 2048 ctx)."""
-    from localspec.llama import LlamaModel, LoadOptions
+    from localspec.backends.llama import LlamaModel, LoadOptions
 
     options = LoadOptions(n_ctx=2048, n_threads=2)
     target = LlamaModel(real_paths[0], options)

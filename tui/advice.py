@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from localspec.backend import ContextFull, LoadFailed, ModelError
+from localspec.backends.base import ContextFull, LoadFailed, ModelError
 from localspec.errors import LocalspecError
 
 

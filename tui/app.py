@@ -28,12 +28,11 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from localspec.conversations import ConversationError, ConversationStore, new_id
 from localspec.settings import Settings, save_settings
-
-from .advice import advice
-from .figures import stats_record, summary_line
-from .listing import PairRow, download_files, downloaded_bytes, pull_pair
-from .memory import MemoryProbe, MemoryUse
-from .messages import (
+from tui.advice import advice
+from tui.figures import stats_record, summary_line
+from tui.listing import PairRow, download_files, downloaded_bytes, pull_pair
+from tui.memory import MemoryProbe, MemoryUse
+from tui.messages import (
     AnswerDone,
     AnswerPieces,
     AnswerTick,
@@ -45,10 +44,10 @@ from .messages import (
     PairLoaded,
     PairLoading,
 )
-from .pair import LoadedPair, PairLoader, PairSpec
-from .turn import Pacer, Turn, run_turn
-from .widgets import PromptInput, StatsPanel, Transcript
-from .widgets.transcript import STATUS
+from tui.pair import LoadedPair, PairLoader, PairSpec
+from tui.turn import Pacer, Turn, run_turn
+from tui.widgets import PromptInput, StatsPanel, Transcript
+from tui.widgets.transcript import STATUS
 
 MEMORY_EVERY_S = 1.0
 STYLES = Path(__file__).parent  # absolute, so that subclasses elsewhere find the .tcss
@@ -384,7 +383,7 @@ class ChatApp(App[None]):
             self.save_settings(self.settings)
 
     def action_settings(self) -> None:
-        from .screens.settings import SettingsScreen
+        from tui.screens.settings import SettingsScreen
 
         self.push_screen(SettingsScreen(self.settings), self._apply_settings)
 
@@ -396,7 +395,7 @@ class ChatApp(App[None]):
         self.notify("Settings saved; they apply from the next answer.", title="Settings")
 
     def action_conversations(self) -> None:
-        from .screens.conversations import ConversationsScreen
+        from tui.screens.conversations import ConversationsScreen
 
         def chosen(conversation_id: str | None) -> None:
             if conversation_id:
@@ -405,7 +404,7 @@ class ChatApp(App[None]):
         self.push_screen(ConversationsScreen(self.store, self.conversation_id), chosen)
 
     def action_models(self) -> None:
-        from .screens.models import ModelsScreen
+        from tui.screens.models import ModelsScreen
 
         def chosen(spec: PairSpec | None) -> None:
             if spec is None or spec == self.spec:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from localspec.events import Stats
+from localspec.decoding.events import Stats
 
 STOP_WORDS = {
     "eog": "done",

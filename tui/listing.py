@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .pair import PairSpec
+from tui.pair import PairSpec
 
 
 @dataclass(frozen=True)
@@ -52,12 +52,12 @@ class Listing:
 
 def gather() -> Listing:
     """The catalog with what is installed and what fits this machine, and the plan."""
-    from localspec import store
-    from localspec.catalog import DEFAULT_QUANT, default_catalog
     from localspec.cli.models import fits
     from localspec.errors import LocalspecError
-    from localspec.hardware import probe
-    from localspec.planner import Weights, budget
+    from localspec.models import store
+    from localspec.models.catalog import DEFAULT_QUANT, default_catalog
+    from localspec.models.hardware import probe
+    from localspec.models.planner import Weights, budget
 
     catalog = default_catalog()
     hw = probe()
@@ -86,7 +86,7 @@ def gather() -> Listing:
                              fit_of.get((target.id, tq.name), "?")))
     planned, note = None, ""
     try:
-        from localspec.pairing import default_pair
+        from localspec.models.pairing import default_pair
 
         pair = default_pair(hw=hw)
         planned = PairSpec(pair.target, pair.draft, pair.n_ctx, pair.n_gpu_layers)
@@ -112,7 +112,7 @@ def downloaded_bytes(since: float, files: Callable[[], Iterable[Path]]) -> int:
 
 def download_files() -> Iterable[Path]:
     """Where pulls write: the Hugging Face cache's blobs and localspec's own store."""
-    from localspec.download import hub_cache
+    from localspec.models.download import hub_cache
     from localspec.paths import models_dir
 
     yield from hub_cache().glob("models--*/blobs/*")
@@ -122,7 +122,7 @@ def download_files() -> Iterable[Path]:
 
 def pull_pair(pair_id: str, say: Callable[[str], None]) -> None:
     """Download a catalog pair (blocking; run it in a worker)."""
-    from localspec.download import pull
+    from localspec.models.download import pull
 
     pull([pair_id], say=say)
 

@@ -12,11 +12,10 @@ from typing import Any
 from textual.message import Message
 
 from localspec.conversations import Conversation, ConversationInfo
-from localspec.events import Source, Stats
-
-from .listing import Listing
-from .memory import MemoryUse
-from .pair import LoadedPair, PairSpec
+from localspec.decoding.events import Source, Stats
+from tui.listing import Listing
+from tui.memory import MemoryUse
+from tui.pair import LoadedPair, PairSpec
 
 
 @dataclass

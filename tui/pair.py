@@ -12,8 +12,7 @@ from pathlib import Path
 
 from localspec.session import Session, SessionConfig, make_engine
 from localspec.settings import Settings
-
-from .figures import VerifyCosts
+from tui.figures import VerifyCosts
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from localspec.drafters import DraftModel
-from localspec.engine import Engine
+from localspec.backends.toy import ToyModel, scripted
+from localspec.decoding.drafters import DraftModel
+from localspec.decoding.engine import Engine
 from localspec.session import Session
-from localspec.toy import ToyModel, scripted
-
-from .pair import PairLoader, PairSpec
+from tui.pair import PairLoader, PairSpec
 
 DEMO_REPLY = (
     "Here is a function that reverses a string:\n\n"

@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from textual.message import Message
 
 from localspec.conversations import ConversationStore, ConversationWriter
-from localspec.events import Finished, Piece, RoundEnd, Source, Stats
+from localspec.decoding.events import Finished, Piece, RoundEnd, Source, Stats
 from localspec.session import Message as ChatMessage
 from localspec.settings import Settings
-
-from .advice import advice
-from .figures import speedup, stats_record
-from .messages import AnswerDone, AnswerPieces, AnswerTick
-from .pair import LoadedPair
+from tui.advice import advice
+from tui.figures import speedup, stats_record
+from tui.messages import AnswerDone, AnswerPieces, AnswerTick
+from tui.pair import LoadedPair
 
 UI_SHARE = 0.1  # of a core, at most, for redrawing a streaming answer
 

@@ -11,9 +11,10 @@ import argparse
 import importlib
 import sys
 
-from ..errors import LocalspecError
+from localspec.errors import LocalspecError
 
 COMMANDS = ("chat", "run", "bench", "plan", "pull", "models", "add")
+
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["chat", *argv]  # no command: the chat, with any options given
     args = build_parser().parse_args(argv)
+    if args.command not in ("plan", "pull", "models", "add"):
+        from localspec.backends import load_llama_library
+
+        load_llama_library()
     try:
         return int(args.func(args) or 0)
     except LocalspecError as e:

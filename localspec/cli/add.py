@@ -6,7 +6,7 @@ import argparse
 import re
 from pathlib import Path
 
-from ..errors import LocalspecError
+from localspec.errors import LocalspecError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,9 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..catalog import default_catalog
-    from ..download import register as register_file
-    from ..store import FileRecord, all_installed
+    from localspec.models.catalog import default_catalog
+    from localspec.models.download import register as register_file
+    from localspec.models.store import FileRecord, all_installed
 
     path = Path(args.path).expanduser().resolve()
     if not path.is_file():

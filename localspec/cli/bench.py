@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import LocalspecError
-from .options import add_draft_quant, ctx_arg, threads_arg
+from localspec.cli.options import add_draft_quant, ctx_arg, threads_arg
+from localspec.errors import LocalspecError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,8 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import bench
-    from ..llama import default_threads
+    from localspec.backends.llama import default_threads
+    from localspec.bench import runner as bench
 
     if args.max_tokens < 1:
         raise LocalspecError("--max-tokens must be at least 1")
@@ -108,11 +108,11 @@ def run(args: argparse.Namespace) -> int:
 
 def resolve_pair(target: str | None, draft: str | None) -> tuple[Path, Path | None]:
     """Paths of the target and draft: as given, else the machine's default pair."""
-    from ..session import resolve_model
+    from localspec.session import resolve_model
 
     if target is None:
         try:
-            from ..pairing import default_pair
+            from localspec.models.pairing import default_pair
         except ImportError:
             raise LocalspecError("--target is required (no default pair yet)") from None
         pair = default_pair(draft)
@@ -127,8 +127,8 @@ def resolve_pair(target: str | None, draft: str | None) -> tuple[Path, Path | No
 
 def peer_binaries(args: argparse.Namespace, target: Path, draft: Path | None, modes):
     """llama.cpp's binaries for the peer modes, checked before any model loads."""
-    from ..bench_peer import LlamaCppPeer, default_bin_dir
-    from ..llama import default_threads
+    from localspec.backends.llama import default_threads
+    from localspec.bench.peer import LlamaCppPeer, default_bin_dir
 
     runner = LlamaCppPeer(
         bin_dir=args.peer_bin or default_bin_dir(),
@@ -143,8 +143,8 @@ def peer_binaries(args: argparse.Namespace, target: Path, draft: Path | None, mo
 
 
 def draft_file(path: Path, target: Path, args: argparse.Namespace) -> Path:
-    from ..quantize import draft_to_load
-    from ..session import draft_on_gpu
+    from localspec.backends.quantize import draft_to_load
+    from localspec.session import draft_on_gpu
 
     on_gpu = draft_on_gpu(draft_options(args))
     return draft_to_load(path, on_gpu, args.draft_quant,
@@ -152,14 +152,14 @@ def draft_file(path: Path, target: Path, args: argparse.Namespace) -> Path:
 
 
 def draft_options(args: argparse.Namespace):  # -> LoadOptions
-    from ..llama import LoadOptions
+    from localspec.backends.llama import LoadOptions
 
     return LoadOptions(n_ctx=args.ctx, n_threads=args.threads)
 
 
 def load_models(target_path: Path, draft_path: Path | None, args: argparse.Namespace):
-    from ..llama import LoadOptions
-    from ..session import load_pair
+    from localspec.backends.llama import LoadOptions
+    from localspec.session import load_pair
 
     target_load = LoadOptions(
         n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers
@@ -186,7 +186,7 @@ def output_dir(out: Path | None) -> Path:
 
 
 def default_out_dir() -> Path:
-    from ..paths import home
+    from localspec.paths import home
 
     return home() / "bench" / time.strftime("%Y%m%d-%H%M%S")
 
@@ -200,7 +200,7 @@ class ProgressLine:
         self.started = time.perf_counter()
 
     def __call__(self, event) -> None:  # event: bench.Progress
-        from ..bench import CONTENDED
+        from localspec.bench.runner import CONTENDED
 
         head = (f"[{event.done + (event.figures is None):>{len(str(event.total))}}/"
                 f"{event.total}] {event.prompt.name:<24} {event.mode.name:<10}")

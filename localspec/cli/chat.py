@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from .options import add_model_options, add_sampling_options, session_config
+from localspec.cli.options import add_model_options, add_sampling_options, session_config
 
 # Options that, left out, mean "as in the saved settings".
 FROM_SETTINGS = {"gamma": "gamma", "temperature": "temperature", "top_p": "top_p",
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..settings import load_settings, updated
+    from localspec.settings import load_settings, updated
 
     settings, problems = load_settings()
     changes = {key: getattr(args, opt) for opt, key in FROM_SETTINGS.items()
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 def pair_loader(args: argparse.Namespace, settings: Any, app: Any) -> tuple[Callable, Any]:
     """The pair to open first (options, else the saved choice, else the plan) and a
     loader that opens any pair with this run's load options."""
-    from ..session import open_session
+    from localspec.session import open_session
 
     args = argparse.Namespace(**vars(args))
     args.gamma = settings.gamma

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from .plan import add_hardware_options, hardware_from
+from localspec.cli.plan import add_hardware_options, hardware_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,10 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import store
-    from ..catalog import DEFAULT_QUANT, default_catalog
-    from ..hardware import fmt_size
-    from ..planner import Weights, budget
+    from localspec.models import store
+    from localspec.models.catalog import DEFAULT_QUANT, default_catalog
+    from localspec.models.hardware import fmt_size
+    from localspec.models.planner import Weights, budget
 
     catalog = default_catalog()
     if args.family:
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
 def fits(weights, hw, b) -> str:  # (Weights, Hardware, Budget) -> str
     """'GPU' (wholly), 'GPU+CPU', 'CPU', or 'no'."""
-    from ..planner import MIN_CTX, place
+    from localspec.models.planner import MIN_CTX, place
 
     p = place(weights, None, MIN_CTX, b, hw)
     if p is None:

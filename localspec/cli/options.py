@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from ..errors import LocalspecError
+from localspec.errors import LocalspecError
 
 
 def ranged_int(lo: int, hi: int) -> Callable[[str], int]:
@@ -73,7 +73,7 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 
 def sampling_params(args: argparse.Namespace):  # -> SamplingParams
-    from ..sampling import SamplingParams
+    from localspec.decoding.sampling import SamplingParams
 
     if args.max_tokens < 1:
         raise LocalspecError("--max-tokens must be at least 1")
@@ -92,13 +92,13 @@ def sampling_params(args: argparse.Namespace):  # -> SamplingParams
 
 def session_config(args: argparse.Namespace):  # -> SessionConfig
     """Explicit models as given; missing ones come from the machine's plan."""
-    from ..llama import LoadOptions
-    from ..session import SessionConfig
+    from localspec.backends.llama import LoadOptions
+    from localspec.session import SessionConfig
 
     target, draft = args.target, args.draft
     n_ctx, n_gpu_layers = args.ctx, args.n_gpu_layers
     if target is None:
-        from ..pairing import default_pair
+        from localspec.models.pairing import default_pair
 
         pair = default_pair(draft)
         target, draft = pair.target, pair.draft

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from .options import ctx_arg, ranged_int
+from localspec.cli.options import ctx_arg, ranged_int
 
 
 def add_hardware_options(p: argparse.ArgumentParser) -> None:
     """What-if overrides of the hardware probe, shared with `models`."""
-    from ..hardware import HardwareError, parse_size
+    from localspec.models.hardware import HardwareError, parse_size
 
     def size(text: str) -> int:
         try:
@@ -26,13 +26,13 @@ def add_hardware_options(p: argparse.ArgumentParser) -> None:
 
 
 def hardware_from(args: argparse.Namespace):  # -> Hardware
-    from ..hardware import Overrides, probe
+    from localspec.models.hardware import Overrides, probe
 
     return probe(Overrides(vram=args.vram, ram=args.ram, gpu=args.gpu, cores=args.cores))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..planner import DEFAULT_MIN_SPEED
+    from localspec.models.planner import DEFAULT_MIN_SPEED
 
     p = sub.add_parser(
         "plan", help="the target + draft that fit this machine, and why",
@@ -52,9 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import store
-    from ..catalog import default_catalog
-    from ..planner import Request, plan_catalog, plan_installed
+    from localspec.models import store
+    from localspec.models.catalog import default_catalog
+    from localspec.models.planner import Request, plan_catalog, plan_installed
 
     catalog = default_catalog()
     hw = hardware_from(args)
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
 def describe(plan) -> str:  # plan: Plan
     """The plan for people: what, where, and why; and how to get what is missing."""
-    from ..hardware import fmt_size
+    from localspec.models.hardware import fmt_size
 
     t, d = plan.target, plan.draft
     where = (f"{t.n_gpu_layers} layers on the GPU" if t.n_gpu_layers else "on the CPU")

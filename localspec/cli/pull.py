@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..download import pull
+    from localspec.models.download import pull
 
     done = pull(args.specs, quant=args.quant, source=args.source, planned=best)
     if len(done) > 1:
@@ -33,10 +33,10 @@ def run(args: argparse.Namespace) -> int:
 
 def best() -> list[tuple[str, str]]:
     """(model id, quant) of the target and draft the plan picks for this machine."""
-    from .. import store
-    from ..catalog import default_catalog
-    from ..hardware import probe
-    from ..planner import plan_catalog
+    from localspec.models import store
+    from localspec.models.catalog import default_catalog
+    from localspec.models.hardware import probe
+    from localspec.models.planner import plan_catalog
 
     plan = plan_catalog(default_catalog(), probe(), installed=store.all_installed())
     sides = [plan.target] + ([plan.draft] if plan.draft else [])

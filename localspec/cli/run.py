@@ -6,8 +6,13 @@ import argparse
 import json
 import sys
 
-from ..errors import LocalspecError
-from .options import add_model_options, add_sampling_options, sampling_params, session_config
+from localspec.cli.options import (
+    add_model_options,
+    add_sampling_options,
+    sampling_params,
+    session_config,
+)
+from localspec.errors import LocalspecError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,9 +41,9 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine import GenerationConfig
-    from ..events import Finished, Piece, RoundEnd
-    from ..session import Message, open_session
+    from localspec.decoding.engine import GenerationConfig
+    from localspec.decoding.events import Finished, Piece, RoundEnd
+    from localspec.session import Message, open_session
 
     prompt = read_prompt(args)
     config = GenerationConfig(

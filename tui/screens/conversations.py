@@ -15,8 +15,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from localspec.conversations import ConversationInfo, ConversationStore
-
-from ..messages import ConversationsListed
+from tui.messages import ConversationsListed
 
 
 def when(t: float, now: float | None = None) -> str:

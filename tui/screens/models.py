@@ -14,11 +14,10 @@ from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, ProgressBar, Static
 
-from localspec.hardware import fmt_size
-
-from ..listing import Listing, PairRow, gather
-from ..messages import Download, Listed
-from ..pair import PairSpec
+from localspec.models.hardware import fmt_size
+from tui.listing import Listing, PairRow, gather
+from tui.messages import Download, Listed
+from tui.pair import PairSpec
 
 PAIR_COLUMNS = ("PAIR", "TARGET", "DRAFT", "SIZE", "INSTALLED", "FITS")
 MODEL_COLUMNS = ("MODEL", "ROLE", "QUANT", "SIZE", "INSTALLED", "FITS")

@@ -1,7 +1,7 @@
 """The chat screen's widgets."""
 
-from .prompt import PromptInput
-from .stats import StatsPanel
-from .transcript import Answer, Transcript, UserMessage
+from tui.widgets.prompt import PromptInput
+from tui.widgets.stats import StatsPanel
+from tui.widgets.transcript import Answer, Transcript, UserMessage
 
 __all__ = ["Answer", "PromptInput", "StatsPanel", "Transcript", "UserMessage"]

@@ -12,8 +12,8 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import Label, Sparkline, Static
 
-from ..figures import RateWindow, human_bytes
-from ..memory import MemoryUse
+from tui.figures import RateWindow, human_bytes
+from tui.memory import MemoryUse
 
 # The panel refreshes twice a second while an answer streams: each refresh costs the UI
 # thread ~10 ms on a slow CPU, taken from llama.cpp where its threads fill every core.

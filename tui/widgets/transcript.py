@@ -15,8 +15,7 @@ from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from localspec.conversations import Conversation
-
-from ..figures import summary_line
+from tui.figures import summary_line
 
 # stop reason -> the answer's status (a CSS class on the answer: -done, -stopped, ...)
 STATUS = {"cancelled": "stopped", "interrupted": "stopped", "error": "error"}

@@ -1,0 +1,170 @@
+"""The one interface a model backend implements, and the KV-cache bookkeeping all share.
+
+A model's KV cache holds a list of tokens at positions 0..n-1. `evaluate(tokens, k)`
+makes the cache hold exactly `tokens` and returns the next-token logits after each of
+the last k: it keeps the longest common prefix, drops the rest (`llama_memory_seq_rm`)
+and decodes only what is new. Prefill, verification, rollback after a rejection,
+re-syncing the draft model and reusing a chat's earlier turns are all this one call.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
+
+from localspec.errors import LocalspecError
+
+
+class ModelError(LocalspecError):
+    """A model could not be loaded or run; the message is meant for the user."""
+
+
+class LoadFailed(ModelError):
+    """llama.cpp could not load a model or allocate its context (most often: memory)."""
+
+    def __init__(self, message: str, n_ctx: int | None = None) -> None:
+        super().__init__(message)
+        self.n_ctx = n_ctx  # the context it could not allocate, when that was the failure
+
+
+class ContextFull(ModelError):
+    """The tokens do not fit in the model's context window."""
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Model(ABC):
+    """A causal language model with a single-sequence KV cache."""
+
+    name: str
+    n_vocab: int
+    n_ctx: int
+
+    def __init__(self) -> None:
+        self.cached: list[int] = []
+        self.busy_s = 0.0  # wall time inside decode calls, for overhead accounting
+        self.decoded = 0  # tokens sent through the model so far
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """Logits of shape (n_logits, n_vocab): row i predicts the token after
+        tokens[: len(tokens) - n_logits + i + 1]. Valid until the next call."""
+        if len(tokens) > self.n_ctx:
+            raise ContextFull(f"{len(tokens)} tokens do not fit the context of {self.n_ctx}")
+        keep = min(common_prefix(self.cached, tokens), len(tokens) - n_logits)
+        if keep < len(self.cached):
+            self._remove_from(keep)
+            del self.cached[keep:]
+        new = list(tokens[keep:])
+        if not new:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        started = time.perf_counter()
+        try:
+            logits = self._decode(new, keep, n_logits)
+        except Exception:
+            self.reset()  # the cache's state is unknown after a failed decode
+            raise
+        finally:
+            self.busy_s += time.perf_counter() - started
+        self.cached.extend(new)
+        self.decoded += len(new)
+        return logits
+
+    def rollback(self, tokens: Sequence[int]) -> None:
+        """Drop cache entries past the common prefix with `tokens` (a rejected draft)."""
+        keep = common_prefix(self.cached, tokens)
+        if keep < len(self.cached):
+            self._remove_from(keep)
+            del self.cached[keep:]
+
+    def reset(self) -> None:
+        self._remove_from(0)
+        self.cached.clear()
+
+    def kv_len(self) -> int:
+        """Positions the backend itself holds (tests compare it with `cached`)."""
+        return len(self.cached)
+
+    @abstractmethod
+    def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
+        """Append `tokens` at positions pos.. and return logits for the last n_logits."""
+
+    @abstractmethod
+    def _remove_from(self, pos: int) -> None:
+        """Drop cache entries at positions >= pos."""
+
+    # --- vocabulary --------------------------------------------------------------
+    @abstractmethod
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        """Text to tokens; `special` parses control tokens and adds BOS where the model
+        wants one (not twice when the text already starts with it)."""
+
+    @abstractmethod
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token renders to (control tokens render as nothing)."""
+
+    @abstractmethod
+    def is_eog(self, token: int) -> bool:
+        """End of generation (EOS, EOT, <|im_end|>, ...)."""
+
+    @abstractmethod
+    def token_text(self, token: int) -> str:
+        """The vocabulary's own text for a token id (for compatibility checks)."""
+
+    @property
+    def size_bytes(self) -> int:
+        """Weight bytes: a decode step reads them all, so sizes predict relative costs."""
+        return 0
+
+    @property
+    def vocab_kind(self) -> str:
+        """Tokenizer family (e.g. 'bpe', 'spm'); equal kinds are a precondition to pairing."""
+        return "unknown"
+
+    @property
+    def special_ids(self) -> tuple[int, int]:
+        """(BOS, EOS) ids; -1 where the model has none."""
+        return (-1, -1)
+
+    def chat_template(self) -> str | None:
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free native resources."""
+
+
+MAX_VOCAB_DIFFERENCE = 128  # llama.cpp's: padded vocabularies of one family differ by this
+
+
+def check_compatible(target: Model, draft: Model) -> None:
+    """Refuse a draft whose tokens mean something else to the target (llama.cpp's rule:
+    same tokenizer kind and special tokens, vocab sizes within 128, equal token texts)."""
+    first_checked = 5
+    if target.vocab_kind != draft.vocab_kind:
+        raise ModelError(
+            f"draft {draft.name} uses a {draft.vocab_kind} tokenizer, "
+            f"target {target.name} a {target.vocab_kind} one: they cannot be paired"
+        )
+    if abs(target.n_vocab - draft.n_vocab) > MAX_VOCAB_DIFFERENCE:
+        raise ModelError(
+            f"draft {draft.name} has {draft.n_vocab} tokens, target {target.name} has "
+            f"{target.n_vocab}: vocabularies too different to pair"
+        )
+    if target.special_ids != draft.special_ids:
+        raise ModelError(f"draft {draft.name} and target {target.name} use different BOS/EOS")
+    for i in range(first_checked, min(target.n_vocab, draft.n_vocab)):
+        if target.token_text(i) != draft.token_text(i):
+            raise ModelError(
+                f"draft {draft.name} and target {target.name} disagree on token {i} "
+                f"({draft.token_text(i)!r} vs {target.token_text(i)!r}): not the same vocabulary"
+            )

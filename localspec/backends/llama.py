@@ -1,0 +1,198 @@
+"""The llama.cpp backend, over llama-cpp-python's C API.
+
+Hand-built batches carry a logits flag only on the positions being scored, so a
+verification pass costs one batched decode and returns just γ+1 rows; rollback is
+`llama_memory_seq_rm`. Nothing here samples: logits go back to the engine as numpy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as ll
+import numpy as np
+
+from localspec.backends.base import ContextFull, LoadFailed, Model, ModelError
+
+_VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
+_GGUF_MAGIC = b"GGUF"
+
+
+_SHOW_LOG = bool(os.environ.get("LOCALSPEC_LLAMA_LOG"))  # read once: this runs per decode
+
+
+@ll.llama_log_callback
+def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if _SHOW_LOG:
+        print(text.decode("utf-8", "replace"), end="", flush=True)
+
+
+def _init_backend() -> None:
+    ll.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+    ll.llama_backend_init()
+
+
+_init_backend()
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    n_ctx: int = 4096  # 0 = the model's training context
+    n_gpu_layers: int = -1  # -1 = all that llama.cpp can offload
+    n_threads: int = 0  # 0 = physical cores
+    n_batch: int = 512
+
+
+def default_threads() -> int:
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def check_gguf(path: Path) -> None:
+    """One-line errors for the common mistakes, before llama.cpp sees the file."""
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelError(f"not a file: {path}")
+    with open(path, "rb") as f:
+        if f.read(4) != _GGUF_MAGIC:
+            raise ModelError(f"not a GGUF model file: {path}")
+
+
+class LlamaModel(Model):
+    """A GGUF model loaded by llama.cpp, with one context and one sequence."""
+
+    def __init__(self, path: str | Path, options: LoadOptions = LoadOptions()) -> None:
+        super().__init__()
+        path = Path(path)
+        check_gguf(path)
+        self.path = path
+        self.name = path.stem
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 999
+        self._model = ll.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise LoadFailed(f"llama.cpp could not load {path} (out of memory, or a corrupt file)")
+        self._vocab = ll.llama_model_get_vocab(self._model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
+        threads = options.n_threads or default_threads()
+        cparams = ll.llama_context_default_params()
+        # Beyond its training context a model degrades, and llama.cpp would still try to
+        # allocate the cache for it: cap it there (0 asks for exactly that).
+        trained = ll.llama_model_n_ctx_train(self._model)
+        cparams.n_ctx = min(options.n_ctx or trained, trained) if trained > 0 else options.n_ctx
+        cparams.n_batch = cparams.n_ubatch = options.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = cparams.n_threads_batch = threads
+        self._ctx = ll.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            ll.llama_model_free(self._model)
+            raise LoadFailed(
+                f"not enough memory for a context of {cparams.n_ctx} tokens", cparams.n_ctx
+            )
+        self.n_ctx = ll.llama_n_ctx(self._ctx)
+        self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps it at the context
+        self._mem = ll.llama_get_memory(self._ctx)
+        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        self._piece_cache: dict[int, bytes] = {}
+
+    # --- the cache ------------------------------------------------------------------
+    def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
+        if pos + len(tokens) > self.n_ctx:
+            raise ContextFull(f"context of {self.n_ctx} tokens is full")
+        batch = self._batch
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            first_scored = len(tokens) - n_logits - start  # index within chunk
+            for i, tok in enumerate(chunk):
+                batch.token[i] = tok
+                batch.pos[i] = pos + start + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = int(i >= first_scored)
+            batch.n_tokens = len(chunk)
+            rc = ll.llama_decode(self._ctx, batch)
+            if rc != 0:
+                raise ContextFull(f"llama_decode failed ({rc}): KV cache full")
+        if n_logits == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = ll.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
+
+    def _remove_from(self, pos: int) -> None:
+        ll.llama_memory_seq_rm(self._mem, 0, pos, -1)
+
+    def kv_len(self) -> int:
+        return ll.llama_memory_seq_pos_max(self._mem, 0) + 1
+
+    # --- vocabulary --------------------------------------------------------------
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        add_bos = special and not self._starts_with_bos(text)
+        cap = len(data) + 8
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
+        if n < 0:
+            buf = (ll.llama_token * -n)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), buf, -n, add_bos, special)
+        return list(buf[:n])
+
+    def _starts_with_bos(self, text: str) -> bool:
+        bos = ll.llama_vocab_bos(self._vocab)
+        return bos >= 0 and text.startswith(self.token_text(bos))
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            piece = self._piece_cache[token] = buf.raw[:n]
+        return piece
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self._vocab, token))
+
+    def token_text(self, token: int) -> str:
+        return (ll.llama_vocab_get_text(self._vocab, token) or b"").decode("utf-8", "replace")
+
+    @property
+    def size_bytes(self) -> int:
+        return int(ll.llama_model_size(self._model))
+
+    @property
+    def vocab_kind(self) -> str:
+        return _VOCAB_KINDS.get(ll.llama_vocab_type(self._vocab), "unknown")
+
+    @property
+    def special_ids(self) -> tuple[int, int]:
+        return (ll.llama_vocab_bos(self._vocab), ll.llama_vocab_eos(self._vocab))
+
+    def chat_template(self) -> str | None:
+        raw = ll.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8") if raw else None
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self._ctx)
+            ll.llama_model_free(self._model)
+            self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def supports_gpu_offload() -> bool:
+    return bool(ll.llama_supports_gpu_offload())

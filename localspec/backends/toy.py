@@ -1,0 +1,109 @@
+"""Small deterministic models for tests and demos: no weights, known distributions.
+
+Logits are a pure function of the context, so a batched pass and one-token passes give
+identical numbers (unlike llama.cpp's kernels), which makes exact statements about the
+sampler testable. `ByteModel` speaks UTF-8 bytes and has a chat template, so the whole
+stack (engine, CLI, UI) can run against it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from localspec.backends.base import Model
+
+LogitsFn = Callable[[Sequence[int]], np.ndarray]
+
+BOS, EOS = 256, 257
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+ASSISTANT = b"<|assistant|>"
+
+
+class ToyModel(Model):
+    """A model whose next-token logits are `logits_fn(context)`; tokens are bytes."""
+
+    def __init__(
+        self,
+        logits_fn: LogitsFn,
+        n_vocab: int = 258,
+        n_ctx: int = 4096,
+        name: str = "toy",
+        pass_s: float = 0.0,
+        token_s: float = 0.0,
+    ) -> None:
+        """`pass_s` + `token_s` per token: simulated time a pass takes (a sleep)."""
+        super().__init__()
+        self.logits_fn = logits_fn
+        self.n_vocab = n_vocab
+        self.n_ctx = n_ctx
+        self.name = name
+        self.pass_s, self.token_s = pass_s, token_s
+        self.decode_calls = 0  # how many passes ran: the test of "one pass per round"
+
+    def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
+        self.decode_calls += 1
+        if self.pass_s or self.token_s:
+            time.sleep(self.pass_s + self.token_s * len(tokens))
+        context = [*self.cached[:pos], *tokens]
+        end = len(context)
+        rows = [self.logits_fn(context[: end - n_logits + i + 1]) for i in range(n_logits)]
+        return np.asarray(rows, dtype=np.float32).reshape(n_logits, self.n_vocab)
+
+    def _remove_from(self, pos: int) -> None:
+        pass  # the base class trims `cached`, which is all the state there is
+
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token]) if token < 256 else b""
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOS
+
+    def token_text(self, token: int) -> str:
+        return self.token_bytes(token).decode("latin-1") or f"<{token}>"
+
+    @property
+    def vocab_kind(self) -> str:
+        return "byte"
+
+    @property
+    def special_ids(self) -> tuple[int, int]:
+        return (BOS, EOS)
+
+    def chat_template(self) -> str | None:
+        return TEMPLATE
+
+
+def markov(n_vocab: int, seed: int, scale: float = 2.0) -> LogitsFn:
+    """Logits that depend on the last token only, drawn once from a seeded normal."""
+    table = np.random.default_rng(seed).normal(0.0, scale, size=(n_vocab, n_vocab))
+
+    def logits(context: Sequence[int]) -> np.ndarray:
+        return table[context[-1] % n_vocab]
+
+    return logits
+
+
+def scripted(reply: str | Callable[[bytes], str], confidence: float = 20.0) -> LogitsFn:
+    """Answers every chat turn with `reply` (or reply(prompt)), then EOS: the byte after
+    the last '<|assistant|>' marker is the next one of the reply, near-certainly."""
+
+    def logits(context: Sequence[int]) -> np.ndarray:
+        data = bytes(t for t in context if t < 256)
+        start = data.rfind(ASSISTANT)
+        said = data[start + len(ASSISTANT) :] if start >= 0 else data
+        text = reply(data[:start]) if callable(reply) else reply
+        target = text.encode("utf-8")
+        out = np.zeros(258, dtype=np.float32)
+        out[target[len(said)] if len(said) < len(target) else EOS] = confidence
+        return out
+
+    return logits

@@ -1,0 +1,141 @@
+"""The peer, run live inside `localspec bench`: llama.cpp's own binaries on the same prompt.
+
+`scripts/peer_speculative.sh build` makes `llama-speculative-simple` (speculative
+decoding with a draft model, `--spec-type draft-simple`) and `llama-completion` (plain
+decoding) from the llama.cpp vendored in llama-cpp-python. Run between localspec's own
+modes, prompt by prompt, they meet the same machine state, so "x times the peer" is a
+side-by-side ratio too, not one against figures taken at another time. Each run loads
+the models again (from the page cache) and reports its own decode speed, which excludes
+the load and the prompt, like localspec's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from localspec.errors import LocalspecError
+
+SPEC_BIN, PLAIN_BIN = "llama-speculative-simple", "llama-completion"
+DEFAULT_N_MAX = 3  # the draft length llama.cpp's example was measured with
+
+# llama-speculative-simple: "decoded  130 tokens in   12.345 seconds, speed:   10.531 t/s"
+_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_ENCODED = re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
+_ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
+# llama.cpp's perf lines: "prompt eval time = 1.0 ms / 5 tokens", "eval time = 2.0 ms / 9 runs"
+_PROMPT_EVAL = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
+_EVAL = re.compile(r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) runs")
+
+
+class PeerError(LocalspecError):
+    """The peer binaries are missing or did not run; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class PeerFigures:
+    """What one peer run reports about itself."""
+
+    tokens: int  # the answer's length
+    tokens_per_s: float  # decode speed, as the binary computes it
+    decode_s: float
+    prompt_s: float  # prompt evaluation: the peer's nearest figure to a TTFT
+    drafted: int = 0
+    accepted: int = 0
+
+
+def default_bin_dir() -> Path:
+    """Where scripts/peer_speculative.sh builds (its LOCALSPEC_PEER_DIR default)."""
+    from importlib.metadata import version
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = Path(os.environ.get("LOCALSPEC_PEER_DIR") or cache / "localspec" / "peer")
+    return root / f"build-{version('llama-cpp-python')}" / "bin"
+
+
+@dataclass(frozen=True)
+class LlamaCppPeer:
+    """Runs the two binaries on the target (and draft) the bench has loaded."""
+
+    bin_dir: Path
+    target: Path
+    draft: Path | None
+    threads: int
+    n_ctx: int = 4096
+    n_gpu_layers: int = -1  # -1: all
+
+    def check(self, speculative: bool) -> None:
+        names = [PLAIN_BIN] + ([SPEC_BIN] if speculative else [])
+        if missing := [n for n in names if not os.access(self.bin_dir / n, os.X_OK)]:
+            raise PeerError(
+                f"{', '.join(missing)} not found in {self.bin_dir}: "
+                "run scripts/peer_speculative.sh build (or pass --peer-bin)"
+            )
+        if speculative and self.draft is None:
+            raise PeerError("the peer's speculative mode needs a draft model (--draft)")
+
+    def plain(self, prompt_text: str, max_tokens: int) -> PeerFigures:
+        out = self._run(PLAIN_BIN, prompt_text, max_tokens, ["-tb", str(self.threads), "-no-cnv"])
+        prompt, decode = _PROMPT_EVAL.search(out), _last(_EVAL, out)
+        if decode is None:
+            raise PeerError(f"{PLAIN_BIN}: no 'eval time' line in its output")
+        # every "run" decodes one token; the first token came from the prompt's pass
+        runs, decode_s = int(decode.group(2)), float(decode.group(1)) / 1e3
+        return PeerFigures(
+            tokens=runs + 1,
+            tokens_per_s=runs / decode_s if decode_s > 0 else 0.0,
+            decode_s=decode_s,
+            prompt_s=float(prompt.group(1)) / 1e3 if prompt else 0.0,
+        )
+
+    def speculative(self, prompt_text: str, max_tokens: int, n_max: int) -> PeerFigures:
+        assert self.draft is not None  # check() said so
+        extra = ["-md", str(self.draft), "-td", str(self.threads), "-ngld", self._ngl(),
+                 "--spec-type", "draft-simple", "--spec-draft-n-max", str(n_max)]
+        out = self._run(SPEC_BIN, prompt_text, max_tokens, extra)
+        decoded, encoded = _last(_DECODED, out), _ENCODED.search(out)
+        if decoded is None:
+            raise PeerError(f"{SPEC_BIN}: no 'decoded N tokens' line in its output")
+        drafted, accepted = _last(_DRAFTED, out), _last(_ACCEPTED, out)
+        tokens, decode_s = int(decoded.group(1)), float(decoded.group(2))
+        return PeerFigures(
+            tokens=tokens,
+            tokens_per_s=tokens / decode_s if decode_s > 0 else 0.0,
+            decode_s=decode_s,
+            prompt_s=float(encoded.group(2)) if encoded else 0.0,
+            drafted=int(drafted.group(1)) if drafted else 0,
+            accepted=int(accepted.group(1)) if accepted else 0,
+        )
+
+    def _ngl(self) -> str:
+        return str(999 if self.n_gpu_layers < 0 else self.n_gpu_layers)
+
+    def _run(self, binary: str, prompt_text: str, max_tokens: int, extra: list[str]) -> str:
+        # greedy like the bench: temperature 0 and top-k 1 (llama.cpp's sampler chain)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
+            f.write(prompt_text)
+            f.flush()
+            cmd = [str(self.bin_dir / binary), "-m", str(self.target), "-f", f.name,
+                   "-n", str(max_tokens), "-t", str(self.threads), "-c", str(self.n_ctx),
+                   "--temp", "0", "--top-k", "1", "--seed", "1", "-ngl", self._ngl(), *extra]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
+                                      stdin=subprocess.DEVNULL, timeout=3600)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise PeerError(f"{binary} did not run: {e}") from None
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise PeerError(f"{binary} failed ({done.returncode}): {tail}")
+        return done.stdout + "\n" + done.stderr
+
+
+def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    found = None
+    for found in pattern.finditer(text):  # noqa: B007 - the last match is the summary's
+        pass
+    return found

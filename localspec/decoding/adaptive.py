@@ -1,0 +1,348 @@
+"""Adaptive speculation (`--gamma auto`): each round, draft what maximizes tokens/s.
+
+Measured online, per conversation:
+- α_i, the chance that draft position i is accepted given the ones before it were, per
+  draft source (the draft model; n-gram lookup per matched length n, as a 4-token match
+  is a much safer bet than a 2-token one; a draft cut short by p_min counts as a miss
+  where it stopped), as moving averages so a change of topic shows within a few
+  rounds; a deep position left untested relaxes toward the one before it, and an idle
+  draft model's α back up toward its prior, so a few early misses cannot keep drafts
+  short, or the draft model off, for good; a source not yet used is judged at its prior
+  (the draft model also on T's prior line: its first try is dear);
+- c, the draft model's cost per token (prior: its weight bytes relative to the target's);
+- T(k), the target's time to verify a batch of k tokens, fitted as a line a + b(k-1)
+  (on a GPU b ≈ 0; on a CPU anywhere from 0.1a to 0.7a).
+
+A round that drafts k tokens yields E(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j tokens (Leviathan et
+al.: (1 - α^(k+1)) / (1 - α) for a constant α) in k·c + T(k+1) seconds. Each round takes
+the source and k with the best E/time, k = 0 (plain decoding) included, so speculation
+that does not pay is switched off. A source left idle is probed again once the time
+since its last use would have paid for the probe PROBE_SHARE times over, so probing
+costs at most that share. Hybrid drafting: a prompt-lookup match is free, so it goes
+first; the draft model drafts when there is none, or extends it when that pays.
+
+The draft model stops early (p_min, per position) at a token too unsure to pay for what
+drafting on from it costs: its verify slot and the steps after it, against the tokens it
+may add at the rate the round aims at (`p_min`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localspec.backends.base import Model
+from localspec.decoding.drafters import Draft, DraftModel, NgramIndex, Outcome
+from localspec.decoding.engine import Engine
+from localspec.decoding.sampling import Probs, SamplingParams
+
+GAMMA_MAX = 8
+EMA_WEIGHT = 0.15
+PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
+PROBE_SHARE = 0.02  # at most this share of the time goes to probing idle sources
+CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
+CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
+RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
+SOURCES = ("ngram", "draft")
+RECOVER = 0.02  # per token made without the draft model, its low α closes this share of
+# the gap to its prior
+NGRAM_PRIOR = {2: 0.35, 3: 0.5, 4: 0.65}  # α before any measurement, by matched length n
+
+
+@dataclass
+class Acceptance:
+    """α_i per draft position: the prior counts as PRIOR_COUNT observations, then a mean
+    of what was seen turns into a moving average (weight EMA_WEIGHT), so two misses
+    already tell a bad source from a good one. A position not yet drafted takes the α of
+    the one before it, so a deeper draft gets tried."""
+
+    alpha: list[float]
+    seen: list[int] = field(default_factory=lambda: [0] * GAMMA_MAX)
+    prior_value: float = 0.0
+
+    @classmethod
+    def prior(cls, value: float) -> Acceptance:
+        return cls([value] * GAMMA_MAX, prior_value=value)
+
+    def recover(self, share: float) -> None:
+        """While idle, a below-prior α closes `share` of its gap to the prior: a low α
+        keeps its source unused, so nothing else would ever revise it."""
+        self.alpha = [a + share * max(self.prior_value - a, 0.0) for a in self.alpha]
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        # position i tells something only if all before it were accepted
+        tested = min(accepted + 1, drafted)
+        for i in range(tested):
+            if not self.seen[i] and i > 0:
+                self.alpha[i] = self.alpha[i - 1]
+            self.seen[i] += 1
+            weight = max(EMA_WEIGHT, 1 / (PRIOR_COUNT + self.seen[i]))
+            self.alpha[i] += weight * (float(i < accepted) - self.alpha[i])
+        for i in range(max(1, tested), GAMMA_MAX):
+            if not self.seen[i]:
+                self.alpha[i] = self.alpha[i - 1]
+            elif self.alpha[i] < self.alpha[i - 1]:
+                # A low α_i keeps drafts short, so it would never be tested again; and
+                # acceptance given the earlier tokens right rarely falls with depth.
+                self.alpha[i] += RELAX * (self.alpha[i - 1] - self.alpha[i])
+
+    def expected(self, k: int) -> np.ndarray:
+        """E(j) - 1 for j = 1..k: the expected accepted tokens when drafting j."""
+        return np.cumsum(np.cumprod(self.alpha[:k]))
+
+    def all_accepted(self, k: int) -> float:
+        return float(np.prod(self.alpha[:k]))
+
+
+@dataclass
+class VerifyCost:
+    """T(k) = a + b(k-1), least squares over moving averages of each timed batch size."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+    a: float = 0.0
+    b: float = 0.0
+
+    def observe(self, k: int, seconds: float) -> None:
+        old = self.seconds.get(k)
+        self.seconds[k] = seconds if old is None else old + 2 * EMA_WEIGHT * (seconds - old)
+        self.a, self.b = self._fit()
+
+    def _fit(self) -> tuple[float, float]:
+        """Least squares of t = a + b(k-1), in closed form (this runs every round)."""
+        n = len(self.seconds)
+        xs = [k - 1 for k in self.seconds]
+        ts = list(self.seconds.values())
+        if n >= 2:
+            mx, mt = sum(xs) / n, sum(ts) / n
+            sxx = sum((x - mx) ** 2 for x in xs)
+            b = sum((x - mx) * (t - mt) for x, t in zip(xs, ts, strict=True)) / sxx
+            a = mt - b * mx
+            if b >= 0 and a > 0:
+                return a, b
+        a = sum(t / (1 + CPU_SLOPE * x) for x, t in zip(xs, ts, strict=True)) / n
+        return a, CPU_SLOPE * a
+
+    def batch(self, ks: np.ndarray) -> np.ndarray:
+        """T(k) for each k: its own average where timed (CPU costs rise in steps, not on
+        a line). The first untimed size above the timed ones is assumed as cheap as the
+        largest timed one (T never falls with k), so it gets tried and timed."""
+        return np.array([self._one(int(k)) for k in ks])
+
+    def prior_line(self, ks: np.ndarray) -> np.ndarray:
+        """T(k) on the line a + b(k-1), b at most its CPU prior: no optimism for an
+        untimed size, and no steep line drawn through a CPU's first step either."""
+        return self.a + min(self.b, CPU_SLOPE * self.a) * (ks - 1)
+
+    def _one(self, k: int) -> float:
+        if k in self.seconds:
+            return self.seconds[k]
+        below = [t for j, t in self.seconds.items() if j < k]
+        floor = max(below, default=self.a)
+        if k == max(self.seconds, default=0) + 1:
+            return floor
+        return max(floor, self.a + self.b * (k - 1))
+
+
+@dataclass(frozen=True)
+class Choice:
+    source: str  # "none", "ngram", "draft", "ngram+draft"
+    k: int  # tokens to draft in all
+    gain: float  # expected tokens/s relative to plain decoding (0 for a probe)
+    ngram: int = 0  # of which from the n-gram match
+
+
+class AdaptiveDrafter:
+    """Hybrid n-gram + draft-model drafting, γ chosen each round for speed."""
+
+    name = "auto"
+
+    def __init__(self, draft_model: Model | None = None, cost_ratio: float = 0.3) -> None:
+        """`cost_ratio`: prior for c / T(1) until the draft model has been timed."""
+        self.model = DraftModel(draft_model) if draft_model is not None else None
+        self.cost_ratio = cost_ratio
+        self.ngrams = NgramIndex(n_max=4, n_min=2)  # 1-token matches are mostly noise
+        self.alpha = {"draft": Acceptance.prior(0.7)} | {
+            ngram_key(n): Acceptance.prior(a) for n, a in NGRAM_PRIOR.items()
+        }
+        self._match_n = 0  # the length of this round's n-gram match
+        self.verify = VerifyCost()
+        self.idle_s = dict.fromkeys(SOURCES, 0.0)  # decode time since each was last used
+        self._last: Choice | None = None
+        self._draft_s = 0.0
+
+    @property
+    def busy_s(self) -> float:
+        return self.model.busy_s if self.model else 0.0
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.model.n_ctx if self.model else 1 << 30
+
+    @property
+    def draft_cost(self) -> float:
+        """c: seconds per draft-model token."""
+        if self.model is None:
+            return 0.0
+        return self.model.step_s or self.cost_ratio * self.verify.a
+
+    # --- the round ------------------------------------------------------------------
+    def draft(
+        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        gamma = min(gamma, GAMMA_MAX)
+        self._match_n, match = self.ngrams.match(context, gamma)
+        lag = self.model.unread(context) if self.model else 0
+        choice = self.choose(len(match), gamma, lag, self._match_n)
+        self._last = choice
+        tokens = match[: choice.ngram]
+        q: list[Probs | None] = [None] * choice.ngram
+        busy = self.busy_s
+        if self.model is not None and choice.k > choice.ngram:
+            self.model.p_min = self.p_min(choice)
+            more = self.model.draft([*context, *tokens], choice.k - choice.ngram, params, rng)
+            tokens, q = tokens + more.tokens, q + more.q
+        self._draft_s = self.busy_s - busy
+        return Draft(tokens, q, by=choice.source, planned=choice.k, why=self.explain(choice))
+
+    def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
+        if self.model is not None:
+            self.model.accept(tokens, outcome)
+        choice = self._last
+        if choice is None:
+            return
+        self.verify.observe(outcome.drafted + 1, outcome.verify_s)
+        n_ng = min(choice.ngram, outcome.drafted)
+        if n_ng:
+            self.alpha[ngram_key(self._match_n)].observe(n_ng, min(outcome.accepted, n_ng))
+        # a draft model that stopped short (p_min) yielded nothing where it stopped: a miss
+        stopped = choice.k > max(outcome.drafted, choice.ngram)
+        if outcome.accepted >= n_ng and (outcome.drafted > n_ng or stopped):
+            self.alpha["draft"].observe(outcome.drafted - n_ng + stopped, outcome.accepted - n_ng)
+        if "draft" not in choice.source:
+            self.alpha["draft"].recover(1 - (1 - RECOVER) ** (outcome.accepted + 1))
+        spent = self._draft_s + outcome.verify_s
+        for source in SOURCES:
+            if source in choice.source:
+                self.idle_s[source] = 0.0
+            else:
+                self.idle_s[source] += spent
+
+    # --- the decision ---------------------------------------------------------------
+    def catchup_cost(self, lag: int) -> float:
+        """Seconds for the draft model to read the `lag` tokens it has not seen."""
+        if self.model is None or lag <= 1:
+            return 0.0
+        return (lag - 1) * (self.model.catchup_s or self.draft_cost / 2)
+
+    def choose(self, matched: int, gamma: int, lag: int = 0, n: int = 4) -> Choice:
+        """The source and k with the best expected tokens/s (see the module docstring);
+        `matched` tokens from an n-gram match of length `n`."""
+        if gamma == 0 or not self.verify.seconds:
+            return Choice("none", 0, 1.0)  # time one plain round first: T(1)
+        a, c = self.verify.a, self.draft_cost
+        ng = self.alpha[ngram_key(n)] if matched else None
+        catchup = self.catchup_cost(lag) / CATCHUP_ROUNDS
+        options = [Choice("none", 0, 1.0)]
+        ks = np.arange(1, gamma + 1)
+        # A source not yet seen is judged at its prior, at every depth: on a CPU a 2-token
+        # pass can cost most of a 6-token one, so a 1-token try is the dearest way to learn.
+        m = min(matched, gamma)
+        if ng and m:
+            gains = (1 + ng.expected(m)) * a / self.verify.batch(ks[:m] + 1)
+            options += [
+                Choice("ngram", int(k), g, int(k)) for k, g in zip(ks[:m], gains, strict=True)
+            ]
+        if self.model is not None:
+            dm = self.alpha["draft"]
+            # Its first try pays the catch-up of the whole prompt, so it has to pay by the
+            # priors, not just time a batch size (on a CPU the dearest one, T(2)).
+            batch = self.verify.batch if dm.seen[0] else self.verify.prior_line
+            gains = (1 + dm.expected(gamma)) * a / (catchup + ks * c + batch(ks + 1))
+            options += [Choice("draft", int(k), g) for k, g in zip(ks, gains, strict=True)]
+            if ng and m < gamma:
+                # the whole n-gram match, then the draft model goes on after it
+                rest = ks[: gamma - m]
+                ng_expected = ng.expected(m)[-1]
+                reach = ng.all_accepted(m)
+                tokens = 1 + ng_expected + reach * dm.expected(gamma - m)
+                cost = catchup + (rest + 1) * c + batch(m + rest + 1)
+                gains = tokens * a / cost
+                options += [
+                    Choice("ngram+draft", m + int(j), g, m)
+                    for j, g in zip(rest, gains, strict=True)
+                ]
+        best = max(options, key=lambda o: o.gain)
+        return self._probe(matched, lag) if best.k == 0 else best
+
+    def _probe(self, matched: int, lag: int) -> Choice:
+        """Speculation does not pay by the estimates; try an idle source once its idle
+        time has paid for the probe, to notice when it pays again (a change of topic)."""
+        budget = {s: self.idle_s[s] * PROBE_SHARE for s in SOURCES}
+        k = 1  # one token: the cheapest sign that a source pays again
+        extra = k * self.verify.b  # the verify slot a probe adds
+        if matched and budget["ngram"] >= extra:
+            return Choice("ngram", min(matched, k), 0.0, min(matched, k))
+        draft_probe = self.catchup_cost(lag) + k * self.draft_cost + extra
+        if self.model is not None and budget["draft"] >= draft_probe:
+            return Choice("draft", k, 0.0)
+        return Choice("none", 0, 1.0)
+
+    def p_min(self, choice: Choice) -> list[float]:
+        """Draft-model early stop, per token the draft model drafts this round: the
+        confidence q it needs for drafting on from it to pay. Its own draft step is spent;
+        drafting on to depth m costs the verify slots it adds, T(m + 1) − T(here), and the
+        draft steps after it, and adds q (1 + α_next + α_next α_after + ...) tokens times
+        the chance that the draft gets this far. It pays when that beats the rate ρ the
+        round aims at (its expected gain, in tokens/s), for some m up to the planned depth.
+        So a token that alone would not pay its slot can still open a deep draft that
+        does, as on a CPU, where T(2) − T(1) can be ten times T(6) − T(2)."""
+        n_model = choice.k - choice.ngram
+        a, c = self.verify.a, self.draft_cost
+        if a <= 0:
+            return [0.5] * n_model
+        t = self.verify.batch(np.arange(1, choice.k + 2))  # t[i] = T(i + 1)
+        alpha = np.array(self.alpha["draft"].alpha[:n_model])
+        rho = max(choice.gain, 1.0) / a
+        reach = 1.0  # the chance that every token before this one is accepted
+        if choice.ngram:
+            reach = self.alpha[ngram_key(self._match_n)].all_accepted(choice.ngram)
+        thresholds = []
+        for j in range(n_model):
+            before = choice.ngram + j  # drafted tokens ahead of this one
+            cost = t[before + 1 : choice.k + 1] - t[before] + np.arange(n_model - j) * c
+            adds = reach * (1 + np.concatenate(([0.0], np.cumsum(np.cumprod(alpha[j + 1 :])))))
+            thresholds.append(float(np.clip(np.min(rho * cost / adds), 0.05, 0.9)))
+            reach *= alpha[j]
+        return thresholds
+
+    def explain(self, choice: Choice) -> str:
+        """One line on why this round drafts what it drafts."""
+        a, b = self.verify.a, self.verify.b
+        if a == 0:
+            return "plain decoding: timing the target first"
+        head = f"{choice.source} γ={choice.k}" if choice.k else "plain decoding"
+        gain = f" ≈ {choice.gain:.2f}× plain" if choice.gain else " (probe)"
+        return (
+            f"{head}{gain}: α {self._ngram_alpha()}, "
+            f"draft {self.alpha['draft'].alpha[0]:.2f}; draft {self.draft_cost * 1e3:.0f} "
+            f"ms/token; verify {a * 1e3:.0f} ms + {b * 1e3:.0f} ms per extra token"
+        )
+
+    def _ngram_alpha(self) -> str:
+        """α of this round's n-gram match length, or of every length without a match."""
+        ns = [self._match_n] if self._match_n else sorted(NGRAM_PRIOR)
+        return " ".join(f"{n}-gram {self.alpha[ngram_key(n)].alpha[0]:.2f}" for n in ns)
+
+
+def ngram_key(n: int) -> str:
+    """The acceptance key of an n-gram match of length n (lengths outside the priors'
+    range share the nearest one's)."""
+    return f"ngram{min(max(n, min(NGRAM_PRIOR)), max(NGRAM_PRIOR))}"
+
+
+def auto_engine(target: Model, draft: Model | None) -> Engine:
+    """The engine `--gamma auto` runs: hybrid drafting with an adaptive γ."""
+    ratio = draft.size_bytes / target.size_bytes if draft and target.size_bytes else 0.3
+    return Engine(target, AdaptiveDrafter(draft, cost_ratio=ratio), GAMMA_MAX)

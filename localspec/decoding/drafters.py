@@ -1,0 +1,249 @@
+"""Draft sources, behind one small interface (as in transformers' candidate generators).
+
+A drafter proposes up to γ tokens to follow the context; for sampled decoding it also
+gives the distribution q_i each token was drawn from (None = proposed with certainty).
+After the target's verdict it hears how many were accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from localspec.backends.base import Model, common_prefix
+from localspec.decoding.sampling import (
+    Probs,
+    SamplingParams,
+    logits_to_probs,
+    penalize,
+    sample,
+    top2,
+)
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    q: list[Probs | None] = field(default_factory=list)  # per token; None = certain
+    by: str = ""  # which source drafted, when a drafter combines several
+    planned: int | None = None  # γ the drafter chose (it may stop early)
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the target made of one round's draft."""
+
+    drafted: int
+    accepted: int
+    verify_s: float  # the target's time for the batch of drafted + 1 tokens
+
+
+class Drafter(Protocol):
+    name: str
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds spent inside model calls so far (0 for model-free drafters)."""
+        ...
+
+    def draft(
+        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        """Propose up to `gamma` tokens to follow `context`."""
+        ...
+
+    def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
+        """The target kept `outcome.accepted` drafted tokens; `tokens` is now the text."""
+        ...
+
+
+class NoDrafter:
+    """Plain decoding through the same loop: every round is just the target's token."""
+
+    name = "none"
+    busy_s = 0.0
+
+    def draft(
+        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        return Draft()
+
+    def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
+        pass
+
+
+SINKS = 4  # leading tokens a cut context keeps (StreamingLLM's attention sinks)
+WINDOW = 512  # the most unread tokens a draft model reads at once
+
+
+class DraftModel:
+    """A small model of the same vocabulary, decoding γ tokens one at a time.
+
+    It stops early when its own top-token probability falls below `p_min`: an unsure
+    guess is likely rejected, and each extra token costs a draft step and a verify slot.
+    `p_min` is one threshold, or one per drafted position (the last one holds after).
+
+    It reads the whole context, unless that means reading more than `window` tokens it
+    has not seen (a long prompt, or a long stretch of a conversation without it); then it
+    reads the first SINKS tokens and the last `window`, and goes on from there. Catching
+    up stays bounded, so it can be tried again late in a long chat; a draft decides only
+    how fast the answer comes, so a cut context can cost acceptance, never output.
+    """
+
+    name = "draft"
+
+    def __init__(
+        self, model: Model, p_min: float | Sequence[float] = 0.5, window: int = WINDOW
+    ) -> None:
+        self.model = model
+        self.p_min = p_min
+        self.window = window
+        self.step_s = 0.0  # moving average of a one-token draft step (0 = not yet timed)
+        self.catchup_s = 0.0  # same, per token of a catch-up batch (after plain rounds)
+        self._cut = 0  # context[SINKS:_cut] is left out of what it reads (0: nothing)
+
+    def view(self, context: Sequence[int]) -> tuple[list[int], int]:
+        """What the draft model reads for `context` (see the class docstring), and how
+        much of it its cache already holds."""
+        if self._cut:
+            seq = self._seen_as(context)
+            held = common_prefix(self.model.cached, seq)
+            if held > SINKS and len(seq) - held <= self.window:
+                return seq, held  # going on from its cut
+            self._cut = 0  # not read yet, or another conversation: judge it afresh
+        seq = list(context)
+        held = common_prefix(self.model.cached, seq)
+        if len(seq) - held > self.window:
+            self._cut = len(context) - self.window
+            seq = self._seen_as(context)
+            held = common_prefix(self.model.cached, seq)
+        return seq, held
+
+    def unread(self, context: Sequence[int]) -> int:
+        """Tokens it would read before its first draft step for `context`."""
+        seq, held = self.view(context)
+        return len(seq) - min(held, len(seq) - 1)
+
+    def _seen_as(self, context: Sequence[int]) -> list[int]:
+        if self._cut <= SINKS:
+            return list(context)
+        return [*context[:SINKS], *context[self._cut :]]
+
+    @property
+    def busy_s(self) -> float:
+        return self.model.busy_s
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
+
+    def draft(
+        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        tokens: list[int] = []
+        qs: list[Probs | None] = []
+        seq, _ = self.view(context)
+        for i in range(gamma):
+            logits = self._step(seq)
+            if params.greedy:
+                x, confidence = top2(penalize(logits, params, seq))
+                q = None  # greedy verification needs no q
+            else:
+                q = logits_to_probs(logits, params, seq)
+                confidence = float(q.max())
+            if confidence < p_min_at(self.p_min, i):
+                break
+            if q is not None:
+                x = sample(q, rng)
+            qs.append(q)
+            tokens.append(x)
+            seq.append(x)
+        return Draft(tokens, qs)
+
+    def _step(self, seq: list[int]) -> np.ndarray:
+        """One draft forward pass; one-token passes are timed (catching up after plain
+        rounds is a batch, and would overstate the per-token cost)."""
+        decoded, busy = self.model.decoded, self.model.busy_s
+        logits = self.model.evaluate(seq, 1)[0]
+        n, took = self.model.decoded - decoded, self.model.busy_s - busy
+        if n == 1:
+            self.step_s = _ema(self.step_s, took)
+        elif n > 1:
+            self.catchup_s = _ema(self.catchup_s, took / n)
+        return logits
+
+    def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
+        # drop the rejected draft tokens now, as the target does
+        self.model.rollback(self._seen_as(tokens))
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the context's last n tokens
+    (longest n first) and propose what followed it. Free, and strong wherever the answer
+    repeats its prompt (code edits, quoting, summaries)."""
+
+    name = "ngram"
+    busy_s = 0.0
+
+    def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
+        self.index = NgramIndex(n_max, n_min)
+
+    def draft(
+        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        tokens = self.index.lookup(context, gamma)
+        return Draft(tokens, [None] * len(tokens))
+
+    def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
+        pass
+
+
+def p_min_at(p_min: float | Sequence[float], i: int) -> float:
+    """The early-stop threshold of the i-th drafted token: one for all, or one per
+    position (the last one holds after)."""
+    if isinstance(p_min, int | float):
+        return p_min
+    return p_min[min(i, len(p_min) - 1)]
+
+
+def _ema(old: float, new: float, weight: float = 0.2) -> float:
+    return new if old == 0 else old + weight * (new - old)
+
+
+class NgramIndex:
+    """Where each n-gram of a growing context (n_min..n_max tokens) last occurred with a
+    known next token: a few dict updates per new token instead of a scan per round."""
+
+    def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
+        self.n_max, self.n_min = n_max, n_min
+        self._next: dict[tuple[int, ...], int] = {}  # n-gram -> index of what followed
+        self._tokens: list[int] = []  # the context indexed so far
+
+    def lookup(self, context: Sequence[int], gamma: int) -> list[int]:
+        """The γ tokens that followed the latest earlier match of the context's last n
+        tokens, longest n first."""
+        return self.match(context, gamma)[1]
+
+    def match(self, context: Sequence[int], gamma: int) -> tuple[int, list[int]]:
+        """`lookup`, with the n that matched (0: none); a longer match is a safer bet."""
+        self._sync(context)
+        for n in range(min(self.n_max, len(context) - 1), self.n_min - 1, -1):
+            start = self._next.get(tuple(context[-n:]))
+            if start is not None:
+                return n, list(context[start : start + gamma])
+        return 0, []
+
+    def _sync(self, context: Sequence[int]) -> None:
+        done = len(self._tokens)
+        if done > len(context) or list(context[:done]) != self._tokens:
+            self._next.clear()  # another text (a new conversation): index it afresh
+            self._tokens = []
+            done = 0
+        self._tokens.extend(context[done:])
+        for i in range(max(done, 1), len(context)):
+            for n in range(self.n_min, min(self.n_max, i) + 1):
+                self._next[tuple(context[i - n : i])] = i

@@ -1,0 +1,84 @@
+"""Loading a pair: the back-off when llama.cpp cannot allocate what was planned."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec import session as session_mod
+from localspec.backends.base import LoadFailed
+from localspec.backends.llama import LoadOptions
+from localspec.session import SessionConfig, backoff, open_session
+
+CONFIG = SessionConfig(target="t.gguf", draft="d.gguf", target_load=LoadOptions(n_ctx=8192))
+
+
+def test_backoff_shrinks_context_then_layers_then_drops_the_draft(monkeypatch):
+    monkeypatch.setattr(session_mod, "supports_gpu_offload", lambda: True)
+    steps = list(backoff(replace_layers(CONFIG, 8)))
+    contexts = [c.target_load.n_ctx for c, _ in steps]
+    assert contexts[:4] == [8192, 4096, 2048, 1024]
+    layers = [c.target_load.n_gpu_layers for c, _ in steps[4:-1]]
+    assert layers == [4, 2, 1, 0]
+    assert steps[-1][0].draft == "ngram"
+    assert all(c.draft_load.n_ctx == c.target_load.n_ctx for c, _ in steps[1:])
+
+
+def test_open_session_retries_and_says_why(monkeypatch):
+    monkeypatch.setattr(session_mod, "supports_gpu_offload", lambda: False)
+    tried = []
+
+    def fake_load(config):
+        tried.append(config.target_load.n_ctx)
+        if config.target_load.n_ctx > 2048:
+            raise LoadFailed(f"not enough memory for a context of {config.target_load.n_ctx}")
+        return session_mod.Session.__new__(session_mod.Session)
+
+    monkeypatch.setattr(session_mod, "_load", fake_load)
+    monkeypatch.setattr(session_mod.Session, "notes", [], raising=False)
+    said = []
+    open_session(CONFIG, say=said.append)
+    assert tried == [8192, 4096, 2048]
+    assert said[-1].endswith("retrying with a context of 2048 tokens")
+
+
+def test_open_session_gives_the_last_failure_when_nothing_fits(monkeypatch):
+    monkeypatch.setattr(session_mod, "supports_gpu_offload", lambda: False)
+
+    def never(config):
+        raise LoadFailed("out of memory")
+
+    monkeypatch.setattr(session_mod, "_load", never)
+    with pytest.raises(LoadFailed, match="out of memory"):
+        open_session(CONFIG)
+
+
+def replace_layers(config: SessionConfig, layers: int) -> SessionConfig:
+    from dataclasses import replace
+
+    return replace(config, target_load=replace(config.target_load, n_gpu_layers=layers))
+
+
+def test_open_session_skips_contexts_that_would_be_capped_to_the_one_that_failed(monkeypatch):
+    """`--ctx 16M` on a model trained for 32k is capped to 32k: when that does not fit,
+    halving to 8M, 4M, ... would load the same 32k context again."""
+    monkeypatch.setattr(session_mod, "supports_gpu_offload", lambda: False)
+    huge = SessionConfig(target="t.gguf", draft="d.gguf", target_load=LoadOptions(n_ctx=1 << 24))
+    tried = []
+
+    def capped_load(config):
+        n_ctx = min(config.target_load.n_ctx, 32768)
+        tried.append(config.target_load.n_ctx)
+        if n_ctx > 8192:
+            raise LoadFailed(f"not enough memory for a context of {n_ctx} tokens", n_ctx)
+        return session_mod.Session.__new__(session_mod.Session)
+
+    monkeypatch.setattr(session_mod, "_load", capped_load)
+    monkeypatch.setattr(session_mod.Session, "notes", [], raising=False)
+    said = []
+    open_session(huge, say=said.append)
+    assert tried == [1 << 24, 16384, 8192]
+    assert said == [
+        "not enough memory for a context of 32768 tokens; retrying with a context of 16384 tokens",
+        "not enough memory for a context of 16384 tokens; retrying with a context of 8192 tokens",
+    ]
+

@@ -1,0 +1,427 @@
+"""`localspec bench`: the suite, modes, agreement, and the reports, on toy models; one
+short run on the real pair."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localspec.backends.toy import ASSISTANT, ToyModel, scripted
+from localspec.bench import runner as bench
+from localspec.bench.runner import Agreement, BenchConfig, BenchError, BenchPrompt, Mode
+from localspec.decoding.drafters import NoDrafter
+from localspec.decoding.engine import Engine
+from localspec.errors import LocalspecError
+
+REPLY = "def add(a, b):\n    return a + b\n"
+NEAR_REPLY = "def add(a, b):\n    return a - b\n"  # one token off: the draft gets rejected
+PROMPTS = (
+    BenchPrompt("one", "code", "Write add."),
+    BenchPrompt("two", "edit", "Fix this: def add(a, b): return a - b"),
+    BenchPrompt("three", "edit", "Rename add to plus."),
+)
+FAST = BenchConfig(max_tokens=40, repeats=1, warmup=False)
+
+
+def toy_pair() -> tuple[ToyModel, ToyModel]:
+    # simulated pass costs, so tokens/s are finite and speculation pays
+    target = ToyModel(scripted(REPLY), name="toy-target", pass_s=0.002, token_s=0.0002)
+    draft = ToyModel(scripted(NEAR_REPLY), name="toy-draft", pass_s=0.0002)
+    return target, draft
+
+
+def run_toy(modes: str = "baseline,draft,ngram,auto", **kwargs) -> bench.Report:
+    target, draft = toy_pair()
+    return bench.run_bench(target, draft, PROMPTS, bench.parse_modes(modes), FAST, **kwargs)
+
+
+# --- the suite ---------------------------------------------------------------------------
+def test_default_suite_has_four_categories_of_at_least_four_prompts():
+    prompts = bench.load_prompts()
+    assert len(prompts) >= 16
+    by_category: dict[str, list[BenchPrompt]] = {}
+    for p in prompts:
+        by_category.setdefault(p.category, []).append(p)
+    assert {"code", "edit", "chat", "summarize"} <= by_category.keys()
+    assert all(len(ps) >= 4 for ps in by_category.values())
+    # an edit carries the code it edits, so the answer can echo it
+    assert all("```" in p.prompt for p in by_category["edit"])
+
+
+def write(tmp_path: Path, content: str) -> Path:
+    path = tmp_path / "prompts.json"
+    path.write_text(content)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ('{"a": {"category": "code", "prompt": "x"}', "not valid JSON (line 1"),
+        ("[]", "expected an object of prompts"),
+        ("{}", "expected an object of prompts"),
+        ('{"a": "just text"}', "'a' is not an object"),
+        ('{"a": {"category": "code"}}', "'a' lacks prompt"),
+        ('{"a": {"category": "code", "prompt": "x", "lang": "en"}}', "unknown key(s) lang"),
+        ('{"a": {"category": "", "prompt": "x"}}', "'a': category must be a non-empty string"),
+        ('{"a": {"category": "code", "prompt": 3}}', "'a': prompt must be a non-empty string"),
+    ],
+)
+def test_prompts_file_errors_say_what_is_wrong(tmp_path, content, words):
+    with pytest.raises(BenchError) as err:
+        bench.load_prompts(write(tmp_path, content))
+    assert words in str(err.value)
+
+
+def test_every_problem_in_a_prompts_file_is_reported_at_once(tmp_path):
+    path = write(tmp_path, '{"a": {"category": "code"}, "b": {"prompt": "x"}, "c": 1}')
+    with pytest.raises(BenchError) as err:
+        bench.load_prompts(path)
+    message = str(err.value)
+    assert "'a' lacks prompt" in message and "'b' lacks category" in message
+    assert "'c' is not an object" in message and "\n" not in message
+
+
+def test_missing_prompts_file(tmp_path):
+    with pytest.raises(BenchError, match="not found"):
+        bench.load_prompts(tmp_path / "nope.json")
+
+
+def test_select_by_name_or_category():
+    assert [p.name for p in bench.select_prompts(PROMPTS, "edit")] == ["two", "three"]
+    assert [p.name for p in bench.select_prompts(PROMPTS, "one,three")] == ["one", "three"]
+    with pytest.raises(BenchError, match="no prompt or category named nope"):
+        bench.select_prompts(PROMPTS, "nope")
+
+
+# --- modes -------------------------------------------------------------------------------
+def test_baseline_always_runs_first():
+    modes = bench.parse_modes("auto,draft-g2,ngram", gamma=5)
+    assert [m.name for m in modes] == ["baseline", "auto", "draft-g2", "ngram"]
+    assert [m.gamma for m in modes] == [0, 0, 2, 5]
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("baseline,turbo", "unknown mode 'turbo'"),
+        ("auto-g3", "only draft, ngram and peer take a fixed γ"),
+        ("peer-plain-g2", "only draft, ngram and peer take a fixed γ"),
+        ("draft-g0", "γ must be between 1 and 32"),
+    ],
+)
+def test_bad_modes(text, words):
+    with pytest.raises(BenchError, match=words):
+        bench.parse_modes(text)
+
+
+def test_draft_mode_needs_a_draft_model():
+    with pytest.raises(BenchError, match="need a draft model"):
+        bench.parse_modes("draft,ngram", have_draft=False)
+    assert [m.name for m in bench.parse_modes("ngram,auto", have_draft=False)] == [
+        "baseline", "ngram", "auto"]
+
+
+# --- agreement ---------------------------------------------------------------------------
+def test_first_difference():
+    assert bench.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert bench.first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert bench.first_difference([1, 2, 3], [1, 2]) == 2  # one stopped early
+    assert bench.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def near_tie_target(at: int, runner_up: str, margin: float):
+    """REPLY, but at answer position `at` the runner-up trails by only `margin`."""
+    base = scripted(REPLY)
+
+    def logits(context):
+        out = np.array(base(context), dtype=np.float32)
+        data = bytes(t for t in context if t < 256)
+        if len(data) - data.rfind(ASSISTANT) - len(ASSISTANT) == at:
+            out[ord(runner_up)] = out.max() - margin
+        return out
+
+    return logits
+
+
+def differing_factory(reply: str):
+    """Baseline as usual; every other mode decodes with a target scripted to `reply`."""
+    other = ToyModel(scripted(reply), name="other")
+
+    def factory(mode: Mode, target, draft):
+        if mode.kind == "baseline":
+            return Engine(target, NoDrafter(), 0)
+        return Engine(other, NoDrafter(), 0)
+
+    return factory
+
+
+def test_a_differing_run_is_reported_where_it_differs():
+    target = ToyModel(scripted(REPLY), name="toy-target")
+    factory = differing_factory(REPLY[:8] + "X" + REPLY[9:])
+    report = bench.run_bench(target, None, PROMPTS[:1], bench.parse_modes("ngram"), FAST,
+                             engine_factory=factory)
+    agreement = report.result("one", "ngram").agreement
+    assert not agreement.identical and agreement.first_diff == 8
+    assert agreement.gap == pytest.approx(20.0)  # toy confidence: a clear choice
+    assert not agreement.near_tie
+    assert "differs at 8" in agreement.label() and "NOT a near-tie" in agreement.label()
+    assert report.result("one", "baseline").agreement.identical
+
+
+def test_a_near_tie_taken_the_other_way_is_marked_as_numerics():
+    target = ToyModel(near_tie_target(at=8, runner_up="X", margin=0.25), name="toy-target")
+    factory = differing_factory(REPLY[:8] + "X" + REPLY[9:])
+    report = bench.run_bench(target, None, PROMPTS[:1], bench.parse_modes("ngram"), FAST,
+                             engine_factory=factory)
+    agreement = report.result("one", "ngram").agreement
+    assert agreement.first_diff == 8 and agreement.rank == 2 and agreement.near_tie
+    assert agreement.gap == pytest.approx(0.25)
+
+
+def test_an_answer_that_stops_early_differs_where_it_ends():
+    target = ToyModel(scripted(REPLY), name="toy-target")
+    report = bench.run_bench(target, None, PROMPTS[:1], bench.parse_modes("ngram"), FAST,
+                             engine_factory=differing_factory(REPLY[:5]))
+    agreement = report.result("one", "ngram").agreement
+    assert agreement.first_diff == 5 and not agreement.near_tie  # EOS was far behind
+
+
+# --- the run and its reports -------------------------------------------------------------
+def test_every_mode_runs_on_every_prompt_and_greedy_output_is_the_baselines():
+    events: list[bench.Progress] = []
+    report = run_toy(progress=events.append)
+    assert report.info.modes == ("baseline", "draft", "ngram", "auto")
+    assert len(report.results) == len(PROMPTS) * 4
+    assert len(events) == 2 * len(report.results)  # a start and an end per run
+    assert [e.done for e in events[-2:]] == [len(report.results) - 1, len(report.results)]
+    for r in report.results:
+        assert r.agreement.identical, (r.prompt, r.mode, r.agreement)
+        assert r.tokens == len(REPLY) and r.tokens_per_s > 0
+        assert 0 <= r.overhead_share < 1
+    base = report.result("one", "baseline")
+    assert base.speedup == 1.0 and base.acceptance_rate == 0
+    draft = report.result("one", "draft")
+    assert 0 < draft.acceptance_rate < 1 and draft.mean_accepted_len > 1
+    (summary_draft, *_) = report.summary()
+    assert summary_draft.mode == "draft" and summary_draft.prompts == len(PROMPTS)
+    assert dict(summary_draft.by_category).keys() == {"code", "edit"}
+
+
+def test_repeats_are_interleaved_and_kept():
+    target, draft = toy_pair()
+    order: list[tuple[int, str, str]] = []
+
+    def note(e: bench.Progress) -> None:
+        if e.figures is None:
+            order.append((e.repeat, e.prompt.name, e.mode.name))
+
+    report = bench.run_bench(target, draft, PROMPTS[:2], bench.parse_modes("draft"),
+                             BenchConfig(max_tokens=8, repeats=2, warmup=False), progress=note)
+    assert order[:4] == [(0, "one", "baseline"), (0, "one", "draft"),
+                         (0, "two", "baseline"), (0, "two", "draft")]
+    assert order[4][0] == 1
+    assert all(len(r.runs) == 2 for r in report.results)
+
+
+def test_an_interrupted_run_reports_the_prompts_it_completed():
+    def stop_on_the_third_prompt(e: bench.Progress) -> None:
+        if e.figures is None and e.prompt.name == "three" and e.mode.name == "draft":
+            raise KeyboardInterrupt
+
+    report = run_toy("draft", progress=stop_on_the_third_prompt)
+    assert report.info.interrupted and report.prompts == ("one", "two")
+    assert "Interrupted" in bench.to_markdown(report)
+
+    def stop_at_once(e: bench.Progress) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # nothing complete: nothing to report
+        run_toy("draft", progress=stop_at_once)
+
+
+def test_runs_that_did_not_get_the_cpu_are_flagged():
+    # the toy models sleep through their passes: as if other work had the CPU
+    report = run_toy("draft", threads=2)
+    assert len(report.contended()) == len(report.results)
+    assert all(f.cpu_share is not None and f.cpu_share < 0.5
+               for r in report.results for f in r.runs)
+    assert "**Noisy**: 6 of 6 runs" in bench.to_markdown(report)
+    quiet = run_toy("draft")  # thread count unknown: nothing to say
+    assert not quiet.contended() and "Noisy" not in bench.to_markdown(quiet)
+
+
+def test_reports_are_written(tmp_path):
+    report = run_toy()
+    paths = bench.write_report(report, tmp_path / "out")
+    md, js, png = paths
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "bench.json", "bench.md", "bench.png"]  # written atomically: no temporaries left
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads(js.read_text())
+    assert data["info"]["target"] == "toy-target" and data["info"]["max_tokens"] == 40
+    assert len(data["results"]) == 12 and len(data["summary"]) == 3
+    row = data["results"][1]
+    for key in ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_len", "ttft_s",
+                "itl_p50_s", "itl_p95_s", "overhead_share", "agreement", "runs"):
+        assert key in row
+    assert row["agreement"]["identical"] is True and "overhead_share" in row["runs"][0]
+    text = md.read_text()
+    assert "| mode | code | edit | all |" in text
+    assert all(f"| {p.name} |" in text for p in PROMPTS)
+    assert text.count("identical") >= 9
+
+
+def test_peer_figures_join_prompt_for_prompt(tmp_path):
+    peer_file = tmp_path / "peer.json"
+    peer_file.write_text(json.dumps({"peer": "llama-speculative-simple", "prompts": {
+        "one": {"category": "code", "plain_tps": 100.0, "spec_tps": 120.0, "acceptance": 0.8},
+    }}))
+    report = run_toy("draft", peer=bench.load_peer(peer_file))
+    draft = report.result("one", "draft")
+    assert draft.vs_peer == pytest.approx(draft.tokens_per_s / 120.0)
+    assert report.result("two", "draft").vs_peer is None
+    assert report.summary()[0].vs_peer == pytest.approx(draft.vs_peer)
+    text = bench.to_markdown(report)
+    assert "vs peer" in text and "100.00/120.00" in text
+
+
+def test_bad_peer_file(tmp_path):
+    path = tmp_path / "peer.json"
+    path.write_text('{"prompts": {"one": {"spec_tps": 1}}}')
+    with pytest.raises(BenchError, match=r"not a peer_speculative\.sh result"):
+        bench.load_peer(path)
+
+
+FAKE_PLAIN = """#!/bin/sh
+# llama-completion's perf lines; fails unless -f holds the chat-templated prompt
+while [ $# -gt 0 ]; do [ "$1" = -f ] && file=$2; shift; done
+grep -q '<|assistant|>' "$file" || exit 3
+echo 'common_perf_print: prompt eval time =   250.00 ms /    20 tokens (12 ms per token)' >&2
+echo 'common_perf_print:        eval time =  2000.00 ms /    19 runs   (105 ms per token)' >&2
+"""
+FAKE_SPEC = """#!/bin/sh
+echo 'main: encoded   19 tokens in    0.200 seconds, speed:   95.000 t/s' >&2
+echo 'main: decoded   22 tokens in    1.000 seconds, speed:   22.000 t/s' >&2
+echo 'main: n_drafted = 12' >&2
+echo 'main: n_accept  = 9' >&2
+"""
+
+
+def fake_peer(tmp_path: Path, spec: str = FAKE_SPEC):
+    from localspec.bench.peer import PLAIN_BIN, SPEC_BIN, LlamaCppPeer
+
+    for name, script in ((PLAIN_BIN, FAKE_PLAIN), (SPEC_BIN, spec)):
+        (tmp_path / name).write_text(script)
+        (tmp_path / name).chmod(0o755)
+    return LlamaCppPeer(tmp_path, tmp_path / "t.gguf", tmp_path / "d.gguf", threads=2)
+
+
+def test_the_peer_runs_live_between_the_modes(tmp_path):
+    report = run_toy("draft,peer,peer-plain", peer_bin=fake_peer(tmp_path))
+    peer, plain = report.result("one", "peer"), report.result("one", "peer-plain")
+    assert peer.tokens_per_s == pytest.approx(22.0) and peer.acceptance_rate == 0.75
+    assert peer.ttft_s == pytest.approx(0.2) and peer.agreement is None and peer.external
+    assert plain.tokens == 20 and plain.tokens_per_s == pytest.approx(9.5)
+    draft = report.result("one", "draft")
+    assert draft.vs_peer == pytest.approx(draft.tokens_per_s / 22.0)
+    assert draft.peer_plain_tokens_per_s == pytest.approx(9.5)
+    assert "peer = llama-speculative-simple" in (report.info.peer or "")
+    text = bench.to_markdown(report)
+    assert "| one | peer | 22 | 22.00 |" in text and "9.50/22.00" in text
+
+
+def test_a_failing_peer_says_why(tmp_path):
+    broken = "#!/bin/sh\necho 'error: unknown argument: --spec-type' >&2\nexit 1\n"
+    with pytest.raises(LocalspecError, match="unknown argument: --spec-type"):
+        run_toy("peer", peer_bin=fake_peer(tmp_path, spec=broken))
+
+
+def test_missing_peer_binaries(tmp_path):
+    from localspec.bench.peer import LlamaCppPeer
+
+    peer = LlamaCppPeer(tmp_path, tmp_path / "t.gguf", None, threads=2)
+    with pytest.raises(LocalspecError, match=r"scripts/peer_speculative\.sh build"):
+        peer.check(speculative=False)
+
+
+def test_agreement_labels():
+    assert Agreement(True).label() == "identical"
+    assert Agreement(False, 3, 0.4, 3).label() == (
+        "differs at 3 (baseline's #3, 0.40 behind: near-tie)"
+    )
+    assert Agreement(False, 3, 0.0, 1).label() == (
+        "differs at 3 (re-scored, the baseline's top token too: a tie)"
+    )
+    assert Agreement(False, 3, 4.0, 2).label() == (
+        "differs at 3 (baseline's #2, 4.00 behind: NOT a near-tie)"
+    )
+
+
+# --- the command ------------------------------------------------------------------------
+def localspec(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localspec", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--prompts", "{bad}"], "not valid JSON"),
+        (["--modes", "turbo"], "unknown mode"),
+        (["--only", "nope"], "no prompt or category named nope"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--draft", "none", "--modes", "draft"], "need a draft model"),
+        (["--out", "a-file/sub"], "Not a directory"),  # before the run, not after it
+    ],
+)
+def test_command_errors_are_one_line(tmp_path, args, words):
+    if args[0] == "--prompts":
+        args = ["--prompts", str(write(tmp_path, args[1]))]
+    if args[0] == "--out":
+        (tmp_path / "a-file").write_text("")
+        args = ["--out", str(tmp_path / args[1])]
+    r = localspec("bench", "--target", str(tmp_path / "t.gguf"), *args)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], r.stderr
+
+
+# --- the real pair -----------------------------------------------------------------------
+@pytest.mark.real
+def test_real_pair_short_bench(real_models, tmp_path):
+    target, draft = real_models
+    prompts = bench.select_prompts(bench.load_prompts(), "code-binary-search,edit-fix-bug")
+    report = bench.run_bench(target, draft, prompts, bench.parse_modes("draft"),
+                             BenchConfig(max_tokens=16), threads=2)
+    for r in report.results:
+        assert r.tokens > 0 and r.tokens_per_s > 0 and r.ttft_s > 0
+        # greedy speculation reproduces plain decoding, up to kernel numerics at a near-tie
+        assert r.agreement.identical or r.agreement.near_tie, r.agreement
+    assert all(report.result(p.name, "draft").runs[0].drafted > 0 for p in prompts)
+    md, _, png = bench.write_report(report, tmp_path)
+    assert "edit-fix-bug" in md.read_text() and png.stat().st_size > 0
+
+
+# --- costs ------------------------------------------------------------------------------
+def test_the_ceiling_is_the_best_gamma_for_a_drafter_that_is_always_right():
+    flat = bench.Costs((0.1,) * 4, draft_s=0.05)  # verification as cheap as one token (a GPU)
+    assert flat.ceiling(0.0) == (3, pytest.approx(4.0))  # n-grams: γ + 1 tokens a pass
+    assert flat.ceiling(0.05) == (3, pytest.approx(4 * 0.1 / (3 * 0.05 + 0.1)))
+    linear = bench.Costs((0.1, 0.2, 0.3, 0.4))  # each token costs a pass: nothing to gain
+    assert linear.ceiling(0.0)[1] == pytest.approx(1.0)
+    assert bench.Costs((0.0, 0.0)).ceiling(0.0) is None
+
+
+def test_costs_are_timed_and_reported():
+    target, draft = toy_pair()
+    costs = bench.measure_costs(target, draft, target.tokenize("<|user|>hi"), k_max=8, reps=3)
+    assert len(costs.verify_s) == 8 and costs.draft_s is not None
+    assert costs.verify_s[7] > costs.verify_s[0] > costs.draft_s > 0  # 2 ms + 0.2 ms a token
+    text = bench.to_markdown(run_toy())
+    assert "## What speculation has to work with" in text and "T(k) / T(1)" in text

@@ -1,0 +1,277 @@
+"""`--gamma auto`: the cost model, the choice it makes, and that it never loses much."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.backends.toy import ToyModel, scripted
+from localspec.decoding.adaptive import Acceptance, AdaptiveDrafter, Choice, VerifyCost, auto_engine
+from localspec.decoding.drafters import Outcome
+from localspec.decoding.events import RoundEnd
+
+
+def test_expected_tokens_match_the_closed_form_for_constant_alpha():
+    alpha = 0.8
+    acc = Acceptance.prior(alpha)
+    for k in range(1, 6):
+        assert 1 + acc.expected(k)[-1] == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha))
+
+
+def test_acceptance_learns_per_position():
+    acc = Acceptance.prior(0.5)
+    for _ in range(60):
+        acc.observe(drafted=4, accepted=1)  # first always right, second always wrong
+    assert acc.alpha[0] > 0.95 and acc.alpha[1] < 0.05
+    assert acc.alpha[2] == acc.alpha[1]  # never reached: assumed like the one before
+
+
+def test_a_deep_position_judged_on_early_misses_is_tried_again():
+    """Two early misses at position 2, then only one-token drafts (all right): position 2
+    is never tested, so its α must recover by itself (seen on a chat prompt: auto stayed
+    on one-token drafts for the rest of the answer)."""
+    acc = Acceptance.prior(0.7)
+    acc.observe(drafted=2, accepted=1)
+    acc.observe(drafted=3, accepted=1)
+    low = acc.alpha[1]
+    for _ in range(30):
+        acc.observe(drafted=1, accepted=1)
+    assert acc.alpha[0] > 0.9
+    assert acc.alpha[1] - low > 0.6 * (acc.alpha[0] - low)
+    assert acc.alpha[1] <= acc.alpha[0]  # relaxes toward the one before, never past it
+
+
+def test_auto_drafts_deeply_again_after_early_misses():
+    d = drafter_with(a=0.112, b=0.01, c=0.02, alpha=0.9)  # the F16 pair on a 2-core CPU
+    d.alpha["draft"] = Acceptance.prior(0.7)
+    d.alpha["draft"].observe(drafted=2, accepted=1)
+    d.alpha["draft"].observe(drafted=3, accepted=1)
+    ks = []
+    for _ in range(40):  # the text is easy: every drafted token is accepted
+        k = d.choose(matched=0, gamma=8).k
+        ks.append(k)
+        d.alpha["draft"].observe(drafted=k, accepted=k)
+    assert ks[0] == 1 and min(ks[-5:]) >= 4  # before the fix: 1 every round
+
+
+def test_verify_cost_fits_a_line_and_tries_the_next_batch_size():
+    cost = VerifyCost()
+    for k, t in [(1, 0.10), (2, 0.12), (3, 0.14)]:
+        cost.observe(k, t)
+    assert cost.a == pytest.approx(0.10) and cost.b == pytest.approx(0.02)
+    t4, t6 = cost.batch(np.array([4, 6]))
+    assert t4 == pytest.approx(0.14)  # untimed next size: optimistic, so it gets tried
+    assert t6 == pytest.approx(0.20)
+
+
+def measured(alpha: float) -> Acceptance:
+    """α as if seen many times."""
+    return Acceptance([alpha] * 8, [10] * 8)
+
+
+def drafter_with(a: float, b: float, c: float, alpha: float) -> AdaptiveDrafter:
+    d = AdaptiveDrafter(ToyModel(scripted("x")))
+    for k in range(1, 9):
+        d.verify.observe(k, a + b * (k - 1))
+    d.model.step_s = c  # type: ignore[union-attr]
+    d.alpha["draft"] = measured(alpha)
+    return d
+
+
+def test_cheap_accurate_draft_is_used_deeply():
+    choice = drafter_with(a=0.10, b=0.005, c=0.01, alpha=0.9).choose(matched=0, gamma=8)
+    assert choice.source == "draft" and choice.k >= 4 and choice.gain > 1.5
+
+
+def test_expensive_draft_means_plain_decoding():
+    choice = drafter_with(a=0.10, b=0.05, c=0.08, alpha=0.7).choose(matched=0, gamma=8)
+    assert choice.k == 0
+
+
+def test_free_ngram_match_beats_the_draft_model_when_it_is_reliable():
+    d = drafter_with(a=0.10, b=0.005, c=0.05, alpha=0.6)
+    d.alpha["ngram4"] = measured(0.95)
+    assert d.choose(matched=6, gamma=8).source.startswith("ngram")
+
+
+F16_CPU_T = [0.0789, 0.143, 0.159, 0.159, 0.162, 0.162, 0.210, 0.220]  # T(1..8), 2 cores
+
+
+def on_cpu(d: AdaptiveDrafter, seconds: list[float]) -> AdaptiveDrafter:
+    """The F16 target's measured T(k) on 2 CPU cores: T(2) is 1.8 T(1), T(6) 2 T(1)."""
+    for k, t in enumerate(seconds, 1):
+        d.verify.seconds[k] = t
+    return d
+
+
+def test_a_source_not_yet_seen_is_judged_at_its_prior_at_every_depth():
+    """Where a 2-token pass costs most of a 6-token one, trying a new source on one token
+    is the dearest way to learn its α (the F16 pair: the draft model, tried on one token
+    at 1.8 T(1), was judged not to pay and never drafted deeply)."""
+    d = on_cpu(drafter_with(a=0.0789, b=0.0, c=0.0099, alpha=0.7), F16_CPU_T)
+    d.alpha["draft"] = Acceptance.prior(0.7)
+    choice = d.choose(matched=0, gamma=8)
+    assert choice.source == "draft" and choice.k >= 4 and choice.gain > 1
+    d.alpha["ngram4"] = Acceptance.prior(0.65)
+    d.model = None
+    assert d.choose(matched=8, gamma=8, n=4).k >= 4  # a new n-gram length likewise
+
+
+@pytest.mark.parametrize(("a", "c", "tried"), [(0.0792, 0.0105, True), (0.0385, 0.0104, False)])
+def test_a_draft_model_not_yet_tried_must_pay_on_the_prior_cost_line(
+    a: float, c: float, tried: bool
+) -> None:
+    """Its first try pays the prompt's catch-up, so it is made where the priors say it
+    pays (the F16 target: c = 0.13 T(1)), not just to time T(2), which an untimed size
+    would be assumed to cost as T(1) (the Q4_K_M target: c = 0.27 T(1), where the draft
+    model tried on one token cost 4-8% on every short prompt, then stayed off)."""
+    d = drafter_with(a=a, b=0.0, c=c, alpha=0.7)
+    d.verify = VerifyCost()
+    d.verify.observe(1, a)  # one plain round timed
+    d.alpha["draft"] = Acceptance.prior(0.7)
+    d.model.catchup_s = 0.0034  # type: ignore[union-attr]
+    choice = d.choose(matched=0, gamma=8, lag=60)
+    assert (choice.source == "draft") == tried and (choice.k > 0) == tried
+
+
+def test_p_min_of_a_one_token_draft_is_its_verify_slot_at_the_rounds_rate():
+    d = drafter_with(a=0.10, b=0.02, c=0.01, alpha=0.8)
+    assert d.p_min(Choice("draft", 1, 1.5)) == [pytest.approx(1.5 * 0.02 / 0.10)]
+
+
+def test_p_min_lets_a_deep_draft_pay_for_a_dear_second_slot():
+    """A first token that alone would not pay its verify slot (64 ms of a 79 ms step) can
+    open a deep draft that does; past the second slot, tokens are nearly free."""
+    d = on_cpu(drafter_with(a=0.0789, b=0.0, c=0.0099, alpha=0.85), F16_CPU_T)
+    assert d.p_min(Choice("draft", 1, 1.4)) == [0.9]  # 1.4 × 64/79, clipped
+    deep = d.p_min(Choice("draft", 5, 1.4))
+    assert deep[0] < 0.7 and deep[1] < 0.4 and max(deep[2:]) < 0.1
+    after_ngram = d.p_min(Choice("ngram+draft", 5, 1.4, ngram=2))
+    assert len(after_ngram) == 3 and after_ngram[0] <= deep[2] + 0.05
+
+
+def test_idle_sources_are_probed_on_a_small_budget():
+    d = drafter_with(a=0.10, b=0.05, c=0.08, alpha=0.3)
+    probes = 0
+    for _ in range(400):
+        choice = d.choose(matched=0, gamma=8)
+        d._last = choice
+        spent = 0.1 if choice.k == 0 else 0.1 + choice.k * (0.08 + 0.05)
+        d.accept([], Outcome(choice.k, 0, spent))
+        probes += choice.k > 0
+    assert 1 <= probes <= 20  # noticed, but probing stays a small share
+
+
+REPLY = "def area(r):\n    return 3.14159 * r * r\n" * 3
+
+
+def conversation(draft_reply: str, target_cost=(0.004, 0.0005), draft_cost=(0.0, 0.0003)):
+    reply = REPLY
+    target = ToyModel(scripted(reply), pass_s=target_cost[0], token_s=target_cost[1])
+    draft = ToyModel(scripted(draft_reply), pass_s=draft_cost[0], token_s=draft_cost[1])
+    return target, draft, reply
+
+
+def test_auto_speeds_up_a_good_draft_and_picks_plain_for_a_useless_one():
+    target, draft, reply = conversation(draft_reply=REPLY)
+    good = list(auto_engine(target, draft).generate(target.tokenize("<|assistant|>")))
+    rounds = [e for e in good if isinstance(e, RoundEnd)]
+    assert good[-1].text == reply
+    assert good[-1].stats.mean_accepted_len > 2.5 and rounds[-1].why
+
+    # a draft that is always wrong and costs 40% of a target pass per token
+    target, draft, reply = conversation("z" * 200, draft_cost=(0.0, 0.002))
+    bad = list(auto_engine(target, draft).generate(target.tokenize("<|assistant|>")))
+    rounds = [e for e in bad if isinstance(e, RoundEnd)]
+    assert bad[-1].text == reply
+    assert sum("draft" in e.drafter for e in rounds) <= 6  # a first try, then plain
+    assert any(e.drafter == "ngram" and e.accepted for e in rounds)  # the reply repeats
+
+
+def test_short_ngram_matches_are_judged_apart_from_long_ones():
+    d = drafter_with(a=0.10, b=0.01, c=0.05, alpha=0.3)
+    d.alpha["ngram4"] = measured(0.9)
+    for _ in range(30):  # 2-token matches keep failing
+        d._match_n, d._last = 2, Choice("ngram", 2, 1.0, 2)
+        d.accept([], Outcome(2, 0, 0.12))
+    assert "ngram" not in d.choose(matched=4, gamma=4, n=2).source
+    assert d.choose(matched=4, gamma=4, n=4).source.startswith("ngram")
+
+
+def test_an_unlucky_start_does_not_switch_the_draft_model_off_for_good():
+    """Three misses on an answer's opening turn the draft off; while plain decoding runs,
+    its α recovers toward the prior, so it is drafted with again (seen on a chat prompt
+    whose draft agrees 79% of the time: off after three misses, for 120 tokens)."""
+    d = drafter_with(a=0.104, b=0.0, c=0.0125, alpha=0.7)
+    for k, t in enumerate([0.104, 0.146, 0.150, 0.154, 0.168, 0.174, 0.229, 0.241], 1):
+        d.verify.seconds[k] = t  # the F16 target's costs measured with the Q4_0 draft
+    d.alpha["draft"] = Acceptance.prior(0.7)
+    for _ in range(3):
+        d._last = Choice("draft", 1, 1.0)
+        d.accept([], Outcome(1, 0, 0.114))
+    assert d.choose(matched=0, gamma=8).k == 0
+    plain = 0
+    while d.choose(matched=0, gamma=8).source != "draft":
+        d._last = Choice("none", 0, 1.0)
+        d.accept([], Outcome(0, 0, 0.104))
+        plain += 1
+    assert 5 <= plain <= 40
+    assert d.alpha["draft"].alpha[0] < 0.7  # never past the prior
+
+
+def test_a_draft_that_does_not_pay_at_its_prior_stays_off():
+    d = drafter_with(a=0.10, b=0.05, c=0.08, alpha=0.7)
+    d.alpha["draft"] = Acceptance.prior(0.7)
+    d._last = Choice("draft", 1, 1.0)
+    d.accept([], Outcome(1, 0, 0.15))
+    for _ in range(200):
+        d._last = Choice("none", 0, 1.0)
+        d.accept([], Outcome(0, 0, 0.10))
+        d.idle_s["draft"] = 0.0  # leave probing out: recovery alone must not bring it back
+        assert d.choose(matched=0, gamma=8).k == 0
+    assert d.alpha["draft"].alpha[0] == pytest.approx(0.7, abs=0.01)
+
+
+def test_a_draft_cut_short_by_p_min_counts_as_a_miss_where_it_stopped():
+    """The Q4_K_M target with the Q4_0 draft: p_min is high, so planned deep drafts stop
+    after one confident token. Each such round paid a stopped draft step and a 2-token
+    verify for ~1.9 tokens; auto must plan by what it got, not by what it planned."""
+    d = drafter_with(a=0.0334, b=0.0, c=0.0099, alpha=0.98)  # the answer opened easy
+    d.verify = VerifyCost()
+    for k, t in enumerate([0.0334, 0.0587, 0.0748, 0.101], 1):  # larger batches untimed
+        d.verify.observe(k, t)
+    planned = []
+    for _ in range(8):
+        d._last = d.choose(matched=0, gamma=8)
+        planned.append(d._last.k)
+        if d._last.k == 0:
+            break
+        d.accept([], Outcome(1, 1, 0.0587))  # one token drafted, right; then a stop
+    assert planned[0] >= 4 and planned[-1] == 0 and len(planned) <= 4  # before: 4 forever
+    assert d.alpha["draft"].alpha[1] < 0.8 < d.alpha["draft"].alpha[0]
+
+
+def rounds_until_the_draft_model_is_probed(conversation_len: int) -> int:
+    """Plain rounds (Q4_K_M-like costs on this project's CPU) until an idle draft model
+    that has read nothing of a `conversation_len`-token chat is tried again."""
+    d = drafter_with(a=0.034, b=0.02, c=0.010, alpha=0.3)
+    d.model.catchup_s = 0.003  # type: ignore[union-attr]
+    context = [i % 250 for i in range(conversation_len)]
+    for rounds in range(20_000):
+        lag = d.model.unread(context)  # type: ignore[union-attr]
+        choice = d.choose(matched=0, gamma=8, lag=lag)
+        if "draft" in choice.source:
+            return rounds
+        d._last = choice
+        d.accept([], Outcome(0, 0, 0.034))
+    return 20_000
+
+
+def test_a_draft_model_left_off_through_a_long_chat_is_still_probed_again():
+    """It reads at most a window of what it missed, so the probe that notices a change of
+    topic costs the same after 2,000 tokens as after 50,000 (it cost 25 times more)."""
+    from localspec.decoding.drafters import WINDOW
+
+    near, far = (rounds_until_the_draft_model_is_probed(n) for n in (2_000, 50_000))
+    assert far == near < 20_000
+    assert near == pytest.approx(WINDOW * 0.003 / 0.034 / 0.02, rel=0.1)  # PROBE_SHARE

@@ -1,0 +1,43 @@
+import numpy as np
+
+from localspec.backends.toy import ToyModel, scripted
+from localspec.decoding.drafters import DraftModel, NgramIndex
+
+
+def brute_force(ctx: list[int], gamma: int, n_max: int, n_min: int) -> list[int]:
+    for n in range(min(n_max, len(ctx) - 1), n_min - 1, -1):
+        suffix = ctx[-n:]
+        for start in range(len(ctx) - n - 1, -1, -1):  # latest earlier occurrence
+            if ctx[start : start + n] == suffix:
+                return ctx[start + n : start + n + gamma]
+    return []
+
+
+def test_index_finds_what_a_scan_finds_as_the_context_grows():
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(0, 6, size=300).tolist()  # small alphabet: many repeats
+    index = NgramIndex(n_max=4, n_min=2)
+    for end in range(2, len(ctx)):
+        assert index.lookup(ctx[:end], 5) == brute_force(ctx[:end], 5, 4, 2)
+
+
+def test_index_starts_afresh_for_another_text():
+    index = NgramIndex(n_max=3, n_min=1)
+    assert index.lookup([1, 2, 3, 1, 2], 2) == [3, 1]
+    assert index.lookup([7, 8, 9, 7], 2) == [8, 9]  # nothing left over from [1, 2, 3, ...]
+
+
+def test_a_cut_draft_reads_a_new_conversation_whole_when_it_fits():
+    from localspec.decoding.drafters import SINKS
+
+    model = ToyModel(scripted("ok"), n_ctx=100_000)
+    drafter = DraftModel(model, p_min=0.0, window=16)
+    long_chat = [1, 2, 3, 4, *(10 + i for i in range(26))]  # 30 tokens, none read
+    seq, held = drafter.view(long_chat)
+    assert seq == [*long_chat[:SINKS], *long_chat[-16:]] and held == 0
+    model.evaluate(seq, 1)  # it reads the cut view, then goes on from it
+    assert drafter.view([*long_chat, 7]) == ([*seq, 7], len(seq))
+    # another conversation, opening like the first (the same template): 18 tokens, of
+    # which 14 unread, fit the window, so it reads them all, not the first's cut of them
+    new_chat = [1, 2, 3, 4, *(200 + i for i in range(14))]
+    assert drafter.view(new_chat) == (new_chat, SINKS)

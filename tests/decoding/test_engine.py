@@ -1,0 +1,176 @@
+"""The loop's bookkeeping on deterministic toy models: caches, passes, stops."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from localspec.backends.base import ContextFull
+from localspec.backends.toy import ToyModel, scripted
+from localspec.decoding.drafters import DraftModel, NgramDrafter, NoDrafter
+from localspec.decoding.engine import Engine, GenerationConfig
+from localspec.decoding.events import Finished, Piece, RoundEnd
+from localspec.session import Session
+
+REPLY = "def add(a, b):\n    return a + b\n\nprint(add(2, 3))  # 5 ✓"
+NEAR_REPLY = "def add(a, b):\n    return a - b\n\nprint(add(2, 3))  # 5 ✓"  # one token off
+USER = [{"role": "user", "content": "add two numbers"}]
+
+
+def pair(gamma: int = 4, reply: str = REPLY, draft_reply: str = NEAR_REPLY):
+    target = ToyModel(scripted(reply), name="target")
+    draft = ToyModel(scripted(draft_reply), name="draft")
+    return Session(Engine(target, DraftModel(draft, p_min=0.0), gamma)), target, draft
+
+
+def test_answer_is_the_targets_and_rejections_happen():
+    session, _, _ = pair()
+    done = list(session.chat(USER))[-1]
+    assert isinstance(done, Finished)
+    assert done.text == REPLY and done.stop_reason == "eog"
+    assert 0 < done.stats.accepted < done.stats.drafted
+
+
+def test_caches_hold_exactly_the_accepted_text_after_every_round():
+    session, target, draft = pair(gamma=5)
+    prompt = session.render(USER)
+    text = list(prompt)
+    seen = []
+    for event in session.engine.generate(prompt):
+        if isinstance(event, Piece) and event.token >= 0:
+            text.append(event.token)
+        if isinstance(event, RoundEnd):
+            seen.append((list(text), list(target.cached), list(draft.cached)))
+    assert len(seen) > 5
+    for text, target_kv, draft_kv in seen[:-1]:  # the last round also holds the EOS
+        # the target holds all but the newest token (it opens the next batch)
+        assert target_kv == text[:-1]
+        assert draft_kv == text[: len(draft_kv)]  # a prefix: no rejected tail
+
+
+def test_one_target_pass_per_round():
+    session, target, _ = pair(gamma=4)
+    done = list(session.chat(USER))[-1]
+    assert target.decode_calls == done.stats.rounds + 1  # + the prefill
+
+
+def test_multi_turn_reuses_the_cache_and_matches_a_fresh_session():
+    session, target, _ = pair()
+    first = list(session.chat(USER))[-1].text
+    turn2 = [*USER, {"role": "assistant", "content": first}, {"role": "user", "content": "again"}]
+    calls = target.decode_calls
+    again = list(session.chat(turn2))[-1]
+    fresh, _, _ = pair()
+    assert again.text == list(fresh.chat(turn2))[-1].text == REPLY
+    # the prefill of turn 2 evaluated only what turn 1 did not already hold
+    assert target.decode_calls - calls == again.stats.rounds + 1
+
+
+@pytest.mark.parametrize("drafter", [NoDrafter(), NgramDrafter()])
+def test_every_drafter_gives_the_same_greedy_answer(drafter):
+    target = ToyModel(scripted(REPLY))
+    session = Session(Engine(target, drafter, 0 if isinstance(drafter, NoDrafter) else 3))
+    assert list(session.chat(USER))[-1].text == REPLY
+
+
+def test_provenance_marks_accepted_draft_tokens():
+    session, _, _ = pair(draft_reply=REPLY)  # a perfect draft
+    pieces = [e for e in session.chat(USER) if isinstance(e, Piece)]
+    assert pieces[0].source == "target"  # the prefill token
+    assert sum(p.source == "draft" for p in pieces) > len(pieces) // 2
+
+
+def test_stop_string_ends_the_answer_without_showing_it():
+    session, _, _ = pair()
+    events = list(session.chat(USER, GenerationConfig(stop=("\n\nprint",))))
+    done = events[-1]
+    assert done.stop_reason == "stop_string"
+    assert done.text == "def add(a, b):\n    return a + b"
+    assert "".join(e.text for e in events if isinstance(e, Piece)) == done.text
+
+
+def test_max_tokens_cuts_inside_a_round():
+    session, _, _ = pair(gamma=6)
+    done = list(session.chat(USER, GenerationConfig(max_tokens=7)))[-1]
+    assert done.stop_reason == "max_tokens" and len(done.tokens) == 7
+    assert done.text == REPLY.encode()[:7].decode()
+
+
+def test_full_context_ends_with_a_reason():
+    target = ToyModel(scripted(REPLY), n_ctx=40)
+    session = Session(Engine(target, DraftModel(ToyModel(scripted(REPLY)), p_min=0.0), 4))
+    done = list(session.chat(USER))[-1]
+    assert done.stop_reason == "context_full"
+    assert len(session.render(USER)) + len(done.tokens) == 40
+
+
+def test_prompt_longer_than_the_context_is_refused_before_generating():
+    session, _, _ = pair()
+    session.target.n_ctx = 10
+    with pytest.raises(ContextFull, match="context"):
+        next(session.chat(USER))
+
+
+def test_cancel_ends_at_the_next_round():
+    session, _, _ = pair(gamma=2)
+    cancel = threading.Event()
+    events = []
+    for event in session.chat(USER, cancel=cancel):
+        events.append(event)
+        if isinstance(event, RoundEnd):
+            cancel.set()
+    done = events[-1]
+    assert done.stop_reason == "cancelled" and 0 < len(done.tokens) < len(REPLY)
+    assert REPLY.startswith(done.text)
+
+
+def test_stats_count_what_happened():
+    session, _, _ = pair(draft_reply=REPLY, gamma=4)
+    done = list(session.chat(USER))[-1]
+    s = done.stats
+    assert s.acceptance_rate == 1.0
+    assert s.tokens == len(REPLY.encode())
+    assert s.mean_accepted_len == pytest.approx(1 + s.accepted / s.rounds)
+    assert s.drafted_per_position[0] == s.rounds - 1 or s.drafted_per_position[0] >= 1
+    assert sum(s.accepted_per_position) == s.accepted
+
+
+def test_plain_decoding_makes_one_token_a_round():
+    """The round that makes the end-of-generation token shows no text but made a token:
+    a plain answer is 1 token a round, not (n - 1) / n."""
+    session = Session(Engine(ToyModel(scripted(REPLY)), NoDrafter(), 0))
+    done = list(session.chat(USER))[-1]
+    assert done.stop_reason == "eog"
+    assert done.stats.mean_accepted_len == 1.0
+
+
+def test_the_draft_model_stops_at_a_per_position_p_min():
+    _, _, draft = pair()
+    drafter = DraftModel(draft, p_min=[0.0, 0.0, 1.01])  # the third token needs certainty+
+    context = draft.tokenize("<|assistant|>")
+    params = GenerationConfig().sampling
+    assert len(drafter.draft(context, 5, params, np.random.default_rng(0)).tokens) == 2
+    drafter.p_min = [0.0]  # the last threshold holds for the positions after it
+    assert len(drafter.draft(context, 5, params, np.random.default_rng(0)).tokens) == 5
+
+
+def test_a_draft_model_far_behind_reads_its_sinks_and_a_window_and_stays_lossless():
+    from localspec.decoding.drafters import SINKS
+
+    target, draft = ToyModel(scripted(REPLY), name="target"), ToyModel(scripted(REPLY))
+    drafter = DraftModel(draft, p_min=0.0, window=32)
+    session = Session(Engine(target, drafter, 4))
+    user = [{"role": "user", "content": "x" * 300}]
+    prompt = session.render(user)
+    done = list(session.chat(user))[-1]
+    assert done.text == REPLY  # the target's answer, whatever the draft read
+    assert draft.decoded < len(prompt)  # it never read the whole prompt
+    # its cache: the first SINKS tokens, then the text from within the window's reach on
+    text, tail = [*prompt, *done.tokens], draft.cached[SINKS : SINKS + 32]
+    assert draft.cached[:SINKS] == text[:SINKS]
+    start = next(s for s in range(SINKS + 1, len(text)) if text[s : s + len(tail)] == tail)
+    assert len(prompt) - 32 <= start < len(prompt)
+    # the window kept the assistant marker, so the draft still guessed right
+    assert done.stats.accepted >= len(done.tokens) // 2

@@ -1,0 +1,58 @@
+import numpy as np
+import pytest
+
+from localspec.decoding.sampling import SamplingParams, logits_to_probs, penalize, sample, top2
+
+LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.06, 0.04]))
+
+
+def probs(**kw) -> np.ndarray:
+    return logits_to_probs(LOGITS, SamplingParams(**{"temperature": 1.0, "min_p": 0.0,
+                                                     "top_p": 1.0, "top_k": 0, **kw}), [])
+
+
+def test_plain_softmax_recovers_the_distribution():
+    np.testing.assert_allclose(probs(), np.exp(LOGITS) / np.exp(LOGITS).sum())
+
+
+def test_top_k_top_p_min_p_cut_and_renormalize():
+    np.testing.assert_allclose(probs(top_k=2), [2 / 3, 1 / 3, 0, 0, 0])
+    # 0.5 + 0.25 = 0.75 < 0.8, so the third token is needed too
+    np.testing.assert_allclose(probs(top_p=0.8), np.array([0.5, 0.25, 0.15, 0, 0]) / 0.9)
+    np.testing.assert_allclose(probs(min_p=0.2), np.array([0.5, 0.25, 0.15, 0, 0]) / 0.9)
+
+
+def test_temperature_sharpens():
+    assert probs(temperature=0.5)[0] > probs()[0]
+
+
+def test_repetition_penalty_follows_llama_cpp_sign_rule():
+    logits = np.array([2.0, -2.0, 1.0])
+    out = penalize(logits, SamplingParams(repeat_penalty=2.0), [0, 1])
+    np.testing.assert_allclose(out, [1.0, -4.0, 1.0])
+
+
+def test_top2_gives_the_argmax_and_its_share_of_the_top_two():
+    logits = LOGITS.astype(np.float32)
+    token, confidence = top2(logits)
+    assert token == 0 and confidence == pytest.approx(0.5 / 0.75, rel=1e-6)
+    np.testing.assert_array_equal(logits, LOGITS.astype(np.float32))  # left as it was
+
+
+def test_sample_follows_probs():
+    rng = np.random.default_rng(0)
+    p = np.array([0.7, 0.0, 0.3])
+    draws = np.bincount([sample(p, rng) for _ in range(4000)], minlength=3) / 4000
+    assert draws[1] == 0
+    assert abs(draws[0] - 0.7) < 0.03
+
+
+@pytest.mark.parametrize("bad", [
+    {"temperature": -1}, {"temperature": float("nan")}, {"temperature": float("inf")},
+    {"top_p": 0}, {"top_p": float("nan")}, {"min_p": 1.0}, {"min_p": float("nan")},
+    {"top_k": -1}, {"repeat_penalty": 0}, {"repeat_penalty": float("nan")},
+    {"repeat_penalty": float("inf")}, {"seed": -1},
+])
+def test_bad_params_are_refused(bad):
+    with pytest.raises(ValueError):
+        SamplingParams(**bad)

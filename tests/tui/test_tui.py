@@ -1,0 +1,443 @@
+"""The chat app end to end, driven by Textual's pilot against a scripted pair (the real
+engine over toy models) and, once, against the real pair."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from localspec.backends.base import LoadFailed
+from localspec.conversations import ConversationStore
+from localspec.settings import Settings, load_settings
+from tui.app import ChatApp
+from tui.memory import MemoryUse
+from tui.pair import PairSpec
+from tui.scripted import SPEC, scripted_loader
+from tui.widgets import Answer, PromptInput, StatsPanel
+from tui.widgets.transcript import ProvenanceView, UserMessage
+
+pytestmark = pytest.mark.tui
+
+REPLY = "The answer is **42**, as everyone knows."
+GiB = 1 << 30
+FAKE_MEMORY = MemoryUse(process=GiB // 2, used=GiB, total=2 * GiB)
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    return tmp_path
+
+
+def make_app(reply: object = REPLY, token_s: float = 0.0, settings: Settings | None = None,
+             **loader_args) -> ChatApp:
+    return ChatApp(scripted_loader(reply, token_s, **loader_args), SPEC, settings,
+                   memory=lambda: FAKE_MEMORY)
+
+
+async def until(pilot, condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Let the app run until `condition` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the app")
+        await pilot.pause(0.02)
+
+
+async def ready(pilot) -> ChatApp:
+    app = pilot.app
+    await until(pilot, lambda: app.pair_state != "loading")
+    return app
+
+
+async def send(pilot, text: str) -> None:
+    app: ChatApp = pilot.app
+    app.query_one(PromptInput).focus()
+    await pilot.press(*text)
+    await pilot.press("enter")
+
+
+def answers(app: ChatApp) -> list[Answer]:
+    return list(app.query(Answer))
+
+
+def done(app: ChatApp) -> bool:
+    return bool(answers(app)) and answers(app)[-1].status != "streaming"
+
+
+def plain(static) -> str:
+    """What a Static shows, as text."""
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(static.content)
+    return console.export_text()
+
+
+def saved(home: Path) -> list:
+    store = ConversationStore(home / "conversations")
+    return [store.load(info.id) for info in store.list()]
+
+
+async def test_an_answer_streams_in_and_is_saved(home: Path):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "What is the answer?")
+        await until(pilot, lambda: done(app))
+        answer = answers(app)[-1]
+        assert answer.status == "done"
+        assert answer.text == REPLY
+        assert "42" in str(answer.query_one("Markdown").source)
+        assert answer.summary.startswith("done · ") and "tok/s" in answer.summary
+        assert app.query_one(PromptInput).text == ""
+        assert not app.generating
+        figures = app.query_one(StatsPanel).figures
+        assert figures["tokens"] == len(REPLY.encode())
+        assert figures["drafted"] > 0
+    (conversation,) = saved(home)
+    user, assistant = conversation.messages
+    assert (user.role, user.content) == ("user", "What is the answer?")
+    assert (assistant.content, assistant.stop_reason) == (REPLY, "eog")
+    assert {src for _, src in assistant.spans} == {"draft", "target"}
+    assert assistant.stats["tokens"] == len(REPLY.encode())
+
+
+async def test_shift_enter_and_ctrl_j_start_a_new_line():
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("a", "ctrl+j", "b", "shift+enter", "c")
+        assert app.query_one(PromptInput).text == "a\nb\nc"
+        assert not answers(app)
+        await pilot.press("enter")
+        await until(pilot, lambda: done(app))
+        assert app.query_one(UserMessage).content.plain == "a\nb\nc"
+
+
+async def test_escape_stops_the_answer_at_once_and_keeps_it(home: Path):
+    long_reply = "word " * 400
+    app = make_app(long_reply, token_s=0.01)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "talk")
+        await until(pilot, lambda: len(answers(app)[-1].text) > 20)
+        await pilot.press("escape")
+        answer = answers(app)[-1]
+        assert answer.status == "stopped" and answer.has_class("-stopped")
+        assert not app.generating, "the input is free at once"
+        await until(pilot, lambda: "tokens" in answer.summary)  # the engine's figures follow
+        assert answer.summary.startswith("stopped")
+        shown = answer.text
+        await pilot.pause(0.3)
+        assert answer.text == shown, "nothing arrives after the stop"
+        assert 20 < len(shown) < len(long_reply)
+        await send(pilot, "again")
+        await until(pilot, lambda: len(answers(app)) == 2 and done(app), timeout=30)
+        assert answers(app)[-1].status == "done"
+    (conversation,) = saved(home)
+    stopped = conversation.messages[1]
+    assert stopped.stop_reason == "cancelled"
+    assert stopped.content == shown, "what was shown is what was saved"
+
+
+async def test_ctrl_n_starts_a_new_conversation(home: Path):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        await until(pilot, lambda: done(app))
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert not answers(app) and app.query("#welcome")
+        await send(pilot, "second")
+        await until(pilot, lambda: done(app))
+    titles = sorted(c.title for c in saved(home))
+    assert titles == ["first", "second"]
+
+
+async def test_a_saved_conversation_reopens_and_continues(home: Path):
+    def reply(prompt: str) -> str:
+        return f"I have seen {prompt.count('<|user|>')} user turns."
+
+    app = make_app(reply)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "one")
+        await until(pilot, lambda: done(app))
+    first = saved(home)[0]
+
+    app = make_app(reply)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: app.screen.query("OptionList Option, OptionList")
+                    and app.screen.query_one("OptionList").option_count > 0)
+        await pilot.press("enter")
+        await until(pilot, lambda: len(answers(app)) == 1)
+        assert answers(app)[0].text == "I have seen 1 user turns."
+        assert answers(app)[0].status == "done"
+        await send(pilot, "two")
+        await until(pilot, lambda: len(answers(app)) == 2 and done(app))
+        assert answers(app)[-1].text == "I have seen 2 user turns."
+    (conversation,) = saved(home)
+    assert conversation.id == first.id
+    assert [m.content for m in conversation.messages] == [
+        "one", "I have seen 1 user turns.", "two", "I have seen 2 user turns."
+    ]
+
+
+async def test_settings_apply_to_the_next_answer_and_persist(home: Path):
+    app = make_app("a long answer that will be cut short")
+    async with app.run_test(size=(120, 45)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: app.screen.query("#max_tokens"))
+        max_tokens = app.screen.query_one("#max_tokens")
+        max_tokens.value = "5"
+        app.screen.query_one("#drafter").value = "none"
+        app.screen.query_one("#system_prompt").text = "Be brief."
+        await pilot.press("ctrl+s")  # save
+        await until(pilot, lambda: app.screen is app.screen_stack[0])
+        await send(pilot, "go")
+        await until(pilot, lambda: done(app))
+        answer = answers(app)[-1]
+        assert answer.text == "a lon"
+        assert answer.summary.startswith("max tokens · 5 tokens")
+        assert "nothing drafted" in answer.summary
+    settings, problems = load_settings(home / "settings.toml")
+    assert problems == []
+    assert (settings.max_tokens, settings.drafter, settings.system_prompt) == (
+        5, "none", "Be brief.")
+
+
+async def test_invalid_settings_are_refused_in_the_form(home: Path):
+    app = make_app()
+    async with app.run_test(size=(120, 45)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: app.screen.query("#temperature"))
+        app.screen.query_one("#temperature").value = "-3"
+        await pilot.click("#save")
+        assert app.screen.has_class("-invalid")
+        assert "temperature" in plain(app.screen.query_one("#settings-error"))
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is app.screen_stack[0]
+    assert not (home / "settings.toml").exists()
+
+
+async def test_provenance_colours_the_answer_by_source(home: Path):
+    # a fixed γ: `auto` times the toy pair's passes, which are noise, and may not draft
+    app = make_app(settings=Settings(gamma=3))
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await until(pilot, lambda: done(app))
+        view = answers(app)[-1].query_one(ProvenanceView)
+        assert not view.display
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert app.has_class("-provenance") and view.display
+        assert not answers(app)[-1].query_one("Markdown").display
+        text = view.render()
+        assert text.plain == REPLY
+        styles = {str(span.style) for span in text.spans}
+        assert len(styles) == 2, "draft and target runs look different"
+        await until(pilot, lambda: load_settings(home / "settings.toml")[0].provenance)
+
+
+async def test_a_provenance_view_hidden_while_the_answer_streams_shows_all_of_it(home: Path):
+    """Hidden, it is not redrawn as pieces arrive; shown again, it has every piece."""
+    app = make_app("stream " * 60, token_s=0.02)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await until(pilot, lambda: bool(answers(app)) and bool(answers(app)[-1].text))
+        view = answers(app)[-1].query_one(ProvenanceView)
+        await pilot.press("ctrl+t")  # shown mid-answer, then hidden again
+        await until(pilot, lambda: view.display and bool(view.render().plain))
+        await pilot.press("ctrl+t")
+        await until(pilot, lambda: done(app))
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert view.display
+        assert view.render().plain == "stream " * 60
+        assert "".join(strip.text for strip in view.render_lines(view.region.reset_offset)
+                       ).split() == ["stream"] * 60
+
+
+async def test_command_palette_runs_the_app_commands():
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"provenance")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await until(pilot, lambda: app.provenance)
+
+
+async def test_a_pair_that_fails_to_load_is_a_notification():
+    app = make_app(fail=LoadFailed("not enough memory for a context of 4096 tokens"))
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert app.pair_state == "failed"
+        (note,) = app._notifications
+        assert note.severity == "error" and "not enough memory" in note.message
+        assert "smaller pair" in note.message
+        await send(pilot, "hello")
+        await pilot.pause()
+        assert not answers(app)
+        assert app.query_one(PromptInput).text == "hello", "the message is kept"
+        assert "No models are loaded" in list(app._notifications)[-1].message
+
+
+async def test_a_full_context_is_a_notification_not_a_crash(home: Path):
+    app = make_app(n_ctx=200)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "x" * 300)
+        await until(pilot, lambda: done(app))
+        assert answers(app)[-1].status == "error"
+        notes = [n for n in app._notifications if n.severity == "error"]
+        assert notes and "Ctrl+N" in notes[-1].message
+        await pilot.press("ctrl+n")
+        await send(pilot, "ok")
+        await until(pilot, lambda: done(app))
+    assert sorted(c.messages[-1].stop_reason for c in saved(home)) == ["eog", "error"]
+
+
+async def test_stats_panel_shows_speed_acceptance_and_memory():
+    app = make_app("stream " * 100, token_s=0.05)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "go")
+        panel = app.query_one(StatsPanel)
+        await until(pilot, lambda: panel.rate_now > 0)  # sampled while streaming
+        assert panel.has_class("-generating")
+        await until(pilot, lambda: done(app))
+        assert not panel.has_class("-generating")
+        assert panel.query_one("Sparkline").data
+        speculation, memory, speed = (
+            plain(panel.query_one(f"#stats-{name}")) for name in ("speculation", "memory", "speed")
+        )
+        assert "accepted" in speculation and "%" in speculation
+        assert "TTFT" in speculation and "γ" in speculation
+        assert "1.0 GiB / 2.0 GiB" in memory and "512.0 MiB" in memory
+        assert "tok/s" in speed
+        why = panel.query_one("#stats-why")  # γ auto (the default) says why, in a line
+        assert why.display and "plain" in plain(why) and "ms per extra token" in why.tooltip
+
+
+async def test_exit_while_answering_waits_for_the_round_and_closes_the_pair():
+    app = make_app("slow " * 200, token_s=0.02)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        pair = app.pair
+        await send(pilot, "go")
+        await until(pilot, lambda: len(answers(app)[-1].text) > 5)
+    assert pair is not None and app.pair is None
+    await asyncio.sleep(0)
+
+
+@pytest.mark.real
+async def test_one_short_exchange_with_the_real_pair(real_paths, home: Path):
+    from localspec.backends.llama import LoadOptions
+    from localspec.session import SessionConfig, open_session
+
+    target, draft = map(str, real_paths)
+    options = LoadOptions(n_ctx=1024, n_threads=2)
+
+    def load(spec: PairSpec, say):
+        return open_session(SessionConfig(spec.target, spec.draft, gamma="auto",
+                                          target_load=options, draft_load=options), say=say)
+
+    settings = Settings(max_tokens=16, system_prompt="")
+    app = ChatApp(load, PairSpec(target, draft), settings, memory=lambda: FAKE_MEMORY)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.pair_state != "loading", timeout=120)
+        assert app.pair_state == "ready"
+        await send(pilot, "Write a Python function that adds two numbers.")
+        await until(pilot, lambda: done(app), timeout=120)
+        answer = answers(app)[-1]
+        assert answer.status == "done" and answer.text.strip()
+        figures = app.query_one(StatsPanel).figures
+        assert 0 < figures["tokens"] <= 16 and figures["tokens_per_s"] > 0
+    (conversation,) = saved(home)
+    assert conversation.messages[-1].content == answer.text
+
+
+def fake_listing():
+    from tui.listing import Listing, ModelRow, PairRow
+
+    return Listing(
+        "no GPU, 8.0 GiB RAM available, 2 CPU cores",
+        models=[ModelRow("toy-1b", "toy", "target", "Q4_K_M", GiB, True, "CPU"),
+                ModelRow("toy-7b", "toy", "target", "Q4_K_M", 4 * GiB, False, "CPU")],
+        pairs=[PairRow("small", "toy-1b", "toy-draft", "Q4_K_M", GiB, 0, "CPU"),
+               PairRow("big", "toy-7b", "toy-draft", "Q4_K_M", 4 * GiB, 4000, "CPU")],
+        planned=PairSpec("toy-1b:Q4_K_M", "toy-draft:Q4_K_M", 2048, 0),
+        plan_note="Target: toy-1b, the largest that fits.",
+    )
+
+
+async def test_models_screen_switches_and_downloads_pairs(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import threading
+
+    import tui.app
+    import tui.screens.models
+
+    monkeypatch.setattr(tui.screens.models, "gather", fake_listing)
+    downloads = home / "hub"
+    downloads.mkdir()
+    monkeypatch.setattr(tui.app, "download_files", lambda: list(downloads.iterdir()))
+    halfway, finish = threading.Event(), threading.Event()
+
+    def fake_pull(pair_id: str, say) -> None:
+        say(f"downloading {pair_id}")
+        (downloads / "blob.incomplete").write_bytes(b"x" * 2000)
+        halfway.set()
+        assert finish.wait(20)
+
+    monkeypatch.setattr(tui.app, "pull_pair", fake_pull)
+    loaded: list[PairSpec] = []
+    loader = scripted_loader()
+
+    def load(spec, say):
+        loaded.append(spec)
+        return loader(spec, say)
+
+    app = ChatApp(load, SPEC, memory=lambda: FAKE_MEMORY)
+    async with app.run_test(size=(130, 45)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+l")
+        await until(pilot, lambda: getattr(app.screen, "listing", None) is not None)
+        screen = app.screen
+        assert screen.query_one("#models-pairs").row_count == 2
+        assert app.focused is screen.query_one("#models-pairs")
+        await pilot.press("down", "d")  # "big" is not installed: download it
+        await until(pilot, halfway.is_set)
+        await until(pilot, lambda: app.download is not None and app.download.done == 2000)
+        assert screen.has_class("-downloading")
+        assert screen.query_one("ProgressBar").percentage == pytest.approx(0.5)
+        await pilot.press("escape")  # the download goes on without the screen
+        await send(pilot, "still chatting")
+        await until(pilot, lambda: done(app))
+        finish.set()
+        await until(pilot, lambda: app.download.finished)
+        assert any("big is ready" in n.message for n in app._notifications)
+        await pilot.press("ctrl+l")
+        await until(pilot, lambda: getattr(app.screen, "listing", None) is not None)
+        await pilot.press("enter")  # "small" is installed: switch to it
+        await until(pilot, lambda: len(loaded) == 2 and app.pair_state == "ready")
+    assert loaded[1] == PairSpec("toy-1b:Q4_K_M", "toy-draft:Q4_K_M")
+    settings, _ = load_settings(home / "settings.toml")
+    assert (settings.target, settings.draft) == ("toy-1b:Q4_K_M", "toy-draft:Q4_K_M")
