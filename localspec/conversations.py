@@ -100,8 +100,14 @@ class ConversationStore:
             raise ConversationError(f"conversation {conversation_id!r} exists already")
         writer = ConversationWriter(self.path(conversation_id))
         writer.write(
-            {"t": "meta", "v": FORMAT, "id": conversation_id, "title": title_of(title),
-             "created": now, **meta},
+            {
+                "t": "meta",
+                "v": FORMAT,
+                "id": conversation_id,
+                "title": title_of(title),
+                "created": now,
+                **meta,
+            },
             sync=True,
         )
         return writer
@@ -125,13 +131,15 @@ class ConversationStore:
                 continue  # a file being created, or not ours
             if not isinstance(meta, dict) or meta.get("t") != "meta":
                 continue
-            infos.append(ConversationInfo(
-                id=path.stem,
-                title=str(meta.get("title", "")),
-                created=float(meta.get("created", updated)),
-                updated=updated,
-                path=path,
-            ))
+            infos.append(
+                ConversationInfo(
+                    id=path.stem,
+                    title=str(meta.get("title", "")),
+                    created=float(meta.get("created", updated)),
+                    updated=updated,
+                    path=path,
+                )
+            )
         return sorted(infos, key=lambda i: (i.updated, i.created), reverse=True)
 
     def load(self, conversation_id: str) -> Conversation:
@@ -164,10 +172,15 @@ def fold(conversation_id: str, records: Iterator[dict[str, Any]]) -> Conversatio
 
     def close_answer(stop_reason: str, stats: Mapping[str, Any]) -> None:
         assert spans is not None
-        messages.append(StoredMessage(
-            "assistant", "".join(s[0] for s in spans), tuple((t, s) for t, s in spans),
-            stop_reason, stats,
-        ))
+        messages.append(
+            StoredMessage(
+                "assistant",
+                "".join(s[0] for s in spans),
+                tuple((t, s) for t, s in spans),
+                stop_reason,
+                stats,
+            )
+        )
 
     for r in records:
         kind = r.get("t")
@@ -222,7 +235,7 @@ class ConversationWriter:
         data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
         view = memoryview(data)
         while view:
-            view = view[os.write(self._fd, view):]
+            view = view[os.write(self._fd, view) :]
         self._dirty = True
         if sync or time.monotonic() - self._synced_at >= self.sync_every_s:
             self.sync()

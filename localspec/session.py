@@ -111,9 +111,7 @@ def _formatter(model: Model) -> object:
     )
 
 
-def open_session(
-    config: SessionConfig, say: Callable[[str], None] = lambda _line: None
-) -> Session:
+def open_session(config: SessionConfig, say: Callable[[str], None] = lambda _line: None) -> Session:
     """Load the target and the drafter named in `config`. When llama.cpp cannot load
     them (memory, mostly), back off: a smaller context, then fewer target layers on the
     GPU, then no draft model; each step is told through `say`."""
@@ -166,14 +164,16 @@ def fails_again(attempt: SessionConfig, failed: SessionConfig, failure: LoadFail
     if failure.n_ctx is None:
         return False
     return (
-        _without_ctx(attempt) == _without_ctx(failed)
-        and attempt.target_load.n_ctx >= failure.n_ctx
+        _without_ctx(attempt) == _without_ctx(failed) and attempt.target_load.n_ctx >= failure.n_ctx
     )
 
 
 def _without_ctx(config: SessionConfig) -> SessionConfig:
-    return replace(config, target_load=replace(config.target_load, n_ctx=0),
-                   draft_load=replace(config.draft_load, n_ctx=0))
+    return replace(
+        config,
+        target_load=replace(config.target_load, n_ctx=0),
+        draft_load=replace(config.draft_load, n_ctx=0),
+    )
 
 
 def with_cpu_draft(config: SessionConfig, say: Callable[[str], None]) -> SessionConfig:
@@ -181,8 +181,13 @@ def with_cpu_draft(config: SessionConfig, say: Callable[[str], None]) -> Session
     if config.draft in MODEL_FREE_DRAFTERS:
         return config
     draft = resolve_model(config.draft)
-    path = draft_to_load(draft, draft_on_gpu(config.draft_load), config.draft_quant, say,
-                         target=resolve_model(config.target))
+    path = draft_to_load(
+        draft,
+        draft_on_gpu(config.draft_load),
+        config.draft_quant,
+        say,
+        target=resolve_model(config.target),
+    )
     return config if path == draft else replace(config, draft=str(path))
 
 
@@ -193,8 +198,9 @@ def _load(config: SessionConfig) -> Session:
     )
     session = Session(make_engine(target, draft_model, config), draft_model)
     if target.n_ctx < config.target_load.n_ctx:
-        session.notes.append(f"context capped at {target.n_ctx} tokens: "
-                             f"{target.name} was trained for that")
+        session.notes.append(
+            f"context capped at {target.n_ctx} tokens: {target.name} was trained for that"
+        )
     return session
 
 

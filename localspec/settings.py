@@ -79,11 +79,15 @@ def check(key: str, value: Any) -> None:
         case "top_p":
             need(number and 0 < value <= 1, "a number above 0, at most 1")
         case "max_tokens":
-            need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                 "a whole number of at least 1")
+            need(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                "a whole number of at least 1",
+            )
         case "gamma":
-            need(value == "auto" or (type(value) is int and 0 <= value <= MAX_GAMMA),
-                 f"'auto' or a whole number from 0 to {MAX_GAMMA}")
+            need(
+                value == "auto" or (type(value) is int and 0 <= value <= MAX_GAMMA),
+                f"'auto' or a whole number from 0 to {MAX_GAMMA}",
+            )
         case "drafter":
             need(value in DRAFTERS, " or ".join(repr(d) for d in DRAFTERS))
         case "provenance":
@@ -141,4 +145,3 @@ def _toml(value: Any) -> str:
         return repr(value)
     # A JSON string is a TOML basic string, except that TOML wants DEL escaped too.
     return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007F")
-

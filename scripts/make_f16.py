@@ -61,8 +61,12 @@ def f16_name(source: Path) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("source", nargs="?", default=DEFAULT_SOURCE,
-                   help=f"a .gguf file or catalog id (default: {DEFAULT_SOURCE})")
+    p.add_argument(
+        "source",
+        nargs="?",
+        default=DEFAULT_SOURCE,
+        help=f"a .gguf file or catalog id (default: {DEFAULT_SOURCE})",
+    )
     p.add_argument("--out", type=Path, help="where to write (default: the model store)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--force", action="store_true", help="rewrite an existing output")
@@ -91,8 +95,7 @@ def main() -> int:
     except LocalspecError as e:
         sys.exit(f"make_f16: {e}")
     size = out.stat().st_size / 1e9
-    print(f"make_f16: wrote {size:.2f} GB in {time.perf_counter() - started:.0f}s",
-          file=sys.stderr)
+    print(f"make_f16: wrote {size:.2f} GB in {time.perf_counter() - started:.0f}s", file=sys.stderr)
     print(out)  # stdout: the path alone, for scripts
     return 0
 

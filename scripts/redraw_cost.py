@@ -20,13 +20,15 @@ from tui.app import ChatApp
 from tui.widgets import PromptInput, StatsPanel, Transcript
 from tui.widgets.transcript import Answer, UserMessage
 
-CODE = "\n".join(f"    def method_{i}(self, key):\n        return self.cache.get(key, {i})"
-                 for i in range(12))
-ANSWER = (f"Here is a small cache class:\n\n```python\nclass Cache:\n{CODE}\n```\n\n"
-          "How it works:\n\n"
-          + "".join(f"{i}. **Method {i}** looks a key up and falls back to {i}.\n"
-                    for i in range(4))
-          + "\nEach method looks a key up and falls back to a default. " * 2)
+CODE = "\n".join(
+    f"    def method_{i}(self, key):\n        return self.cache.get(key, {i})" for i in range(12)
+)
+ANSWER = (
+    f"Here is a small cache class:\n\n```python\nclass Cache:\n{CODE}\n```\n\n"
+    "How it works:\n\n"
+    + "".join(f"{i}. **Method {i}** looks a key up and falls back to {i}.\n" for i in range(4))
+    + "\nEach method looks a key up and falls back to a default. " * 2
+)
 CHUNK = 30  # characters per redraw: a few tokens, as a paced redraw brings
 PAUSE_S = 0.1  # after each append: time for the redraw (a pilot's pause would also wait
 # on a message to every widget of the screen, a cost that grows with the chat and that
@@ -53,11 +55,16 @@ async def redraw_ms(earlier: int) -> float:
     async with app.run_test(size=(120, 40)) as pilot:
         transcript = app.query_one(Transcript)
         if earlier:
-            await transcript.mount_all([
-                w for i in range(earlier)
-                for w in (UserMessage(f"question {i}"),
-                          Answer(None, ANSWER, [(ANSWER, "target")], "done", "done"))
-            ])
+            await transcript.mount_all(
+                [
+                    w
+                    for i in range(earlier)
+                    for w in (
+                        UserMessage(f"question {i}"),
+                        Answer(None, ANSWER, [(ANSWER, "target")], "done", "done"),
+                    )
+                ]
+            )
         answer = await transcript.add_turn("a question", 1)
         await pilot.pause()
         await asyncio.sleep(5 * PAUSE_S)
@@ -66,7 +73,7 @@ async def redraw_ms(earlier: int) -> float:
         idle = (time.thread_time() - cpu) / 5  # a clock, a cursor: per pause, without appends
         cpu, n = time.thread_time(), 0
         for i in range(0, len(ANSWER), CHUNK):
-            await answer.add([(ANSWER[i:i + CHUNK], "target")])
+            await answer.add([(ANSWER[i : i + CHUNK], "target")])
             await asyncio.sleep(PAUSE_S)  # the redraw
             n += 1
         return 1e3 * ((time.thread_time() - cpu) / n - idle)

@@ -30,4 +30,3 @@ def advice(error: BaseException) -> tuple[str, str]:
         f"Unexpected error: {type(error).__name__}: {error}",
         "The conversation so far is saved; please report this.",
     )
-

@@ -188,8 +188,15 @@ class ChatApp(App[None]):
             pair = self.pair
             if pair is None:
                 what = "The models are not loaded."
-                self.post_message(AnswerDone(turn.answer_id, "error", {"error": what}, what,
-                                             "Pick a pair on the models screen (Ctrl+L)."))
+                self.post_message(
+                    AnswerDone(
+                        turn.answer_id,
+                        "error",
+                        {"error": what},
+                        what,
+                        "Pick a pair on the models screen (Ctrl+L).",
+                    )
+                )
                 return
             run_turn(turn, pair, self.store, self.post_message)
 
@@ -207,8 +214,9 @@ class ChatApp(App[None]):
             save_settings(settings, self.settings_file)
         except OSError as e:
             what, todo = advice(e)
-            self.call_from_thread(self.notify, f"{what}\n{todo}", title="Settings not saved",
-                                  severity="error")
+            self.call_from_thread(
+                self.notify, f"{what}\n{todo}", title="Settings not saved", severity="error"
+            )
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="open")
     def open_conversation(self, conversation_id: str) -> None:
@@ -234,12 +242,14 @@ class ChatApp(App[None]):
         if not text:
             return
         if self.pair_state == "loading":
-            self.notify("The models are still loading; your message is kept in the box.",
-                        severity="warning")
+            self.notify(
+                "The models are still loading; your message is kept in the box.", severity="warning"
+            )
             return
         if self.pair_state == "failed":
-            self.notify("No models are loaded: pick a pair on the models screen (Ctrl+L).",
-                        severity="error")
+            self.notify(
+                "No models are loaded: pick a pair on the models screen (Ctrl+L).", severity="error"
+            )
             return
         if self.current is not None:
             await self.action_stop()  # a new message stops the answer in progress
@@ -312,12 +322,20 @@ class ChatApp(App[None]):
         if self._is_current(message.answer_id):
             self._finish_current()
         if message.error:
-            self.notify(f"{message.error}\n{message.advice}".strip(), title="Answer failed",
-                        severity="error", timeout=15)
+            self.notify(
+                f"{message.error}\n{message.advice}".strip(),
+                title="Answer failed",
+                severity="error",
+                timeout=15,
+            )
         elif message.stop_reason == "context_full":
-            self.notify("The answer filled the model's context. Start a new conversation "
-                        "with Ctrl+N, or restart with a larger --ctx.", title="Context full",
-                        severity="warning", timeout=15)
+            self.notify(
+                "The answer filled the model's context. Start a new conversation "
+                "with Ctrl+N, or restart with a larger --ctx.",
+                title="Context full",
+                severity="warning",
+                timeout=15,
+            )
 
     def on_pair_loading(self, message: PairLoading) -> None:
         if not self.is_running:
@@ -342,8 +360,12 @@ class ChatApp(App[None]):
         self.pair_state = "failed"
         self.stats_panel.pair = f"not loaded: {short_line(message.error)}"
         self.sub_title = "no models loaded"
-        self.notify(f"{message.error}\n{message.advice}".strip(),
-                    title=f"Could not load {message.spec.label}", severity="error", timeout=20)
+        self.notify(
+            f"{message.error}\n{message.advice}".strip(),
+            title=f"Could not load {message.spec.label}",
+            severity="error",
+            timeout=20,
+        )
 
     def on_memory_update(self, message: MemoryUpdate) -> None:
         if not self.is_running:
@@ -419,8 +441,9 @@ class ChatApp(App[None]):
 
     def start_download(self, pair: PairRow) -> None:
         if self.download is not None and not self.download.finished:
-            self.notify(f"{self.download.pair_id} is downloading; one at a time.",
-                        severity="warning")
+            self.notify(
+                f"{self.download.pair_id} is downloading; one at a time.", severity="warning"
+            )
             return
         self.download = Download(pair.id, 0, pair.missing, "starting…")
         self.pull(pair)
@@ -437,8 +460,9 @@ class ChatApp(App[None]):
                 done = downloaded_bytes(since, download_files)
                 self.post_message(DownloadUpdate(Download(pair.id, done, pair.missing, line[0])))
 
-        self.call_from_thread(self.run_worker, progress, thread=True,
-                              group="download-progress", exit_on_error=False)
+        self.call_from_thread(
+            self.run_worker, progress, thread=True, group="download-progress", exit_on_error=False
+        )
         try:
             pull_pair(pair.id, say=lambda text: line.__setitem__(0, text))
         except Exception as e:
@@ -457,26 +481,36 @@ class ChatApp(App[None]):
         if not message.download.finished:
             return
         if message.download.error:
-            self.notify(message.download.error, title=f"{message.download.pair_id} not "
-                        "downloaded", severity="error", timeout=20)
+            self.notify(
+                message.download.error,
+                title=f"{message.download.pair_id} not downloaded",
+                severity="error",
+                timeout=20,
+            )
         else:
-            self.notify(f"{message.download.pair_id} is ready: use it on the models screen "
-                        "(Ctrl+L).", title="Downloaded")
+            self.notify(
+                f"{message.download.pair_id} is ready: use it on the models screen (Ctrl+L).",
+                title="Downloaded",
+            )
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield SystemCommand("New conversation", "Start over (Ctrl+N)",
-                            self.action_new_conversation)
-        yield SystemCommand("Open a conversation", "Reopen a saved conversation (Ctrl+O)",
-                            self.action_conversations)
-        yield SystemCommand("Toggle provenance colours",
-                            "Colour answers by source: accepted draft tokens vs the target "
-                            "(Ctrl+T)", self.action_toggle_provenance)
-        yield SystemCommand("Settings", "System prompt, sampling, γ, drafter (Ctrl+S)",
-                            self.action_settings)
+        yield SystemCommand("New conversation", "Start over (Ctrl+N)", self.action_new_conversation)
+        yield SystemCommand(
+            "Open a conversation", "Reopen a saved conversation (Ctrl+O)", self.action_conversations
+        )
+        yield SystemCommand(
+            "Toggle provenance colours",
+            "Colour answers by source: accepted draft tokens vs the target (Ctrl+T)",
+            self.action_toggle_provenance,
+        )
+        yield SystemCommand(
+            "Settings", "System prompt, sampling, γ, drafter (Ctrl+S)", self.action_settings
+        )
         yield SystemCommand("Models", "Switch or download a pair (Ctrl+L)", self.action_models)
         if self.generating:
-            yield SystemCommand("Stop the answer", "Keep what has been said (Esc)",
-                                self.action_stop)
+            yield SystemCommand(
+                "Stop the answer", "Keep what has been said (Esc)", self.action_stop
+            )
         yield from super().get_system_commands(screen)
 
 

@@ -68,22 +68,44 @@ def gather() -> Listing:
     for m in catalog.models:
         for q in m.quants:
             entry = installed.get((m.id, q.name))
-            weights = (Weights.from_gguf(entry.info) if entry and entry.info
-                       else Weights.estimate(m, q))
+            weights = (
+                Weights.from_gguf(entry.info) if entry and entry.info else Weights.estimate(m, q)
+            )
             fit_of[(m.id, q.name)] = fit = fits(weights, hw, b)
             if entry is None and q.name != DEFAULT_QUANT:
                 continue  # one row per model unless another quantization is installed
-            models.append(ModelRow(m.id, m.family, m.role, q.name,
-                                   entry.size if entry else q.size, entry is not None, fit))
+            models.append(
+                ModelRow(
+                    m.id,
+                    m.family,
+                    m.role,
+                    q.name,
+                    entry.size if entry else q.size,
+                    entry is not None,
+                    fit,
+                )
+            )
     pairs = []
     for p in catalog.pairs:
         target, draft = catalog.model(p.target), catalog.model(p.draft)
-        tq, dq = target.quant(p.quant), draft.quant(p.quant if any(
-            x.name == p.quant for x in draft.quants) else None)
-        missing = sum(q.size for m, q in ((target, tq), (draft, dq))
-                      if (m.id, q.name) not in installed)
-        pairs.append(PairRow(p.id, target.id, draft.id, tq.name, tq.size + dq.size, missing,
-                             fit_of.get((target.id, tq.name), "?")))
+        tq, dq = (
+            target.quant(p.quant),
+            draft.quant(p.quant if any(x.name == p.quant for x in draft.quants) else None),
+        )
+        missing = sum(
+            q.size for m, q in ((target, tq), (draft, dq)) if (m.id, q.name) not in installed
+        )
+        pairs.append(
+            PairRow(
+                p.id,
+                target.id,
+                draft.id,
+                tq.name,
+                tq.size + dq.size,
+                missing,
+                fit_of.get((target.id, tq.name), "?"),
+            )
+        )
     planned, note = None, ""
     try:
         from localspec.models.pairing import default_pair
@@ -125,4 +147,3 @@ def pull_pair(pair_id: str, say: Callable[[str], None]) -> None:
     from localspec.models.download import pull
 
     pull([pair_id], say=say)
-

@@ -44,8 +44,13 @@ class MemoryProbe:
     def __call__(self) -> MemoryUse:
         vm = psutil.virtual_memory()
         info = self._process.memory_info()
-        return MemoryUse(info.rss, vm.total - vm.available, vm.total, self._gpus(),
-                         mapped=getattr(info, "shared", 0))  # Linux: file pages + shmem
+        return MemoryUse(
+            info.rss,
+            vm.total - vm.available,
+            vm.total,
+            self._gpus(),
+            mapped=getattr(info, "shared", 0),
+        )  # Linux: file pages + shmem
 
     def _gpus(self) -> tuple[GpuMemory, ...]:
         nvml = self._init_nvml()

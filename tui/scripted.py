@@ -31,8 +31,9 @@ def _swap_words(text: str) -> str:
     return " ".join(w + "s" if i % 7 == 6 and w.isalpha() else w for i, w in enumerate(words))
 
 
-def scripted_session(reply: Reply | str = DEMO_REPLY, token_s: float = 0.0,
-                     gamma: int = 3, n_ctx: int = 4096) -> Session:
+def scripted_session(
+    reply: Reply | str = DEMO_REPLY, token_s: float = 0.0, gamma: int = 3, n_ctx: int = 4096
+) -> Session:
     """A Session whose target answers `reply` (text, or a function of the prompt);
     `token_s`: seconds per model pass, to stream slowly."""
 
@@ -48,8 +49,12 @@ def scripted_session(reply: Reply | str = DEMO_REPLY, token_s: float = 0.0,
     return Session(engine, draft)  # type: ignore[arg-type]  # a toy in the LlamaModel slot
 
 
-def scripted_loader(reply: Reply | str = DEMO_REPLY, token_s: float = 0.0,
-                    fail: Exception | None = None, n_ctx: int = 4096) -> PairLoader:
+def scripted_loader(
+    reply: Reply | str = DEMO_REPLY,
+    token_s: float = 0.0,
+    fail: Exception | None = None,
+    n_ctx: int = 4096,
+) -> PairLoader:
     """A PairLoader for the scripted pair (or one that fails with `fail`)."""
 
     def load(spec: PairSpec, say: Callable[[str], None]) -> Any:
@@ -58,4 +63,3 @@ def scripted_loader(reply: Reply | str = DEMO_REPLY, token_s: float = 0.0,
         return scripted_session(reply, token_s, n_ctx=n_ctx)
 
     return load
-

@@ -52,8 +52,9 @@ class Pacer:
         share = (cpu_s - last[0]) / (wall_s - last[1])
         wanted = self.every_s * share / UI_SHARE  # the pace at which share = UI_SHARE
         # halfway there: one interval's share is noisy (a redraw may fall in the next one)
-        self.every_s = min(max(self.every_s + (wanted - self.every_s) / 2, self.fastest_s),
-                           self.slowest_s)
+        self.every_s = min(
+            max(self.every_s + (wanted - self.every_s) / 2, self.fastest_s), self.slowest_s
+        )
 
     def restart(self) -> None:
         """A new answer: the pause between answers says nothing of redraws."""
@@ -80,8 +81,9 @@ def run_turn(
         if store.exists(turn.conversation_id):
             log = store.open(turn.conversation_id)
         else:
-            log = store.create(turn.user_text, turn.conversation_id,
-                               target=pair.spec.target, draft=pair.spec.draft)
+            log = store.create(
+                turn.user_text, turn.conversation_id, target=pair.spec.target, draft=pair.spec.draft
+            )
         log.message("user", turn.user_text)
         messages = chat_messages(turn.settings, store, turn.conversation_id)
         log.start_answer()
@@ -109,7 +111,8 @@ def chat_messages(
     """The system prompt, then the conversation as saved."""
     system: list[ChatMessage] = (
         [{"role": "system", "content": settings.system_prompt}]
-        if settings.system_prompt.strip() else []
+        if settings.system_prompt.strip()
+        else []
     )
     saved = store.load(conversation_id).chat_messages()
     return system + [{"role": m["role"], "content": m["content"]} for m in saved]

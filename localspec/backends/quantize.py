@@ -30,8 +30,9 @@ class QuantizeError(LocalspecError):
     pass
 
 
-def requantize(source: Path, out: Path, ftype: int, pure: bool = False,
-               threads: int | None = None) -> None:
+def requantize(
+    source: Path, out: Path, ftype: int, pure: bool = False, threads: int | None = None
+) -> None:
     """Write `source` requantized to `ftype` at `out`, atomically. `pure`: every tensor
     in that type (llama.cpp otherwise keeps the output head and some others finer)."""
     import llama_cpp as ll
@@ -47,8 +48,10 @@ def requantize(source: Path, out: Path, ftype: int, pure: bool = False,
     try:
         rc = ll.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params))
         if rc != 0:
-            raise QuantizeError(f"llama.cpp could not requantize {source.name} ({rc}); "
-                                "LOCALSPEC_LLAMA_LOG=1 shows its log")
+            raise QuantizeError(
+                f"llama.cpp could not requantize {source.name} ({rc}); "
+                "LOCALSPEC_LLAMA_LOG=1 shows its log"
+            )
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
@@ -77,9 +80,13 @@ def cpu_draft_path(source: Path) -> Path:
     return models_dir() / "cpu-drafts" / tag / f"{source.stem}.cpu-q4_0.gguf"
 
 
-def draft_to_load(source: Path, on_gpu: bool, quant: str = "auto",
-                  say: Callable[[str], None] = lambda _: None,
-                  target: Path | None = None) -> Path:
+def draft_to_load(
+    source: Path,
+    on_gpu: bool,
+    quant: str = "auto",
+    say: Callable[[str], None] = lambda _: None,
+    target: Path | None = None,
+) -> Path:
     """The file to load for the draft `source`: with `quant` "auto" and the draft on the
     CPU, its Q4_0 copy (see `cpu_draft`); "keep": `source` as it is."""
     if quant not in ("auto", "keep"):
@@ -87,8 +94,9 @@ def draft_to_load(source: Path, on_gpu: bool, quant: str = "auto",
     return source if quant == "keep" or on_gpu else cpu_draft(source, say, target)
 
 
-def cpu_draft(source: Path, say: Callable[[str], None] = lambda _: None,
-              target: Path | None = None) -> Path:
+def cpu_draft(
+    source: Path, say: Callable[[str], None] = lambda _: None, target: Path | None = None
+) -> Path:
     """The draft to load on this CPU: a Q4_0 copy of `source`, made on first use, or
     `source` itself where a copy would not be faster, cannot be made, or would be
     wasted (a vocabulary that cannot pair with `target`'s: the load refuses it)."""

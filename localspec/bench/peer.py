@@ -95,8 +95,18 @@ class LlamaCppPeer:
 
     def speculative(self, prompt_text: str, max_tokens: int, n_max: int) -> PeerFigures:
         assert self.draft is not None  # check() said so
-        extra = ["-md", str(self.draft), "-td", str(self.threads), "-ngld", self._ngl(),
-                 "--spec-type", "draft-simple", "--spec-draft-n-max", str(n_max)]
+        extra = [
+            "-md",
+            str(self.draft),
+            "-td",
+            str(self.threads),
+            "-ngld",
+            self._ngl(),
+            "--spec-type",
+            "draft-simple",
+            "--spec-draft-n-max",
+            str(n_max),
+        ]
         out = self._run(SPEC_BIN, prompt_text, max_tokens, extra)
         decoded, encoded = _last(_DECODED, out), _ENCODED.search(out)
         if decoded is None:
@@ -120,12 +130,37 @@ class LlamaCppPeer:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
             f.write(prompt_text)
             f.flush()
-            cmd = [str(self.bin_dir / binary), "-m", str(self.target), "-f", f.name,
-                   "-n", str(max_tokens), "-t", str(self.threads), "-c", str(self.n_ctx),
-                   "--temp", "0", "--top-k", "1", "--seed", "1", "-ngl", self._ngl(), *extra]
+            cmd = [
+                str(self.bin_dir / binary),
+                "-m",
+                str(self.target),
+                "-f",
+                f.name,
+                "-n",
+                str(max_tokens),
+                "-t",
+                str(self.threads),
+                "-c",
+                str(self.n_ctx),
+                "--temp",
+                "0",
+                "--top-k",
+                "1",
+                "--seed",
+                "1",
+                "-ngl",
+                self._ngl(),
+                *extra,
+            ]
             try:
-                done = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
-                                      stdin=subprocess.DEVNULL, timeout=3600)
+                done = subprocess.run(
+                    cmd,
+                    capture_output=True,
+                    text=True,
+                    errors="replace",
+                    stdin=subprocess.DEVNULL,
+                    timeout=3600,
+                )
             except (OSError, subprocess.TimeoutExpired) as e:
                 raise PeerError(f"{binary} did not run: {e}") from None
         if done.returncode != 0:

@@ -69,18 +69,31 @@ def record(
         guess, conf = zip(*(top2(row) for row in rows), strict=True)
         after_miss = {
             i: own_path(draft, [*prompt, *y[:i], guess[i]])
-            for i in range(len(y)) if guess[i] != y[i]
+            for i in range(len(y))
+            if guess[i] != y[i]
         }
-        prompts[p.name] = {"category": p.category, "prompt": prompt, "y": y,
-                           "guess": list(guess), "conf": list(conf), "after_miss": after_miss}
+        prompts[p.name] = {
+            "category": p.category,
+            "prompt": prompt,
+            "y": y,
+            "guess": list(guess),
+            "conf": list(conf),
+            "after_miss": after_miss,
+        }
         agree = np.mean([g == x for g, x in zip(guess, y, strict=False)])
         print(f"{p.name:26} {len(y)} tokens, draft agrees on {agree:.0%}", flush=True)
     if not with_costs:
         return {"prompts": prompts}
     first: list[int] = prompts[next(iter(prompts))]["prompt"]
     costs = measure_costs(target, draft, first, k_max=GAMMA_MAX + 1)
-    return {"costs": {"verify_s": costs.verify_s, "draft_s": costs.draft_s,
-                      "catchup_s": catchup_per_token(draft, first)}, "prompts": prompts}
+    return {
+        "costs": {
+            "verify_s": costs.verify_s,
+            "draft_s": costs.draft_s,
+            "catchup_s": catchup_per_token(draft, first),
+        },
+        "prompts": prompts,
+    }
 
 
 def greedy_answer(target: LlamaModel, prompt: list[int], max_tokens: int) -> list[int]:
@@ -188,7 +201,10 @@ def replay(rec: Recording, costs: Costs, policy: str) -> Replayed:
         accepted = min(accepted, len(y) - t - 1)
         spent += draft_s + t_of[drafted]
         rounds, total_drafted, total_accepted = (
-            rounds + 1, total_drafted + drafted, total_accepted + accepted)
+            rounds + 1,
+            total_drafted + drafted,
+            total_accepted + accepted,
+        )
         if auto:
             drafter._draft_s = draft_s
             drafter.accept([], Outcome(drafted, accepted, t_of[drafted]))
@@ -223,14 +239,18 @@ def oracle(rec: Recording, costs: Costs) -> Replayed:
         here += [(k, min(run[t], k), k * c + t_of[k], True) for k in range(1, GAMMA_MAX + 1)]
         if right == len(match) > 0:
             m = right
-            here += [(m + j, m + min(run[t + m], j), j * c + t_of[m + j], True)
-                     for j in range(1, GAMMA_MAX - m + 1)]
+            here += [
+                (m + j, m + min(run[t + m], j), j * c + t_of[m + j], True)
+                for j in range(1, GAMMA_MAX - m + 1)
+            ]
         options[t] = [(d, min(a, n - t - 1), s, by) for d, a, s, by in here]
     for t in range(n - 1, 0, -1):
         first_read = (len(rec.prompt) + t - 1) * costs.catchup_s
         for used in (1, 0):
-            totals = [s + (first_read if by and not used else 0.0) + best[used or by][t + a + 1]
-                      for _, a, s, by in options[t]]
+            totals = [
+                s + (first_read if by and not used else 0.0) + best[used or by][t + a + 1]
+                for _, a, s, by in options[t]
+            ]
             i = int(np.argmin(totals))
             pick[used][t], best[used][t] = options[t][i], totals[i]
     t, used, rounds, drafted, accepted = 1, 0, 0, 0, 0
@@ -249,17 +269,24 @@ def run_policy(rec: Recording, costs: Costs, policy: str) -> Replayed:
 def report(data: dict, costs: Costs, policies: list[str]) -> None:
     prompts = data["prompts"]
     categories = sorted({r["category"] for r in prompts.values()})
-    print("T(k) ms: " + " ".join(f"{t * 1e3:.0f}" for t in costs.verify_s)
-          + f"; c {costs.draft_s * 1e3:.1f} ms; catch-up {costs.catchup_s * 1e3:.1f} ms/token")
+    print(
+        "T(k) ms: "
+        + " ".join(f"{t * 1e3:.0f}" for t in costs.verify_s)
+        + f"; c {costs.draft_s * 1e3:.1f} ms; catch-up {costs.catchup_s * 1e3:.1f} ms/token"
+    )
     print("| policy | " + " | ".join(categories) + " | all | slowest |")
     print("|---|" + "---:|" * (len(categories) + 2))
     for policy in policies:
-        by = {name: run_policy(Recording(r), costs, policy).speedup
-              for name, r in prompts.items()}
-        cells = [statistics.median(s for n, s in by.items() if prompts[n]["category"] == c)
-                 for c in categories]
-        print(f"| {policy} | " + " | ".join(f"{x:.2f}×" for x in cells)
-              + f" | {statistics.median(by.values()):.2f}× | {min(by.values()):.2f}× |")
+        by = {name: run_policy(Recording(r), costs, policy).speedup for name, r in prompts.items()}
+        cells = [
+            statistics.median(s for n, s in by.items() if prompts[n]["category"] == c)
+            for c in categories
+        ]
+        print(
+            f"| {policy} | "
+            + " | ".join(f"{x:.2f}×" for x in cells)
+            + f" | {statistics.median(by.values()):.2f}× | {min(by.values()):.2f}× |"
+        )
 
 
 def parse_costs(text: str) -> Costs:
@@ -290,8 +317,11 @@ def main() -> int:
         return 0
     data = json.loads(args.recording.read_text())
     recorded = data["costs"]
-    costs = parse_costs(args.costs) if args.costs else Costs(
-        list(recorded["verify_s"]), recorded["draft_s"], recorded["catchup_s"])
+    costs = (
+        parse_costs(args.costs)
+        if args.costs
+        else Costs(list(recorded["verify_s"]), recorded["draft_s"], recorded["catchup_s"])
+    )
     policies = args.policies.split(",")
     known = ("auto", "oracle")
     if bad := [p for p in policies if p not in known and not p.removeprefix("draft-g").isdigit()]:

@@ -76,8 +76,7 @@ def load_prompts(path: Path | None = None) -> tuple[BenchPrompt, ...]:
         raise BenchError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
     if not isinstance(data, dict) or not data:
         raise BenchError(
-            f'{path}: expected an object of prompts, {{"name": {{"category": ..., '
-            f'"prompt": ...}}}}'
+            f'{path}: expected an object of prompts, {{"name": {{"category": ..., "prompt": ...}}}}'
         )
     problems: list[str] = []
     prompts: list[BenchPrompt] = []
@@ -92,8 +91,11 @@ def load_prompts(path: Path | None = None) -> tuple[BenchPrompt, ...]:
             problems.append(f"{name!r} lacks {', '.join(missing)}")
         if unknown := sorted(entry.keys() - PROMPT_KEYS):
             problems.append(f"{name!r} has unknown key(s) {', '.join(unknown)}")
-        bad = [k for k in sorted(PROMPT_KEYS & entry.keys())
-               if not isinstance(entry[k], str) or not entry[k].strip()]
+        bad = [
+            k
+            for k in sorted(PROMPT_KEYS & entry.keys())
+            if not isinstance(entry[k], str) or not entry[k].strip()
+        ]
         problems += [f"{name!r}: {k} must be a non-empty string" for k in bad]
         if not missing and not unknown and not bad:
             prompts.append(BenchPrompt(name, entry["category"].strip(), entry["prompt"]))
@@ -215,11 +217,20 @@ class RunFigures:
     def from_peer(cls, f) -> RunFigures:  # f: bench_peer.PeerFigures
         """What llama.cpp reports of a run; the rest it does not say (zeros)."""
         return cls(
-            tokens=f.tokens, stop_reason="n/a", tokens_per_s=f.tokens_per_s, ttft_s=f.prompt_s,
-            itl_p50_s=0.0, itl_p95_s=0.0,
-            acceptance_rate=f.accepted / f.drafted if f.drafted else 0.0, mean_accepted_len=0.0,
-            drafted=f.drafted, accepted=f.accepted, rounds=0, round_s=f.decode_s,
-            llama_s=f.decode_s, outside_s=0.0,
+            tokens=f.tokens,
+            stop_reason="n/a",
+            tokens_per_s=f.tokens_per_s,
+            ttft_s=f.prompt_s,
+            itl_p50_s=0.0,
+            itl_p95_s=0.0,
+            acceptance_rate=f.accepted / f.drafted if f.drafted else 0.0,
+            mean_accepted_len=0.0,
+            drafted=f.drafted,
+            accepted=f.accepted,
+            rounds=0,
+            round_s=f.decode_s,
+            llama_s=f.decode_s,
+            outside_s=0.0,
         )
 
     @classmethod
@@ -360,7 +371,9 @@ class Report:
     def contended(self) -> tuple[tuple[str, str, float], ...]:
         """(prompt, mode, CPU share) of each run that shared the CPU with other work."""
         return tuple(
-            (r.prompt, r.mode, f.cpu_share) for r in self.results for f in r.runs
+            (r.prompt, r.mode, f.cpu_share)
+            for r in self.results
+            for f in r.runs
             if f.cpu_share is not None and f.cpu_share < CONTENDED
         )
 
@@ -373,23 +386,25 @@ class Report:
             rows = [r for r in self.results if r.mode == mode]
             worst = min(rows, key=lambda r: r.speedup)
             peers = [r.vs_peer for r in rows if r.vs_peer is not None]
-            out.append(ModeSummary(
-                mode=mode,
-                by_category=tuple(
-                    (c, _median([r.speedup for r in rows if r.category == c]))
-                    for c in self.categories
-                ),
-                median=_median([r.speedup for r in rows]),
-                worst=worst.speedup,
-                worst_prompt=worst.prompt,
-                acceptance_rate=_median([r.acceptance_rate for r in rows]),
-                overhead_share=_median([r.overhead_share for r in rows]),
-                max_overhead_share=max(r.overhead_share for r in rows),
-                identical=sum(bool(r.agreement and r.agreement.identical) for r in rows),
-                prompts=len(rows),
-                vs_peer=_median(peers) if peers else None,
-                external=rows[0].external,
-            ))
+            out.append(
+                ModeSummary(
+                    mode=mode,
+                    by_category=tuple(
+                        (c, _median([r.speedup for r in rows if r.category == c]))
+                        for c in self.categories
+                    ),
+                    median=_median([r.speedup for r in rows]),
+                    worst=worst.speedup,
+                    worst_prompt=worst.prompt,
+                    acceptance_rate=_median([r.acceptance_rate for r in rows]),
+                    overhead_share=_median([r.overhead_share for r in rows]),
+                    max_overhead_share=max(r.overhead_share for r in rows),
+                    identical=sum(bool(r.agreement and r.agreement.identical) for r in rows),
+                    prompts=len(rows),
+                    vs_peer=_median(peers) if peers else None,
+                    external=rows[0].external,
+                )
+            )
         return tuple(out)
 
 
@@ -494,8 +509,9 @@ def run_bench(
         raise BenchError("compare with the peer live (peer modes) or from a file, not both")
     started, clock, load = datetime.now(UTC), time.perf_counter(), machine_load()
     if live_peer:
-        peer = Peer("run live, side by side: " + ", ".join(_peer_command(m) for m in modes
-                                                          if m.is_peer), {})
+        peer = Peer(
+            "run live, side by side: " + ", ".join(_peer_command(m) for m in modes if m.is_peer), {}
+        )
     session = Session(Engine(target, NoDrafter(), 0))
     runs = _Runs()
     for p in prompts:
@@ -504,13 +520,15 @@ def run_bench(
             runs.prompt_text[p.name] = _render_text(target, p.prompt)
     if config.warmup:
         _warm_up(target, draft, runs.prompt_tokens[prompts[0].name], engine_factory, modes)
-    costs = measure_costs(target, draft, runs.prompt_tokens[prompts[0].name]) \
-        if config.costs else None
+    costs = (
+        measure_costs(target, draft, runs.prompt_tokens[prompts[0].name]) if config.costs else None
+    )
 
     interrupted = False
     try:
-        _measure(target, draft, prompts, modes, config, runs, engine_factory, progress, peer_bin,
-                 threads)
+        _measure(
+            target, draft, prompts, modes, config, runs, engine_factory, progress, peer_bin, threads
+        )
     except KeyboardInterrupt:
         # keep what is complete: a long run stopped early still reports
         interrupted = True
@@ -558,8 +576,9 @@ class Costs:
         return best, gains[best]
 
 
-def measure_costs(target: Model, draft: Model | None, prompt: list[int], k_max: int = 8,
-                  reps: int = 5) -> Costs:
+def measure_costs(
+    target: Model, draft: Model | None, prompt: list[int], k_max: int = 8, reps: int = 5
+) -> Costs:
     """T(1..k_max) and c (the timed runs after this start cold again)."""
     verify = tuple(time_pass(target, prompt, k, reps).llama_s for k in range(1, k_max + 1))
     step = time_pass(draft, prompt, 1, reps).llama_s if draft is not None else None
@@ -575,8 +594,9 @@ class PassTimes:
     llama_s: float  # inside llama.cpp (busy_s)
 
 
-def time_pass(model: Model, prefix: list[int], k: int, reps: int, warmup: int = 1,
-              n_logits: int | None = None) -> PassTimes:
+def time_pass(
+    model: Model, prefix: list[int], k: int, reps: int, warmup: int = 1, n_logits: int | None = None
+) -> PassTimes:
     """Score k new tokens after `prefix`, which stays cached, with logits for the last
     `n_logits` of them (all k by default: a verify pass; 1 for a catch-up); the first
     `warmup` passes (allocations, graph capture) are not counted."""
@@ -617,8 +637,11 @@ def _measure(
                     record = _run_peer(peer_bin, mode, runs.prompt_text[p.name], config)
                 else:
                     finished = _run_once(
-                        engine_factory(mode, target, draft), target, draft,
-                        runs.prompt_tokens[p.name], config.max_tokens,
+                        engine_factory(mode, target, draft),
+                        target,
+                        draft,
+                        runs.prompt_tokens[p.name],
+                        config.max_tokens,
                     )
                     record = _Record(
                         RunFigures.from_finished(finished), finished.tokens, finished.text
@@ -650,8 +673,10 @@ class _CpuClock:
             import resource  # POSIX only
         except ImportError:
             return None
-        me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
-            resource.RUSAGE_CHILDREN)
+        me, children = (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
         return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
     def share(self) -> float | None:
@@ -690,8 +715,10 @@ def _run_peer(peer_bin, mode: Mode, prompt_text: str, config: BenchConfig) -> _R
 
 def _peer_command(mode: Mode) -> str:
     if mode.kind == "peer":
-        return (f"{mode.name} = llama-speculative-simple --spec-type draft-simple "
-                f"--spec-draft-n-max {mode.gamma}")
+        return (
+            f"{mode.name} = llama-speculative-simple --spec-type draft-simple "
+            f"--spec-draft-n-max {mode.gamma}"
+        )
     return f"{mode.name} = llama-completion (plain decoding)"
 
 
@@ -724,8 +751,11 @@ def _results(
     for p in prompts:
         base = runs.finished[(p.name, "baseline")]
         base_tps = [r.figures.tokens_per_s for r in base]
-        peer_tps = [r.figures.tokens_per_s for r in runs.finished[(p.name, live_peer)]] if (
-            live_peer) else []
+        peer_tps = (
+            [r.figures.tokens_per_s for r in runs.finished[(p.name, live_peer)]]
+            if (live_peer)
+            else []
+        )
         plain_tps = [r.figures.tokens_per_s for r in runs.finished.get((p.name, "peer-plain"), [])]
         for mode in modes:
             records = runs.finished[(p.name, mode.name)]
@@ -742,31 +772,37 @@ def _results(
                 peer_figures = (peer_run.spec_tps, peer_run.plain_tps)
             else:
                 vs_peer, peer_figures = None, (None, None)
-            agreement = None if mode.is_peer else _agreement(
-                target, runs.prompt_tokens[p.name], base[0].tokens, records[0].tokens
+            agreement = (
+                None
+                if mode.is_peer
+                else _agreement(
+                    target, runs.prompt_tokens[p.name], base[0].tokens, records[0].tokens
+                )
             )
-            out.append(Result(
-                prompt=p.name,
-                category=p.category,
-                mode=mode.name,
-                tokens=figures[0].tokens,
-                stop_reason=figures[0].stop_reason,
-                tokens_per_s=_median(tps),
-                speedup=_median_ratio(tps, base_tps),
-                acceptance_rate=figures[0].acceptance_rate,
-                mean_accepted_len=figures[0].mean_accepted_len,
-                ttft_s=_median([f.ttft_s for f in figures]),
-                itl_p50_s=_median([f.itl_p50_s for f in figures]),
-                itl_p95_s=_median([f.itl_p95_s for f in figures]),
-                overhead_share=_median([f.overhead_share for f in figures]),
-                agreement=agreement,
-                runs=figures,
-                text=records[0].text,
-                external=mode.is_peer,
-                peer_tokens_per_s=peer_figures[0],
-                peer_plain_tokens_per_s=peer_figures[1],
-                vs_peer=vs_peer,
-            ))
+            out.append(
+                Result(
+                    prompt=p.name,
+                    category=p.category,
+                    mode=mode.name,
+                    tokens=figures[0].tokens,
+                    stop_reason=figures[0].stop_reason,
+                    tokens_per_s=_median(tps),
+                    speedup=_median_ratio(tps, base_tps),
+                    acceptance_rate=figures[0].acceptance_rate,
+                    mean_accepted_len=figures[0].mean_accepted_len,
+                    ttft_s=_median([f.ttft_s for f in figures]),
+                    itl_p50_s=_median([f.itl_p50_s for f in figures]),
+                    itl_p95_s=_median([f.itl_p95_s for f in figures]),
+                    overhead_share=_median([f.overhead_share for f in figures]),
+                    agreement=agreement,
+                    runs=figures,
+                    text=records[0].text,
+                    external=mode.is_peer,
+                    peer_tokens_per_s=peer_figures[0],
+                    peer_plain_tokens_per_s=peer_figures[1],
+                    vs_peer=vs_peer,
+                )
+            )
     return tuple(out)
 
 
@@ -850,8 +886,11 @@ def to_markdown(report: Report) -> str:
     head = [
         f"# localspec bench: {info.target}" + (f" + {info.draft}" if info.draft else ""),
         "",
-        *(["**Interrupted**: the prompts that completed in every mode.", ""]
-          if info.interrupted else []),
+        *(
+            ["**Interrupted**: the prompts that completed in every mode.", ""]
+            if info.interrupted
+            else []
+        ),
         f"Greedy, {info.max_tokens} new tokens, {info.threads or 'default'} threads, "
         f"{info.repeats} repeat(s), {len(report.prompts)} prompts; {info.caches}. "
         f"{info.machine} (load {info.load[0]:.1f} at the start, {info.load[1]:.1f} at the "
@@ -860,16 +899,28 @@ def to_markdown(report: Report) -> str:
         *_contention_note(report),
         "## Speedup over baseline (median over prompts)",
     ]
-    summary_header = ["mode", *cats, "all", "slowest prompt", "accept", "outside llama.cpp",
-                      "identical"] + (["vs peer"] if peer else [])
+    summary_header = [
+        "mode",
+        *cats,
+        "all",
+        "slowest prompt",
+        "accept",
+        "outside llama.cpp",
+        "identical",
+    ] + (["vs peer"] if peer else [])
     summary_rows = []
     for s in report.summary():
-        row = [s.mode, *(_x(v) for _, v in s.by_category), _x(s.median),
-               f"{_x(s.worst)} {s.worst_prompt}",
-               _pct(s.acceptance_rate) if s.mode != "peer-plain" else "-",
-               f"{_pct(s.overhead_share)} (max {_pct(s.max_overhead_share)})"
-               if not s.external else "-",
-               f"{s.identical}/{s.prompts}" if not s.external else "-"]
+        row = [
+            s.mode,
+            *(_x(v) for _, v in s.by_category),
+            _x(s.median),
+            f"{_x(s.worst)} {s.worst_prompt}",
+            _pct(s.acceptance_rate) if s.mode != "peer-plain" else "-",
+            f"{_pct(s.overhead_share)} (max {_pct(s.max_overhead_share)})"
+            if not s.external
+            else "-",
+            f"{s.identical}/{s.prompts}" if not s.external else "-",
+        ]
         if peer:
             row.append(_x(s.vs_peer) if s.vs_peer is not None else "-")
         summary_rows.append(row)
@@ -886,13 +937,28 @@ def to_markdown(report: Report) -> str:
         if peer:
             ratios = [r.vs_peer for r in rows if r.vs_peer is not None and not r.external]
             base = report.result(p, "baseline")
-            tps_pair = (f"{base.peer_plain_tokens_per_s:.2f}/{base.peer_tokens_per_s:.2f}"
-                        if base.peer_tokens_per_s and base.peer_plain_tokens_per_s else "-")
+            tps_pair = (
+                f"{base.peer_plain_tokens_per_s:.2f}/{base.peer_tokens_per_s:.2f}"
+                if base.peer_tokens_per_s and base.peer_plain_tokens_per_s
+                else "-"
+            )
             line += [tps_pair, _x(max(ratios)) if ratios else "-"]
         by_prompt.append(line)
 
-    detail_header = ["prompt", "mode", "tokens", "tok/s", "speedup", "accept", "mean len",
-                     "TTFT s", "ITL p50/p95 ms", "outside llama.cpp", "CPU", "agreement"]
+    detail_header = [
+        "prompt",
+        "mode",
+        "tokens",
+        "tok/s",
+        "speedup",
+        "accept",
+        "mean len",
+        "TTFT s",
+        "ITL p50/p95 ms",
+        "outside llama.cpp",
+        "CPU",
+        "agreement",
+    ]
     details = [_detail_row(r) for r in report.results]
     parts = [
         "\n".join(head),
@@ -923,13 +989,17 @@ def _costs_section(costs: Costs | None) -> list[str]:
     t = costs.verify_s
     table = _table(
         ["", *(str(k) for k in range(1, len(t) + 1))],
-        [["T(k) ms", *(f"{s * 1e3:.3g}" for s in t)],
-         ["T(k) / T(1)", *(f"{s / t[0]:.2f}" for s in t)]],
+        [
+            ["T(k) ms", *(f"{s * 1e3:.3g}" for s in t)],
+            ["T(k) / T(1)", *(f"{s / t[0]:.2f}" for s in t)],
+        ],
     )
     lines = []
     if costs.draft_s is not None and (best := costs.ceiling(costs.draft_s)):
-        lines.append(f"the draft model (c = {costs.draft_s * 1e3:.3g} ms a token, "
-                     f"{costs.draft_s / t[0]:.2f} T(1)) {_x(best[1])} at γ {best[0]}")
+        lines.append(
+            f"the draft model (c = {costs.draft_s * 1e3:.3g} ms a token, "
+            f"{costs.draft_s / t[0]:.2f} T(1)) {_x(best[1])} at γ {best[0]}"
+        )
     if best := costs.ceiling(0.0):
         lines.append(f"n-gram lookup (free) {_x(best[1])} at γ {best[0]}")
     return [
@@ -937,7 +1007,8 @@ def _costs_section(costs: Costs | None) -> list[str]:
         "T(k): the target's time to score k tokens in one pass (median of 5, after the "
         "first prompt). A round that drafts γ tokens costs γ·c + T(γ + 1) and yields at "
         "most γ + 1 tokens, so a drafter that is always right could reach at most: "
-        + "; ".join(lines) + ".",
+        + "; ".join(lines)
+        + ".",
         table,
     ]
 
@@ -967,7 +1038,11 @@ def _detail_row(r: Result) -> list[str]:
     spec = r.mode != "baseline" and r.mode != "peer-plain"
     own = not r.external
     return [
-        r.prompt, r.mode, f"{r.tokens}", f"{r.tokens_per_s:.2f}", _x(r.speedup),
+        r.prompt,
+        r.mode,
+        f"{r.tokens}",
+        f"{r.tokens_per_s:.2f}",
+        _x(r.speedup),
         _pct(r.acceptance_rate) if spec else "-",
         f"{r.mean_accepted_len:.2f}" if spec and own else "-",
         f"{r.ttft_s:.2f}",
@@ -984,8 +1059,10 @@ def to_json(report: Report) -> dict:
         "info": asdict(report.info),
         "summary": [asdict(s) for s in report.summary()],
         "results": [
-            {**asdict(r),
-             "runs": [{**asdict(f), "overhead_share": f.overhead_share} for f in r.runs]}
+            {
+                **asdict(r),
+                "runs": [{**asdict(f), "overhead_share": f.overhead_share} for f in r.runs],
+            }
             for r in report.results
         ],
     }

@@ -16,7 +16,6 @@ from localspec.errors import LocalspecError
 COMMANDS = ("chat", "run", "bench", "plan", "pull", "models", "add")
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="localspec",

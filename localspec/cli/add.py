@@ -11,15 +11,17 @@ from localspec.errors import LocalspecError
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "add", help="register a local .gguf file as a model",
+        "add",
+        help="register a local .gguf file as a model",
         description="Register a local GGUF file so that `run`, `plan --installed` and the "
         "chat can use it by id. Its family, and so which drafts pair with it, is read from "
         "its header. The file stays where it is.",
     )
     p.add_argument("path", help="the .gguf file (the first part of a split GGUF)")
     p.add_argument("--id", dest="model_id", help="the id to use (default: the file name)")
-    p.add_argument("--role", choices=("target", "draft"),
-                   help="default: draft below 1 GB, else target")
+    p.add_argument(
+        "--role", choices=("target", "draft"), help="default: draft below 1 GB, else target"
+    )
     p.set_defaults(func=run)
 
 
@@ -41,11 +43,15 @@ def run(args: argparse.Namespace) -> int:
     info = entry.info
     assert info is not None
     family = catalog.family(entry.family).name if entry.family else None
-    print(f"added {entry.model}: {info.name}, {entry.quant}, {info.layers} layers, "
-          f"{info.vocab} tokens, as a {entry.role}")
+    print(
+        f"added {entry.model}: {info.name}, {entry.quant}, {info.layers} layers, "
+        f"{info.vocab} tokens, as a {entry.role}"
+    )
     if family is None:
-        print("its vocabulary matches no catalog family: it can draft (or be drafted for) "
-              "only with --draft and a model of the same vocabulary")
+        print(
+            "its vocabulary matches no catalog family: it can draft (or be drafted for) "
+            "only with --draft and a model of the same vocabulary"
+        )
         return 0
     other = "draft" if entry.role == "target" else "target"
     mates = [m for m in catalog.models if m.family == entry.family and m.role == other]

@@ -21,38 +21,70 @@ def register(sub: argparse._SubParsersAction) -> None:
         "bench.png, and prints the Markdown.",
     )
     g = p.add_argument_group("models")
-    g.add_argument("--target", "-t", help="target: a .gguf path or a catalog id "
-                   "(default: the machine's default pair)")
+    g.add_argument(
+        "--target",
+        "-t",
+        help="target: a .gguf path or a catalog id (default: the machine's default pair)",
+    )
     g.add_argument("--draft", "-d", help="draft: a .gguf path, a catalog id, or 'none'")
-    g.add_argument("--threads", type=threads_arg, default=0,
-                   help="CPU threads (default: physical cores)")
-    g.add_argument("--ctx", type=ctx_arg, default=4096,
-                   help="context size in tokens (default 4096)")
-    g.add_argument("--n-gpu-layers", type=int, default=-1,
-                   help="target layers to offload to a GPU (default: all that fit)")
+    g.add_argument(
+        "--threads", type=threads_arg, default=0, help="CPU threads (default: physical cores)"
+    )
+    g.add_argument(
+        "--ctx", type=ctx_arg, default=4096, help="context size in tokens (default 4096)"
+    )
+    g.add_argument(
+        "--n-gpu-layers",
+        type=int,
+        default=-1,
+        help="target layers to offload to a GPU (default: all that fit)",
+    )
     add_draft_quant(g)
     b = p.add_argument_group("bench")
-    b.add_argument("--prompts", type=Path,
-                   help='prompts file {"name": {"category": ..., "prompt": ...}} '
-                   "(default: the suite shipped with localspec)")
+    b.add_argument(
+        "--prompts",
+        type=Path,
+        help='prompts file {"name": {"category": ..., "prompt": ...}} '
+        "(default: the suite shipped with localspec)",
+    )
     b.add_argument("--only", help="comma-separated prompt names or categories to run")
-    b.add_argument("--modes", default="baseline,draft,ngram,auto",
-                   help="comma-separated: baseline, draft, ngram, auto, draft-gN, ngram-gN, "
-                   "and llama.cpp's own binaries as the peer: peer (its speculative example, "
-                   "γ 3; peer-gN), peer-plain (default: %(default)s; baseline always runs)")
-    b.add_argument("--gamma", "-g", type=int, default=4,
-                   help="γ of the draft and ngram modes (default 4)")
-    b.add_argument("--max-tokens", "-n", type=int, default=128,
-                   help="new tokens per answer (default 128)")
-    b.add_argument("--repeats", type=int, default=1,
-                   help="runs of each prompt and mode; figures are medians (default 1)")
-    b.add_argument("--out", type=Path, help="directory for bench.md/json/png "
-                   "(default: a new one under ~/.local/share/localspec/bench)")
-    b.add_argument("--peer", type=Path, help="JSON from scripts/peer_speculative.sh run --out: "
-                   "adds llama.cpp's speculative example, prompt for prompt")
-    b.add_argument("--peer-bin", type=Path,
-                   help="llama.cpp binaries for the peer modes "
-                   "(default: where scripts/peer_speculative.sh build puts them)")
+    b.add_argument(
+        "--modes",
+        default="baseline,draft,ngram,auto",
+        help="comma-separated: baseline, draft, ngram, auto, draft-gN, ngram-gN, "
+        "and llama.cpp's own binaries as the peer: peer (its speculative example, "
+        "γ 3; peer-gN), peer-plain (default: %(default)s; baseline always runs)",
+    )
+    b.add_argument(
+        "--gamma", "-g", type=int, default=4, help="γ of the draft and ngram modes (default 4)"
+    )
+    b.add_argument(
+        "--max-tokens", "-n", type=int, default=128, help="new tokens per answer (default 128)"
+    )
+    b.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each prompt and mode; figures are medians (default 1)",
+    )
+    b.add_argument(
+        "--out",
+        type=Path,
+        help="directory for bench.md/json/png "
+        "(default: a new one under ~/.local/share/localspec/bench)",
+    )
+    b.add_argument(
+        "--peer",
+        type=Path,
+        help="JSON from scripts/peer_speculative.sh run --out: "
+        "adds llama.cpp's speculative example, prompt for prompt",
+    )
+    b.add_argument(
+        "--peer-bin",
+        type=Path,
+        help="llama.cpp binaries for the peer modes "
+        "(default: where scripts/peer_speculative.sh build puts them)",
+    )
     b.add_argument("--no-chart", action="store_true", help="skip the PNG")
     p.set_defaults(func=run)
 
@@ -79,17 +111,28 @@ def run(args: argparse.Namespace) -> int:
         peer_bin = peer_binaries(args, target_path, draft_path, modes)
 
     if (load := bench.machine_load()) > 0.5 * (os.cpu_count() or 1):
-        print(f"bench: the machine is busy (load {load:.1f} on {os.cpu_count()} CPUs): "
-              "timings will be noisy", file=sys.stderr)
+        print(
+            f"bench: the machine is busy (load {load:.1f} on {os.cpu_count()} CPUs): "
+            "timings will be noisy",
+            file=sys.stderr,
+        )
     target, draft = load_models(target_path, draft_path, args)
     try:
-        print(f"bench: {len(prompts)} prompts × {len(modes)} modes × {args.repeats} "
-              f"on {target.name}" + (f" + {draft.name}" if draft else ""), file=sys.stderr)
+        print(
+            f"bench: {len(prompts)} prompts × {len(modes)} modes × {args.repeats} "
+            f"on {target.name}" + (f" + {draft.name}" if draft else ""),
+            file=sys.stderr,
+        )
         report = bench.run_bench(
-            target, draft, prompts, modes,
+            target,
+            draft,
+            prompts,
+            modes,
             bench.BenchConfig(max_tokens=args.max_tokens, repeats=args.repeats),
-            progress=ProgressLine(sys.stderr), peer=peer,
-            threads=args.threads or default_threads(), peer_bin=peer_bin,
+            progress=ProgressLine(sys.stderr),
+            peer=peer,
+            threads=args.threads or default_threads(),
+            peer_bin=peer_bin,
         )
     finally:
         target.close()
@@ -120,8 +163,9 @@ def resolve_pair(target: str | None, draft: str | None) -> tuple[Path, Path | No
     if draft in (None, "none"):
         return resolve_model(target), None
     if draft == "ngram":
-        raise LocalspecError("--draft ngram: the ngram mode needs no draft; "
-                             "pass a draft model, or 'none'")
+        raise LocalspecError(
+            "--draft ngram: the ngram mode needs no draft; pass a draft model, or 'none'"
+        )
     return resolve_model(target), resolve_model(draft)
 
 
@@ -147,8 +191,13 @@ def draft_file(path: Path, target: Path, args: argparse.Namespace) -> Path:
     from localspec.session import draft_on_gpu
 
     on_gpu = draft_on_gpu(draft_options(args))
-    return draft_to_load(path, on_gpu, args.draft_quant,
-                         lambda line: print(f"bench: {line}", file=sys.stderr), target)
+    return draft_to_load(
+        path,
+        on_gpu,
+        args.draft_quant,
+        lambda line: print(f"bench: {line}", file=sys.stderr),
+        target,
+    )
 
 
 def draft_options(args: argparse.Namespace):  # -> LoadOptions
@@ -202,8 +251,10 @@ class ProgressLine:
     def __call__(self, event) -> None:  # event: bench.Progress
         from localspec.bench.runner import CONTENDED
 
-        head = (f"[{event.done + (event.figures is None):>{len(str(event.total))}}/"
-                f"{event.total}] {event.prompt.name:<24} {event.mode.name:<10}")
+        head = (
+            f"[{event.done + (event.figures is None):>{len(str(event.total))}}/"
+            f"{event.total}] {event.prompt.name:<24} {event.mode.name:<10}"
+        )
         if event.figures is None:
             if self.tty:
                 self.stream.write(f"\r\033[K{head} …{self._eta(event)}")

@@ -15,8 +15,13 @@ from typing import Any
 from localspec.cli.options import add_model_options, add_sampling_options, session_config
 
 # Options that, left out, mean "as in the saved settings".
-FROM_SETTINGS = {"gamma": "gamma", "temperature": "temperature", "top_p": "top_p",
-                 "max_tokens": "max_tokens", "system": "system_prompt"}
+FROM_SETTINGS = {
+    "gamma": "gamma",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "max_tokens": "max_tokens",
+    "system": "system_prompt",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,8 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_options(p)
     add_sampling_options(p)
     p.add_argument("--system", help="system prompt (default: from the settings)")
-    p.add_argument("--demo", action="store_true",
-                   help="a scripted pair over the real engine: try the chat without models")
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="a scripted pair over the real engine: try the chat without models",
+    )
     p.set_defaults(func=run, **dict.fromkeys(FROM_SETTINGS))
 
 
@@ -33,8 +41,11 @@ def run(args: argparse.Namespace) -> int:
     from localspec.settings import load_settings, updated
 
     settings, problems = load_settings()
-    changes = {key: getattr(args, opt) for opt, key in FROM_SETTINGS.items()
-               if getattr(args, opt) is not None}
+    changes = {
+        key: getattr(args, opt)
+        for opt, key in FROM_SETTINGS.items()
+        if getattr(args, opt) is not None
+    }
     settings = updated(settings, **changes)  # SettingsError: one line, before any screen
     app = importlib.import_module("tui.app")
     if args.demo:
@@ -55,8 +66,9 @@ def pair_loader(args: argparse.Namespace, settings: Any, app: Any) -> tuple[Call
     if args.target is None and settings.target:
         args.target, args.draft = settings.target, args.draft or settings.draft or None
     config = session_config(args)  # resolves the planner's pair when there is no target
-    spec = app.PairSpec(config.target, config.draft, config.target_load.n_ctx,
-                        config.target_load.n_gpu_layers)
+    spec = app.PairSpec(
+        config.target, config.draft, config.target_load.n_ctx, config.target_load.n_gpu_layers
+    )
 
     def load(chosen: Any, say: Callable[[str], None]) -> Any:
         target_load = config.target_load
@@ -65,7 +77,15 @@ def pair_loader(args: argparse.Namespace, settings: Any, app: Any) -> tuple[Call
         if chosen.n_gpu_layers is not None:
             target_load = replace(target_load, n_gpu_layers=chosen.n_gpu_layers)
         draft_load = replace(config.draft_load, n_ctx=target_load.n_ctx)
-        return open_session(replace(config, target=chosen.target, draft=chosen.draft,
-                                    target_load=target_load, draft_load=draft_load), say=say)
+        return open_session(
+            replace(
+                config,
+                target=chosen.target,
+                draft=chosen.draft,
+                target_load=target_load,
+                draft_load=draft_load,
+            ),
+            say=say,
+        )
 
     return load, spec

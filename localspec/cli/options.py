@@ -41,29 +41,40 @@ def gamma_arg(text: str) -> int | str:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", "-t", help="target model: a .gguf path or a catalog id")
+    g.add_argument("--draft", "-d", help="draft: a .gguf path, a catalog id, 'ngram' or 'none'")
     g.add_argument(
-        "--draft", "-d", help="draft: a .gguf path, a catalog id, 'ngram' or 'none'"
+        "--gamma",
+        "-g",
+        type=gamma_arg,
+        default="auto",
+        help="tokens drafted per round, or 'auto' (default)",
     )
-    g.add_argument("--gamma", "-g", type=gamma_arg, default="auto",
-                   help="tokens drafted per round, or 'auto' (default)")
     g.add_argument("--ctx", type=ctx_arg, default=None, help="context size in tokens")
-    g.add_argument("--threads", type=threads_arg, default=0,
-                   help="CPU threads (default: physical cores)")
-    g.add_argument("--n-gpu-layers", type=int, default=None,
-                   help="target layers to offload to the GPU (default: from the plan)")
+    g.add_argument(
+        "--threads", type=threads_arg, default=0, help="CPU threads (default: physical cores)"
+    )
+    g.add_argument(
+        "--n-gpu-layers",
+        type=int,
+        default=None,
+        help="target layers to offload to the GPU (default: from the plan)",
+    )
     add_draft_quant(g)
 
 
 def add_draft_quant(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--draft-quant", choices=("auto", "keep"), default="auto",
-                   help="auto (default): on a CPU, draft with a Q4_0 copy of the draft model, "
-                   "made once (llama.cpp's fastest type there); keep: the file as it is")
+    g.add_argument(
+        "--draft-quant",
+        choices=("auto", "keep"),
+        default="auto",
+        help="auto (default): on a CPU, draft with a Q4_0 copy of the draft model, "
+        "made once (llama.cpp's fastest type there); keep: the file as it is",
+    )
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--temperature", "--temp", type=float, default=0.0,
-                   help="0 = greedy (default)")
+    g.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=0.95)
     g.add_argument("--top-k", type=int, default=40)
     g.add_argument("--min-p", type=float, default=0.05)

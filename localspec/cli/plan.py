@@ -35,17 +35,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     from localspec.models.planner import DEFAULT_MIN_SPEED
 
     p = sub.add_parser(
-        "plan", help="the target + draft that fit this machine, and why",
+        "plan",
+        help="the target + draft that fit this machine, and why",
         description="Pick the largest target and its draft that fit this machine's memory "
         "(or the one described by --vram/--ram/--gpu), with GPU offload, context and "
         "drafting, and say why.",
     )
     p.add_argument("--family", "-f", help="a model family (default: the catalog's default)")
     p.add_argument("--ctx", type=ctx_arg, help="context wanted, in tokens (default 8192)")
-    p.add_argument("--min-speed", type=float, default=DEFAULT_MIN_SPEED, metavar="TOK/S",
-                   help="skip targets estimated slower than this (default %(default)g)")
-    p.add_argument("--installed", action="store_true",
-                   help="only installed models (what `run` and the chat will load)")
+    p.add_argument(
+        "--min-speed",
+        type=float,
+        default=DEFAULT_MIN_SPEED,
+        metavar="TOK/S",
+        help="skip targets estimated slower than this (default %(default)g)",
+    )
+    p.add_argument(
+        "--installed",
+        action="store_true",
+        help="only installed models (what `run` and the chat will load)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     add_hardware_options(p)
     p.set_defaults(func=run)
@@ -76,13 +85,18 @@ def describe(plan) -> str:  # plan: Plan
     from localspec.models.hardware import fmt_size
 
     t, d = plan.target, plan.draft
-    where = (f"{t.n_gpu_layers} layers on the GPU" if t.n_gpu_layers else "on the CPU")
-    lines = [f"target   {t.id} {t.quant}, {where}, context {t.n_ctx}"
-             + ("" if t.path else "  (not installed)")]
+    where = f"{t.n_gpu_layers} layers on the GPU" if t.n_gpu_layers else "on the CPU"
+    lines = [
+        f"target   {t.id} {t.quant}, {where}, context {t.n_ctx}"
+        + ("" if t.path else "  (not installed)")
+    ]
     if d is not None:
         lines.append(f"draft    {d.id} {d.quant}" + ("" if d.path else "  (not installed)"))
-    drafter = {"draft": f"the draft model, γ={plan.gamma} to start (estimated x{plan.speedup:.2f})",
-               "ngram": "n-gram prompt lookup", "none": "none"}[plan.drafter]
+    drafter = {
+        "draft": f"the draft model, γ={plan.gamma} to start (estimated x{plan.speedup:.2f})",
+        "ngram": "n-gram prompt lookup",
+        "none": "none",
+    }[plan.drafter]
     lines.append(f"drafter  {drafter}")
     memory = f"{fmt_size(plan.ram_estimate)} of {fmt_size(plan.ram_budget)} RAM"
     if plan.vram_budget:

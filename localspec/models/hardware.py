@@ -23,9 +23,22 @@ from localspec.errors import LocalspecError
 
 GiB = 1 << 30
 MiB = 1 << 20
-_UNITS = {"": GiB, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": MiB,
-          "mb": 10**6, "mib": MiB, "g": GiB, "gb": 10**9, "gib": GiB, "t": 1 << 40,
-          "tb": 10**12, "tib": 1 << 40}
+_UNITS = {
+    "": GiB,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 10**3,
+    "kib": 1 << 10,
+    "m": MiB,
+    "mb": 10**6,
+    "mib": MiB,
+    "g": GiB,
+    "gb": 10**9,
+    "gib": GiB,
+    "t": 1 << 40,
+    "tb": 10**12,
+    "tib": 1 << 40,
+}
 REBUILD = {
     "nvidia": "LOCALSPEC_ACCEL=cuda ./scripts/setup.sh",
     "apple": "LOCALSPEC_ACCEL=metal ./scripts/setup.sh",
@@ -69,7 +82,8 @@ class Hardware:
         """One line: 'NVIDIA RTX 4060 (8.0 GiB free), 31.2 GiB RAM, 8 cores'."""
         parts = [
             f"{g.name} ({fmt_size(g.usable)} {'usable' if self.unified else 'free'})"
-            if g.usable is not None else f"{g.name} (memory unknown)"
+            if g.usable is not None
+            else f"{g.name} (memory unknown)"
             for g in self.gpus
         ] or ["no GPU"]
         parts.append(f"{fmt_size(self.ram_available)} RAM available")
@@ -130,10 +144,16 @@ def probe(
     hw = apply(hw, overrides)
     if hw.gpus and not hw.offload:
         vendor = hw.gpus[0].vendor
-        hw = replace(hw, notes=(*hw.notes, (
-            f"llama.cpp here was built without {'Metal' if vendor == 'apple' else 'CUDA'}, "
-            f"so the GPU goes unused; rebuild it with `{REBUILD[vendor]}`"
-        )))
+        hw = replace(
+            hw,
+            notes=(
+                *hw.notes,
+                (
+                    f"llama.cpp here was built without {'Metal' if vendor == 'apple' else 'CUDA'}, "
+                    f"so the GPU goes unused; rebuild it with `{REBUILD[vendor]}`"
+                ),
+            ),
+        )
     return hw
 
 
@@ -169,6 +189,7 @@ def apply(hw: Hardware, o: Overrides) -> Hardware:
 
 
 # --- NVIDIA --------------------------------------------------------------------------
+
 
 def probe_nvidia(nvml: Any = None) -> tuple[tuple[Gpu, ...], list[str]]:
     """NVIDIA GPUs through NVML (`nvml`: pynvml, or a stand-in with its functions);
@@ -239,11 +260,20 @@ def _reason(e: Exception) -> str:
 
 def _is_missing_driver(e: Exception) -> bool:
     text = f"{type(e).__name__} {e}".lower()
-    return any(w in text for w in ("library not found", "librarynotfound", "driver not loaded",
-                                   "drivernotloaded", "not found"))
+    return any(
+        w in text
+        for w in (
+            "library not found",
+            "librarynotfound",
+            "driver not loaded",
+            "drivernotloaded",
+            "not found",
+        )
+    )
 
 
 # --- Apple ---------------------------------------------------------------------------
+
 
 def _apple_silicon() -> bool:
     return platform.system() == "Darwin" and platform.machine() == "arm64"
@@ -251,8 +281,9 @@ def _apple_silicon() -> bool:
 
 def _apple_chip() -> str:
     try:
-        out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
-                             capture_output=True, text=True, timeout=2)
+        out = subprocess.run(
+            ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=2
+        )
         return out.stdout.strip() or "Apple GPU"
     except (OSError, subprocess.SubprocessError):
         return "Apple GPU"
@@ -263,8 +294,9 @@ def _apple_gpu_share(ram_total: int) -> int:
     it, else macOS's default of ~2/3 of RAM (3/4 above 36 GiB)."""
     if _apple_silicon():  # the user's own limit, where set
         try:
-            out = subprocess.run(["sysctl", "-n", "iogpu.wired_limit_mb"],
-                                 capture_output=True, text=True, timeout=2)
+            out = subprocess.run(
+                ["sysctl", "-n", "iogpu.wired_limit_mb"], capture_output=True, text=True, timeout=2
+            )
             limit = int(out.stdout.strip() or 0)
             if limit > 0:
                 return limit * MiB

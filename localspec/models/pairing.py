@@ -63,8 +63,7 @@ def _fallback(why: str, draft: str | None) -> Pair:
 
     catalog = default_catalog()
     pair = catalog.pair("default")
-    targets = sorted((e for e in store.all_installed() if e.role == "target"),
-                     key=lambda e: e.size)
+    targets = sorted((e for e in store.all_installed() if e.role == "target"), key=lambda e: e.size)
     target = store.find_installed(pair.target) if pair else None
     target = target or (targets[0] if targets else None)
     if target is None:
@@ -72,5 +71,10 @@ def _fallback(why: str, draft: str | None) -> Pair:
     if draft is None:
         found = store.find_installed(pair.draft) if pair else None
         draft = str(found.path) if found else "ngram"
-    return Pair(str(target.path), draft, None, None, (f"No plan fits ({why}); trying "
-                                                      f"{target.model} anyway.",))
+    return Pair(
+        str(target.path),
+        draft,
+        None,
+        None,
+        (f"No plan fits ({why}); trying {target.model} anyway.",),
+    )

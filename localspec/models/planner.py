@@ -109,8 +109,9 @@ class Weights:
     @classmethod
     def from_gguf(cls, info: GgufInfo) -> Weights:
         kv = 2 * info.kv_heads * info.head_dim * KV_ELEMENT_BYTES
-        return cls(info.layer_bytes, info.embd_bytes, info.output_bytes, kv, info.vocab,
-                   info.embedding)
+        return cls(
+            info.layer_bytes, info.embd_bytes, info.output_bytes, kv, info.vocab, info.embedding
+        )
 
     @classmethod
     def estimate(cls, model: Model, quant: Quant) -> Weights:
@@ -171,8 +172,13 @@ class Side:
     n_ctx: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "quant": self.quant, "path": self.path,
-                "n_gpu_layers": self.n_gpu_layers, "n_ctx": self.n_ctx}
+        return {
+            "id": self.id,
+            "quant": self.quant,
+            "path": self.path,
+            "n_gpu_layers": self.n_gpu_layers,
+            "n_ctx": self.n_ctx,
+        }
 
 
 @dataclass(frozen=True)
@@ -214,6 +220,7 @@ class Plan:
 
 # --- candidates ----------------------------------------------------------------------
 
+
 def catalog_candidates(
     catalog: Catalog, installed: Iterable[Installed] = (), family: str | None = None
 ) -> list[Candidate]:
@@ -244,8 +251,11 @@ def installed_candidates(catalog: Catalog, installed: Iterable[Installed]) -> li
             continue  # a file we cannot measure cannot be planned
         w = Weights.from_gguf(e.info)
         params = w.total / _EMBD_BYTES.get(e.quant, 1.0) / 1e9
-        found.append(Candidate(e.model, e.info.name, e.quant, e.family, e.role, params,
-                               e.info.context, w, e.path))
+        found.append(
+            Candidate(
+                e.model, e.info.name, e.quant, e.family, e.role, params, e.info.context, w, e.path
+            )
+        )
     return found
 
 
@@ -254,11 +264,21 @@ def _from_catalog(m: Model, q: Quant, entry: Installed | None) -> Candidate:
         weights = Weights.from_gguf(entry.info)
     else:
         weights = Weights.estimate(m, q)
-    return Candidate(m.id, m.name, q.name, m.family, m.role, m.params, m.shape.context,
-                     weights, entry.path if entry else None)
+    return Candidate(
+        m.id,
+        m.name,
+        q.name,
+        m.family,
+        m.role,
+        m.params,
+        m.shape.context,
+        weights,
+        entry.path if entry else None,
+    )
 
 
 # --- memory --------------------------------------------------------------------------
+
 
 def budget(hw: Hardware) -> Budget:
     """What the plan may use: free memory less headroom."""
@@ -287,8 +307,13 @@ def footprint(w: Weights, n_ctx: int, gpu_layers: int) -> tuple[int, int]:
     head_on_gpu = gpu_layers > n
     kv_layer = n_ctx * w.kv_per_token_layer
     vram = sum(w.layers[n - on_gpu :]) + on_gpu * kv_layer + (w.head if head_on_gpu else 0)
-    ram = (sum(w.layers[: n - on_gpu]) + (n - on_gpu) * kv_layer + w.embd + HOST_OVERHEAD
-           + (0 if head_on_gpu else w.output))
+    ram = (
+        sum(w.layers[: n - on_gpu])
+        + (n - on_gpu) * kv_layer
+        + w.embd
+        + HOST_OVERHEAD
+        + (0 if head_on_gpu else w.output)
+    )
     compute = compute_bytes(w, n_ctx)
     if gpu_layers > 0:
         vram += compute
@@ -330,6 +355,7 @@ def place(
 
 # --- speed ---------------------------------------------------------------------------
 
+
 def step_seconds(w: Weights, gpu_layers: int, hw: Hardware) -> float:
     """Estimated time of one decode step: every weight byte is read once per token."""
     n = len(w.layers)
@@ -352,8 +378,9 @@ def gpu_bandwidth(hw: Hardware) -> float:
     return next(bw for limit, bw in tiers if memory <= limit)
 
 
-def speculation(t_target: float, t_draft: float, slope: float,
-                alpha: float = ACCEPTANCE) -> tuple[int, float]:
+def speculation(
+    t_target: float, t_draft: float, slope: float, alpha: float = ACCEPTANCE
+) -> tuple[int, float]:
     """(γ, speedup) maximizing tokens per second over γ = 1..GAMMA_MAX."""
     best = (1, 0.0)
     for gamma in range(1, GAMMA_MAX + 1):
@@ -366,6 +393,7 @@ def speculation(t_target: float, t_draft: float, slope: float,
 
 
 # --- the plan ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class _Option:
@@ -387,15 +415,23 @@ def plan(candidates: Sequence[Candidate], hw: Hardware, request: Request = Reque
     if request.draft in ("ngram", "none"):
         drafts: list[Candidate] = []
     else:
-        drafts = [c for c in candidates if c.role == "draft"
-                  and request.draft in (None, c.id, str(c.path))]
+        drafts = [
+            c
+            for c in candidates
+            if c.role == "draft" and request.draft in (None, c.id, str(c.path))
+        ]
     if not targets:
         raise NothingFits("no target model to plan with")
-    speeds = {(c.id, c.quant): _speed_at_floor(c, hw, b, request)
-              for _, quants in targets for c in quants}
+    speeds = {
+        (c.id, c.quant): _speed_at_floor(c, hw, b, request) for _, quants in targets for c in quants
+    }
     for i, (_, quants) in enumerate(targets):
-        fast = [c for c in quants if 0 < request.min_speed <= speeds[c.id, c.quant]
-                or (request.min_speed <= 0 and speeds[c.id, c.quant] > 0)]
+        fast = [
+            c
+            for c in quants
+            if 0 < request.min_speed <= speeds[c.id, c.quant]
+            or (request.min_speed <= 0 and speeds[c.id, c.quant] > 0)
+        ]
         if fast:
             return _plan_target(fast, drafts, hw, b, request, _next_size_up(targets, i))
     # nothing reaches the speed asked for: the smallest target that fits, said so
@@ -404,14 +440,15 @@ def plan(candidates: Sequence[Candidate], hw: Hardware, request: Request = Reque
         if fitting:
             slow = max(speeds[c.id, c.quant] for c in fitting)
             plan_ = _plan_target(fitting, drafts, hw, b, request, _next_size_up(targets, i))
-            note = (f"Slow: nothing fits that decodes at {request.min_speed:g} tokens/s here; "
-                    f"this target manages ~{slow:.1f}.")
+            note = (
+                f"Slow: nothing fits that decodes at {request.min_speed:g} tokens/s here; "
+                f"this target manages ~{slow:.1f}."
+            )
             return replace(plan_, reasons=(*plan_.reasons, note))
     smallest = targets[-1][1]
     need = _needs(smallest[0], hw, b)
     raise NothingFits(
-        f"nothing fits: the smallest target, {smallest[0].name} {smallest[0].quant}, "
-        f"needs {need}"
+        f"nothing fits: the smallest target, {smallest[0].name} {smallest[0].quant}, needs {need}"
     )
 
 
@@ -432,8 +469,10 @@ def _plan_target(
     why: list[str] = []
     own_drafts = _by_params([d for d in drafts if d.family == quants[0].family])
     # one quantization per draft model: its smallest (drafting is all about speed)
-    own_drafts = [min(g, key=lambda d: d.weights.total)
-                  for _, g in itertools.groupby(own_drafts, key=lambda d: d.id)]
+    own_drafts = [
+        min(g, key=lambda d: d.weights.total)
+        for _, g in itertools.groupby(own_drafts, key=lambda d: d.id)
+    ]
     target, stage, ctx = _choose_quant(quants, own_drafts, hw, b, request)
     options = [o for d in [*own_drafts, None] if (o := _option(target, d, ctx, hw, b))]
     plain = next(o for o in options if o.draft is None)  # the target alone always fits here
@@ -450,8 +489,8 @@ def _plan_target(
     why.append(_drafter_sentence(best, options, own_drafts, hw, request))
     asked = _asked_ctx(target, request)
     why.append(
-        f"Context: {ctx} tokens" + (" (as asked)." if ctx == asked
-                                    else f", the most that fits (asked for {asked}).")
+        f"Context: {ctx} tokens"
+        + (" (as asked)." if ctx == asked else f", the most that fits (asked for {asked}).")
     )
     why.append(_memory_sentence(p, b, hw))
     if bigger is not None:
@@ -459,8 +498,7 @@ def _plan_target(
     draft_side = None
     if best.draft is not None:
         d = best.draft
-        draft_side = Side(d.id, d.quant, _str(d.path),
-                          d.n_layers + 1 if p.draft_on_gpu else 0, ctx)
+        draft_side = Side(d.id, d.quant, _str(d.path), d.n_layers + 1 if p.draft_on_gpu else 0, ctx)
     return Plan(
         target=Side(target.id, target.quant, _str(target.path), p.target_layers, ctx),
         draft=draft_side,
@@ -488,8 +526,10 @@ def _choose_quant(
     by_quality = sorted(quants, key=lambda c: -c.weights.total)
     if hw.gpu_usable:
         for at_asked in (True, False):
-            for stage, draft in (("pair-on-gpu", drafts[0] if drafts else None),
-                                 ("target-on-gpu", None)):
+            for stage, draft in (
+                ("pair-on-gpu", drafts[0] if drafts else None),
+                ("target-on-gpu", None),
+            ):
                 if stage == "pair-on-gpu" and draft is None:
                     continue
                 for c in by_quality:
@@ -503,16 +543,26 @@ def _choose_quant(
 
 
 def _largest_ctx(
-    c: Candidate, draft: Candidate | None, hw: Hardware, b: Budget, request: Request,
-    whole: bool, asked_only: bool,
+    c: Candidate,
+    draft: Candidate | None,
+    hw: Hardware,
+    b: Budget,
+    request: Request,
+    whole: bool,
+    asked_only: bool,
 ) -> int | None:
     """The largest context up to the asked one at which `c` (and `draft`) fit, with the
     whole target on the GPU if `whole`; None if none does."""
     asked = _asked_ctx(c, request)
     floor = min(MIN_CTX, asked)
-    ladder = [asked] if asked_only else sorted(
-        {asked, floor, *(x for x in (65536, 32768, 16384, 8192, 4096) if floor < x < asked)},
-        reverse=True)
+    ladder = (
+        [asked]
+        if asked_only
+        else sorted(
+            {asked, floor, *(x for x in (65536, 32768, 16384, 8192, 4096) if floor < x < asked)},
+            reverse=True,
+        )
+    )
     for ctx in ladder:
         p = place(c.weights, draft.weights if draft else None, ctx, b, hw)
         if p is not None and (not whole or p.target_layers == c.n_layers + 1):
@@ -535,6 +585,7 @@ def _option(t: Candidate, d: Candidate | None, ctx: int, hw: Hardware, b: Budget
 
 # --- sentences -----------------------------------------------------------------------
 
+
 def _target_sentence(c: Candidate, p: Placement, stage: str, hw: Hardware, choice: bool) -> str:
     if not hw.gpu_usable:
         where = "on the CPU"
@@ -548,19 +599,21 @@ def _target_sentence(c: Candidate, p: Placement, stage: str, hw: Hardware, choic
         "partial": f"{c.quant} puts the most of it on the GPU",
         "cpu": f"on a CPU every weight byte is read for each token, so {c.quant} is fastest",
     }[stage]
-    return (f"Target: {c.name} {c.quant}, {where}: the largest target that fits" +
-            (f"; {why}." if choice else "."))
+    return f"Target: {c.name} {c.quant}, {where}: the largest target that fits" + (
+        f"; {why}." if choice else "."
+    )
 
 
 def _drafter_sentence(
-    best: _Option, options: list[_Option], drafts: list[Candidate],
-    hw: Hardware, request: Request
+    best: _Option, options: list[_Option], drafts: list[Candidate], hw: Hardware, request: Request
 ) -> str:
     if best.draft is not None:
         where = "wholly on the GPU" if best.placement.draft_on_gpu else "on the CPU"
-        return (f"Draft: {best.draft.name} {best.draft.quant}, {where}; estimated "
-                f"x{best.speedup:.2f} at γ={best.gamma} (acceptance {ACCEPTANCE} assumed; "
-                f"--gamma auto measures and turns drafting off where it does not pay).")
+        return (
+            f"Draft: {best.draft.name} {best.draft.quant}, {where}; estimated "
+            f"x{best.speedup:.2f} at γ={best.gamma} (acceptance {ACCEPTANCE} assumed; "
+            f"--gamma auto measures and turns drafting off where it does not pay)."
+        )
     if request.draft == "none":
         return "Drafter: none (asked for plain decoding)."
     if request.draft == "ngram":
@@ -569,22 +622,30 @@ def _drafter_sentence(
         return "Drafter: n-gram prompt lookup (no draft model of this family is available)."
     tried = [o for o in options if o.draft is not None]
     if not tried:
-        return ("Drafter: n-gram prompt lookup: no draft model fits "
-                + ("wholly on the GPU " if hw.gpu_usable else "")
-                + "next to the target.")
+        return (
+            "Drafter: n-gram prompt lookup: no draft model fits "
+            + ("wholly on the GPU " if hw.gpu_usable else "")
+            + "next to the target."
+        )
     o = max(tried, key=lambda o: o.speedup)
-    return (f"Drafter: n-gram prompt lookup: {o.draft.name if o.draft else 'the draft'} "
-            f"would not pay on this device (estimated x{o.speedup:.2f}).")
+    return (
+        f"Drafter: n-gram prompt lookup: {o.draft.name if o.draft else 'the draft'} "
+        f"would not pay on this device (estimated x{o.speedup:.2f})."
+    )
 
 
 def _memory_sentence(p: Placement, b: Budget, hw: Hardware) -> str:
     if b.unified:
-        return (f"Memory: {fmt_size(p.vram)} for the GPU (budget {fmt_size(b.vram)}) and "
-                f"{fmt_size(p.vram + p.ram)} in all (budget {fmt_size(b.ram)}, shared), "
-                f"weights, KV cache and compute buffers included, headroom kept.")
-    gpu = (f"{fmt_size(p.vram)} of {fmt_size(b.vram)} GPU budget, " if hw.gpu_usable else "")
-    return (f"Memory: {gpu}{fmt_size(p.ram)} of {fmt_size(b.ram)} RAM budget "
-            f"(weights, KV cache and compute buffers; headroom kept for the system).")
+        return (
+            f"Memory: {fmt_size(p.vram)} for the GPU (budget {fmt_size(b.vram)}) and "
+            f"{fmt_size(p.vram + p.ram)} in all (budget {fmt_size(b.ram)}, shared), "
+            f"weights, KV cache and compute buffers included, headroom kept."
+        )
+    gpu = f"{fmt_size(p.vram)} of {fmt_size(b.vram)} GPU budget, " if hw.gpu_usable else ""
+    return (
+        f"Memory: {gpu}{fmt_size(p.ram)} of {fmt_size(b.ram)} RAM budget "
+        f"(weights, KV cache and compute buffers; headroom kept for the system)."
+    )
 
 
 def _needs(c: Candidate, hw: Hardware, b: Budget) -> str:
@@ -593,10 +654,14 @@ def _needs(c: Candidate, hw: Hardware, b: Budget) -> str:
     if hw.gpu_usable:
         vram, ram = footprint(c.weights, ctx, c.n_layers + 1)
         if b.unified:
-            return (f"{fmt_size(vram + ram)} of memory, {fmt_size(vram)} of it for the GPU "
-                    f"(you have {fmt_size(b.ram)}, {fmt_size(b.vram)} for the GPU)")
-        return (f"{fmt_size(vram)} of GPU memory to run wholly on the GPU (you have "
-                f"{fmt_size(b.vram)} to spare)")
+            return (
+                f"{fmt_size(vram + ram)} of memory, {fmt_size(vram)} of it for the GPU "
+                f"(you have {fmt_size(b.ram)}, {fmt_size(b.vram)} for the GPU)"
+            )
+        return (
+            f"{fmt_size(vram)} of GPU memory to run wholly on the GPU (you have "
+            f"{fmt_size(b.vram)} to spare)"
+        )
     _, ram = footprint(c.weights, ctx, 0)
     return f"{fmt_size(ram)} of RAM (you have {fmt_size(b.ram)} to spare)"
 
@@ -604,9 +669,11 @@ def _needs(c: Candidate, hw: Hardware, b: Budget) -> str:
 def _next_sentence(c: Candidate, hw: Hardware, b: Budget, request: Request) -> str:
     speed = _speed_at_floor(c, hw, b, request)
     if speed > 0:  # it fits: it was passed over for speed
-        return (f"Next size up: {c.name} ({c.quant}) would fit but decode at only "
-                f"~{speed:.1f} tokens/s here (below {request.min_speed:g}; "
-                f"--min-speed 0 allows it).")
+        return (
+            f"Next size up: {c.name} ({c.quant}) would fit but decode at only "
+            f"~{speed:.1f} tokens/s here (below {request.min_speed:g}; "
+            f"--min-speed 0 allows it)."
+        )
     return f"Next size up: {c.name} ({c.quant}) would need {_needs(c, hw, b)}."
 
 
@@ -614,11 +681,13 @@ def _next_size_up(targets: list[tuple[str, list[Candidate]]], i: int) -> Candida
     if i == 0:
         return None
     bigger = targets[i - 1][1]
-    return next((c for c in bigger if c.quant == DEFAULT_QUANT),
-                min(bigger, key=lambda c: c.weights.total))
+    return next(
+        (c for c in bigger if c.quant == DEFAULT_QUANT), min(bigger, key=lambda c: c.weights.total)
+    )
 
 
 # --- helpers -------------------------------------------------------------------------
+
 
 def _asked_ctx(c: Candidate, request: Request) -> int:
     asked = request.n_ctx or DEFAULT_CTX
@@ -640,7 +709,9 @@ def _str(path: Path | None) -> str | None:
 
 
 def plan_catalog(
-    catalog: Catalog, hw: Hardware, request: Request = Request(),
+    catalog: Catalog,
+    hw: Hardware,
+    request: Request = Request(),
     installed: Iterable[Installed] = (),
 ) -> Plan:
     """Plan over the whole catalog (one family: the asked one, else the default)."""
@@ -658,6 +729,8 @@ def plan_installed(
         cands = [c for c in cands if c.family == request.family]
     if not any(c.role == "target" for c in cands):
         of = f" of family {request.family}" if request.family else ""
-        raise NothingFits(f"no target{of} is installed: run `localspec pull default` "
-                          "(or `localspec plan` to see what would fit)")
+        raise NothingFits(
+            f"no target{of} is installed: run `localspec pull default` "
+            "(or `localspec plan` to see what would fit)"
+        )
     return plan(cands, hw, request)

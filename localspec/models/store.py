@@ -86,9 +86,7 @@ class GgufInfo:
         if self.file_type is None:
             return "unknown"
         try:
-            return LlamaFileType(self.file_type).name.removeprefix("MOSTLY_").replace(
-                "ALL_", ""
-            )
+            return LlamaFileType(self.file_type).name.removeprefix("MOSTLY_").replace("ALL_", "")
         except ValueError:
             return "unknown"
 
@@ -135,6 +133,7 @@ class Installed:
 
 
 # --- records -------------------------------------------------------------------------
+
 
 def records_dir() -> Path:
     return home() / "installed"
@@ -190,6 +189,7 @@ def mirror_path(file_name: str) -> Path:
 
 # --- hashing -------------------------------------------------------------------------
 
+
 def sha256_of(path: Path, progress: Callable[[int], None] | None = None) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -211,8 +211,19 @@ def verify(path: Path, sha256: str) -> FileRecord:
 # --- GGUF headers --------------------------------------------------------------------
 
 _GGUF_MAGIC = b"GGUF"
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _STRING, _ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
 _ARRAY_KEEP = 64  # keep small arrays (per-layer head counts); count the big ones only

@@ -81,4 +81,3 @@ def test_open_session_skips_contexts_that_would_be_capped_to_the_one_that_failed
         "not enough memory for a context of 32768 tokens; retrying with a context of 16384 tokens",
         "not enough memory for a context of 16384 tokens; retrying with a context of 8192 tokens",
     ]
-

@@ -98,8 +98,16 @@ def test_unreadable_file_is_one_problem(tmp_path: Path):
 
 @pytest.mark.parametrize(
     "change",
-    [{"temperature": -0.1}, {"top_p": 0.0}, {"max_tokens": 0}, {"gamma": 33}, {"gamma": True},
-     {"drafter": "draft"}, {"provenance": "yes"}, {"max_tokens": 1.5}],
+    [
+        {"temperature": -0.1},
+        {"top_p": 0.0},
+        {"max_tokens": 0},
+        {"gamma": 33},
+        {"gamma": True},
+        {"drafter": "draft"},
+        {"provenance": "yes"},
+        {"max_tokens": 1.5},
+    ],
 )
 def test_bad_values_are_refused(change: dict):
     with pytest.raises(SettingsError):

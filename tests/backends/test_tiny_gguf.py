@@ -122,8 +122,9 @@ def test_a_context_beyond_the_models_training_is_capped_and_said(tmp_path: Path)
         assert model.n_ctx == 256
         model.close()
     said: list[str] = []
-    session = open_session(SessionConfig(str(path), target_load=LoadOptions(n_ctx=100_000)),
-                           say=said.append)
+    session = open_session(
+        SessionConfig(str(path), target_load=LoadOptions(n_ctx=100_000)), say=said.append
+    )
     try:
         assert session.target.n_ctx == 256
         assert said == session.notes and "capped at 256" in said[0]

@@ -124,7 +124,10 @@ def test_draft_mode_needs_a_draft_model():
     with pytest.raises(BenchError, match="need a draft model"):
         bench.parse_modes("draft,ngram", have_draft=False)
     assert [m.name for m in bench.parse_modes("ngram,auto", have_draft=False)] == [
-        "baseline", "ngram", "auto"]
+        "baseline",
+        "ngram",
+        "auto",
+    ]
 
 
 # --- agreement ---------------------------------------------------------------------------
@@ -164,8 +167,9 @@ def differing_factory(reply: str):
 def test_a_differing_run_is_reported_where_it_differs():
     target = ToyModel(scripted(REPLY), name="toy-target")
     factory = differing_factory(REPLY[:8] + "X" + REPLY[9:])
-    report = bench.run_bench(target, None, PROMPTS[:1], bench.parse_modes("ngram"), FAST,
-                             engine_factory=factory)
+    report = bench.run_bench(
+        target, None, PROMPTS[:1], bench.parse_modes("ngram"), FAST, engine_factory=factory
+    )
     agreement = report.result("one", "ngram").agreement
     assert not agreement.identical and agreement.first_diff == 8
     assert agreement.gap == pytest.approx(20.0)  # toy confidence: a clear choice
@@ -177,8 +181,9 @@ def test_a_differing_run_is_reported_where_it_differs():
 def test_a_near_tie_taken_the_other_way_is_marked_as_numerics():
     target = ToyModel(near_tie_target(at=8, runner_up="X", margin=0.25), name="toy-target")
     factory = differing_factory(REPLY[:8] + "X" + REPLY[9:])
-    report = bench.run_bench(target, None, PROMPTS[:1], bench.parse_modes("ngram"), FAST,
-                             engine_factory=factory)
+    report = bench.run_bench(
+        target, None, PROMPTS[:1], bench.parse_modes("ngram"), FAST, engine_factory=factory
+    )
     agreement = report.result("one", "ngram").agreement
     assert agreement.first_diff == 8 and agreement.rank == 2 and agreement.near_tie
     assert agreement.gap == pytest.approx(0.25)
@@ -186,8 +191,14 @@ def test_a_near_tie_taken_the_other_way_is_marked_as_numerics():
 
 def test_an_answer_that_stops_early_differs_where_it_ends():
     target = ToyModel(scripted(REPLY), name="toy-target")
-    report = bench.run_bench(target, None, PROMPTS[:1], bench.parse_modes("ngram"), FAST,
-                             engine_factory=differing_factory(REPLY[:5]))
+    report = bench.run_bench(
+        target,
+        None,
+        PROMPTS[:1],
+        bench.parse_modes("ngram"),
+        FAST,
+        engine_factory=differing_factory(REPLY[:5]),
+    )
     agreement = report.result("one", "ngram").agreement
     assert agreement.first_diff == 5 and not agreement.near_tie  # EOS was far behind
 
@@ -221,10 +232,20 @@ def test_repeats_are_interleaved_and_kept():
         if e.figures is None:
             order.append((e.repeat, e.prompt.name, e.mode.name))
 
-    report = bench.run_bench(target, draft, PROMPTS[:2], bench.parse_modes("draft"),
-                             BenchConfig(max_tokens=8, repeats=2, warmup=False), progress=note)
-    assert order[:4] == [(0, "one", "baseline"), (0, "one", "draft"),
-                         (0, "two", "baseline"), (0, "two", "draft")]
+    report = bench.run_bench(
+        target,
+        draft,
+        PROMPTS[:2],
+        bench.parse_modes("draft"),
+        BenchConfig(max_tokens=8, repeats=2, warmup=False),
+        progress=note,
+    )
+    assert order[:4] == [
+        (0, "one", "baseline"),
+        (0, "one", "draft"),
+        (0, "two", "baseline"),
+        (0, "two", "draft"),
+    ]
     assert order[4][0] == 1
     assert all(len(r.runs) == 2 for r in report.results)
 
@@ -249,8 +270,9 @@ def test_runs_that_did_not_get_the_cpu_are_flagged():
     # the toy models sleep through their passes: as if other work had the CPU
     report = run_toy("draft", threads=2)
     assert len(report.contended()) == len(report.results)
-    assert all(f.cpu_share is not None and f.cpu_share < 0.5
-               for r in report.results for f in r.runs)
+    assert all(
+        f.cpu_share is not None and f.cpu_share < 0.5 for r in report.results for f in r.runs
+    )
     assert "**Noisy**: 6 of 6 runs" in bench.to_markdown(report)
     quiet = run_toy("draft")  # thread count unknown: nothing to say
     assert not quiet.contended() and "Noisy" not in bench.to_markdown(quiet)
@@ -261,14 +283,27 @@ def test_reports_are_written(tmp_path):
     paths = bench.write_report(report, tmp_path / "out")
     md, js, png = paths
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "bench.json", "bench.md", "bench.png"]  # written atomically: no temporaries left
+        "bench.json",
+        "bench.md",
+        "bench.png",
+    ]  # written atomically: no temporaries left
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(js.read_text())
     assert data["info"]["target"] == "toy-target" and data["info"]["max_tokens"] == 40
     assert len(data["results"]) == 12 and len(data["summary"]) == 3
     row = data["results"][1]
-    for key in ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_len", "ttft_s",
-                "itl_p50_s", "itl_p95_s", "overhead_share", "agreement", "runs"):
+    for key in (
+        "tokens_per_s",
+        "speedup",
+        "acceptance_rate",
+        "mean_accepted_len",
+        "ttft_s",
+        "itl_p50_s",
+        "itl_p95_s",
+        "overhead_share",
+        "agreement",
+        "runs",
+    ):
         assert key in row
     assert row["agreement"]["identical"] is True and "overhead_share" in row["runs"][0]
     text = md.read_text()
@@ -279,9 +314,21 @@ def test_reports_are_written(tmp_path):
 
 def test_peer_figures_join_prompt_for_prompt(tmp_path):
     peer_file = tmp_path / "peer.json"
-    peer_file.write_text(json.dumps({"peer": "llama-speculative-simple", "prompts": {
-        "one": {"category": "code", "plain_tps": 100.0, "spec_tps": 120.0, "acceptance": 0.8},
-    }}))
+    peer_file.write_text(
+        json.dumps(
+            {
+                "peer": "llama-speculative-simple",
+                "prompts": {
+                    "one": {
+                        "category": "code",
+                        "plain_tps": 100.0,
+                        "spec_tps": 120.0,
+                        "acceptance": 0.8,
+                    },
+                },
+            }
+        )
+    )
     report = run_toy("draft", peer=bench.load_peer(peer_file))
     draft = report.result("one", "draft")
     assert draft.vs_peer == pytest.approx(draft.tokens_per_s / 120.0)
@@ -365,8 +412,9 @@ def test_agreement_labels():
 
 # --- the command ------------------------------------------------------------------------
 def localspec(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localspec", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "localspec", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize(
@@ -397,8 +445,9 @@ def test_command_errors_are_one_line(tmp_path, args, words):
 def test_real_pair_short_bench(real_models, tmp_path):
     target, draft = real_models
     prompts = bench.select_prompts(bench.load_prompts(), "code-binary-search,edit-fix-bug")
-    report = bench.run_bench(target, draft, prompts, bench.parse_modes("draft"),
-                             BenchConfig(max_tokens=16), threads=2)
+    report = bench.run_bench(
+        target, draft, prompts, bench.parse_modes("draft"), BenchConfig(max_tokens=16), threads=2
+    )
     for r in report.results:
         assert r.tokens > 0 and r.tokens_per_s > 0 and r.ttft_s > 0
         # greedy speculation reproduces plain decoding, up to kernel numerics at a near-tie

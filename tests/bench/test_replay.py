@@ -15,8 +15,9 @@ def recording(right: bool, n: int = 41) -> replay.Recording:
     y = [1000 + i for i in range(n)]  # no repeats: no n-gram matches
     guess = y if right else [7] * n
     after_miss = {} if right else {str(i): [0.9] * 7 for i in range(n)}
-    return replay.Recording({"prompt": [1], "y": y, "guess": guess,
-                             "conf": [0.9] * (n + 1), "after_miss": after_miss})
+    return replay.Recording(
+        {"prompt": [1], "y": y, "guess": guess, "conf": [0.9] * (n + 1), "after_miss": after_miss}
+    )
 
 
 def test_a_perfect_draft_at_fixed_gamma_gains_the_closed_form():
@@ -55,8 +56,9 @@ def test_the_oracle_bounds_every_policy_and_takes_the_cheapest_rounds():
     right, wrong = recording(True), recording(False)
     bound = replay.oracle(right, COSTS)
     assert bound.speedup == pytest.approx(40 * T[0] / (4 * (8 * C + T[8]) + 3 * C + T[3]))
-    assert bound.speedup >= max(replay.replay(right, COSTS, p).speedup
-                                for p in ("auto", "draft-g4", "draft-g8"))
+    assert bound.speedup >= max(
+        replay.replay(right, COSTS, p).speedup for p in ("auto", "draft-g4", "draft-g8")
+    )
     # a draft that is always wrong: plain decoding, round after round
     assert replay.oracle(wrong, COSTS).speedup == pytest.approx(1.0)
     assert replay.oracle(wrong, COSTS).drafted == 0
@@ -68,15 +70,17 @@ def test_the_oracle_pays_the_draft_models_first_read_of_the_context_once():
     read = 0.001  # a token; the first round (t = 1) reads the prompt and y[0]: 50 tokens
     bound = replay.oracle(right, replay.Costs(T, C, read))
     assert bound.speedup == pytest.approx(
-        40 * T[0] / (50 * read + 4 * (8 * C + T[8]) + 3 * C + T[3]))
+        40 * T[0] / (50 * read + 4 * (8 * C + T[8]) + 3 * C + T[3])
+    )
     # a read dearer than all the drafting could save: plain decoding throughout
     assert replay.oracle(right, replay.Costs(T, C, 0.1)).drafted == 0
 
 
 def test_the_oracle_takes_free_ngram_runs():
     y = [5, 6, 7, 8, 9] * 8  # repeats itself: n-gram matches (5 tokens long) are right
-    rec = replay.Recording({"prompt": [5, 6, 7, 8, 9], "y": y, "guess": [0] * 40,
-                            "conf": [0.9] * 41, "after_miss": {}})
+    rec = replay.Recording(
+        {"prompt": [5, 6, 7, 8, 9], "y": y, "guess": [0] * 40, "conf": [0.9] * 41, "after_miss": {}}
+    )
     bound = replay.oracle(rec, COSTS)
     assert bound.drafted == bound.accepted > 30 and bound.rounds <= 8
     assert bound.speedup > 39 * T[0] / (8 * T[5])
@@ -100,9 +104,15 @@ def test_a_recording_of_the_real_pair_replays_what_the_engine_does(real_models):
     draft.reset()
     engine = Engine(target, DraftModel(draft), gamma=4)
     tokens = Session(engine).render([{"role": "user", "content": prompt.prompt}])
-    done = next(e for e in engine.generate(tokens, GenerationConfig(max_tokens=n))
-                if isinstance(e, Finished))
+    done = next(
+        e
+        for e in engine.generate(tokens, GenerationConfig(max_tokens=n))
+        if isinstance(e, Finished)
+    )
     assert list(done.tokens) == rec.y  # the recording's answer is the greedy answer
     replayed = replay.replay(rec, COSTS, "draft-g4")
     assert (replayed.rounds, replayed.drafted, replayed.accepted) == (
-        done.stats.rounds, done.stats.drafted, done.stats.accepted)
+        done.stats.rounds,
+        done.stats.drafted,
+        done.stats.accepted,
+    )

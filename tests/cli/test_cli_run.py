@@ -13,7 +13,10 @@ import pytest
 def localspec(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "localspec", *args],
-        input=stdin, capture_output=True, text=True, timeout=300,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -44,16 +47,18 @@ def test_bad_sampling_value():
     assert_one_line_error(localspec("run", "hi", "--target", "x.gguf", "--top-p", "0"), "top-p")
 
 
-@pytest.mark.parametrize(("option", "value"), [("--ctx", "99999999999"), ("--ctx", "8"),
-                                               ("--threads", "-2")])
+@pytest.mark.parametrize(
+    ("option", "value"), [("--ctx", "99999999999"), ("--ctx", "8"), ("--threads", "-2")]
+)
 def test_out_of_range_numbers_are_refused_before_anything_loads(option: str, value: str):
     r = localspec("run", "hi", "--target", "x.gguf", option, value)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"argument {option}: must be between" in r.stderr.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize(("value", "why"), [("40", "must be between 0 and 32"),
-                                          ("x", "'x' is not a whole number")])
+@pytest.mark.parametrize(
+    ("value", "why"), [("40", "must be between 0 and 32"), ("x", "'x' is not a whole number")]
+)
 def test_a_bad_gamma_is_refused_and_auto_named(value: str, why: str):
     r = localspec("run", "hi", "--target", "x.gguf", "--gamma", value)
     assert r.returncode == 2
@@ -68,29 +73,52 @@ def test_incompatible_draft(real_paths, gemma_path):
 
 @pytest.mark.real
 def test_prompt_longer_than_the_context(real_paths):
-    r = localspec("run", "word " * 600, "--target", str(real_paths[0]), "--draft", "none",
-                  "--ctx", "256")
+    r = localspec(
+        "run", "word " * 600, "--target", str(real_paths[0]), "--draft", "none", "--ctx", "256"
+    )
     assert_one_line_error(r, "context")
 
 
 @pytest.mark.real
 def test_json_result_from_stdin(real_paths):
     target, draft = map(str, real_paths)
-    r = localspec("run", "--target", target, "--draft", draft, "--gamma", "3",
-                  "--max-tokens", "12", "--json", stdin="Write hello world in C.")
+    r = localspec(
+        "run",
+        "--target",
+        target,
+        "--draft",
+        draft,
+        "--gamma",
+        "3",
+        "--max-tokens",
+        "12",
+        "--json",
+        stdin="Write hello world in C.",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["tokens"] == 12 and out["stop_reason"] == "max_tokens" and out["text"]
     stats = out["stats"]
-    assert {"acceptance_rate", "mean_accepted_len", "tokens_per_s", "ttft_s", "itl_p50_s",
-            "itl_p95_s", "drafted", "accepted", "rounds", "gamma"} <= stats.keys()
+    assert {
+        "acceptance_rate",
+        "mean_accepted_len",
+        "tokens_per_s",
+        "ttft_s",
+        "itl_p50_s",
+        "itl_p95_s",
+        "drafted",
+        "accepted",
+        "rounds",
+        "gamma",
+    } <= stats.keys()
     assert stats["drafted"] > 0 and 0 <= stats["acceptance_rate"] <= 1
 
 
 @pytest.mark.real
 def test_streams_text_and_prints_stats_line(real_paths):
-    r = localspec("run", "Say hi.", "--target", str(real_paths[0]), "--draft", "ngram",
-                  "--max-tokens", "8")
+    r = localspec(
+        "run", "Say hi.", "--target", str(real_paths[0]), "--draft", "ngram", "--max-tokens", "8"
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip()
     assert "tok/s" in r.stderr and "acceptance" in r.stderr

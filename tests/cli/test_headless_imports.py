@@ -38,8 +38,9 @@ def modules() -> list[str]:
 def test_no_localspec_module_imports_textual():
     names = modules()
     assert "localspec.cli.chat" in names and "localspec.conversations" in names
-    r = subprocess.run([sys.executable, "-c", CHECK, *names], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", CHECK, *names], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == []
 

@@ -170,8 +170,9 @@ def test_seeded_sampling_is_reproducible_with_the_real_pair(real_models):
     assert run(5).tokens == first.tokens
 
 
-def test_the_cpu_draft_copy_speculates_losslessly(real_models, plain_runs, tmp_path_factory,
-                                                  monkeypatch):
+def test_the_cpu_draft_copy_speculates_losslessly(
+    real_models, plain_runs, tmp_path_factory, monkeypatch
+):
     """The Q4_0 copy localspec drafts with on a CPU: still the target's greedy output,
     and still a good guesser on code."""
     from localspec.backends import quantize

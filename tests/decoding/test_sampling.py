@@ -7,8 +7,11 @@ LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.06, 0.04]))
 
 
 def probs(**kw) -> np.ndarray:
-    return logits_to_probs(LOGITS, SamplingParams(**{"temperature": 1.0, "min_p": 0.0,
-                                                     "top_p": 1.0, "top_k": 0, **kw}), [])
+    return logits_to_probs(
+        LOGITS,
+        SamplingParams(**{"temperature": 1.0, "min_p": 0.0, "top_p": 1.0, "top_k": 0, **kw}),
+        [],
+    )
 
 
 def test_plain_softmax_recovers_the_distribution():
@@ -47,12 +50,23 @@ def test_sample_follows_probs():
     assert abs(draws[0] - 0.7) < 0.03
 
 
-@pytest.mark.parametrize("bad", [
-    {"temperature": -1}, {"temperature": float("nan")}, {"temperature": float("inf")},
-    {"top_p": 0}, {"top_p": float("nan")}, {"min_p": 1.0}, {"min_p": float("nan")},
-    {"top_k": -1}, {"repeat_penalty": 0}, {"repeat_penalty": float("nan")},
-    {"repeat_penalty": float("inf")}, {"seed": -1},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"temperature": -1},
+        {"temperature": float("nan")},
+        {"temperature": float("inf")},
+        {"top_p": 0},
+        {"top_p": float("nan")},
+        {"min_p": 1.0},
+        {"min_p": float("nan")},
+        {"top_k": -1},
+        {"repeat_penalty": 0},
+        {"repeat_penalty": float("nan")},
+        {"repeat_penalty": float("inf")},
+        {"seed": -1},
+    ],
+)
 def test_bad_params_are_refused(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)

@@ -81,8 +81,14 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
             self.route()
 
         def route(self) -> None:
-            hub.log.append((self.command, self.path, self.headers.get("Range"),
-                            "Authorization" in self.headers))
+            hub.log.append(
+                (
+                    self.command,
+                    self.path,
+                    self.headers.get("Range"),
+                    "Authorization" in self.headers,
+                )
+            )
             if hub.faults.hang:
                 while hub.faults.hang:  # until the test ends
                     time.sleep(0.05)
@@ -110,22 +116,36 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
 
         def resolve(self, repo: str, file: str) -> None:
             if repo not in hub.files:
-                self.reply(401, b"", {"X-Error-Code": "RepoNotFound",
-                                      "X-Error-Message": "Repository not found"})
+                self.reply(
+                    401,
+                    b"",
+                    {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"},
+                )
                 return
             data = hub.files[repo].get(file)
             if data is None:
-                self.reply(404, b"", {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": COMMIT,
-                                      "X-Error-Message": "Entry not found"})
+                self.reply(
+                    404,
+                    b"",
+                    {
+                        "X-Error-Code": "EntryNotFound",
+                        "X-Repo-Commit": COMMIT,
+                        "X-Error-Message": "Entry not found",
+                    },
+                )
                 return
             sha = hashlib.sha256(data).hexdigest()
-            self.reply(302, b"", {
-                "Location": f"{hub.cdn}/cdn/{sha}",
-                "X-Repo-Commit": COMMIT,
-                "X-Linked-Etag": f'"{sha}"',
-                "X-Linked-Size": str(len(data)),
-                "ETag": '"0123456789abcdef0123456789abcdef01234567"',  # the pointer's git oid
-            })
+            self.reply(
+                302,
+                b"",
+                {
+                    "Location": f"{hub.cdn}/cdn/{sha}",
+                    "X-Repo-Commit": COMMIT,
+                    "X-Linked-Etag": f'"{sha}"',
+                    "X-Linked-Size": str(len(data)),
+                    "ETag": '"0123456789abcdef0123456789abcdef01234567"',  # the pointer's git oid
+                },
+            )
 
         def serve_cdn(self, sha: str) -> None:
             found = hub.by_sha(sha)
@@ -176,11 +196,20 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
             entries = []
             for p in wanted:
                 sha = hashlib.sha256(files[p]).hexdigest()
-                entries.append({"type": "file", "oid": "0" * 40, "size": len(files[p]),
-                                "path": p, "lfs": {"oid": sha, "size": len(files[p]),
-                                                   "pointerSize": 134}})
-            self.reply(200, json.dumps(entries).encode(),
-                       {"Content-Type": "application/json", "X-Repo-Commit": COMMIT})
+                entries.append(
+                    {
+                        "type": "file",
+                        "oid": "0" * 40,
+                        "size": len(files[p]),
+                        "path": p,
+                        "lfs": {"oid": sha, "size": len(files[p]), "pointerSize": 134},
+                    }
+                )
+            self.reply(
+                200,
+                json.dumps(entries).encode(),
+                {"Content-Type": "application/json", "X-Repo-Commit": COMMIT},
+            )
 
     return Handler
 
@@ -189,8 +218,9 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
 def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
     """A running fake hub; HF_ENDPOINT points at it."""
     hub = FakeHub()
-    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub, role))
-               for role in ("hub", "cdn")]
+    servers = [
+        ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub, role)) for role in ("hub", "cdn")
+    ]
     for s in servers:
         s.daemon_threads = True
         threading.Thread(target=s.serve_forever, daemon=True).start()
@@ -224,6 +254,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 # --- tiny GGUF files -----------------------------------------------------------------
+
 
 def make_gguf(
     path: Path,
@@ -270,6 +301,7 @@ def make_gguf(
 
 # --- PyPI chunk wheels, served from a local directory ----------------------------------
 
+
 def make_chunk_wheels(folder: Path, data: bytes, name: str, version: str, parts: int) -> None:
     """`data` split into `parts` wheels named like the real mirrors' packages."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -283,8 +315,11 @@ def make_chunk_wheels(folder: Path, data: bytes, name: str, version: str, parts:
         with zipfile.ZipFile(wheel, "w") as zf:
             zf.writestr(f"{module}/__init__.py", "")
             zf.writestr(f"{module}/data/part{i:02d}.bin", chunk)
-            zf.writestr(f"{info}/METADATA",
-                        f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-            zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
-                        "Root-Is-Purelib: true\nTag: py3-none-any\n")
+            zf.writestr(
+                f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
+            )
+            zf.writestr(
+                f"{info}/WHEEL",
+                "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+            )
             zf.writestr(f"{info}/RECORD", "")

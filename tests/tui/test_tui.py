@@ -35,10 +35,12 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def make_app(reply: object = REPLY, token_s: float = 0.0, settings: Settings | None = None,
-             **loader_args) -> ChatApp:
-    return ChatApp(scripted_loader(reply, token_s, **loader_args), SPEC, settings,
-                   memory=lambda: FAKE_MEMORY)
+def make_app(
+    reply: object = REPLY, token_s: float = 0.0, settings: Settings | None = None, **loader_args
+) -> ChatApp:
+    return ChatApp(
+        scripted_loader(reply, token_s, **loader_args), SPEC, settings, memory=lambda: FAKE_MEMORY
+    )
 
 
 async def until(pilot, condition: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -175,8 +177,13 @@ async def test_a_saved_conversation_reopens_and_continues(home: Path):
     async with app.run_test() as pilot:
         await ready(pilot)
         await pilot.press("ctrl+o")
-        await until(pilot, lambda: app.screen.query("OptionList Option, OptionList")
-                    and app.screen.query_one("OptionList").option_count > 0)
+        await until(
+            pilot,
+            lambda: (
+                app.screen.query("OptionList Option, OptionList")
+                and app.screen.query_one("OptionList").option_count > 0
+            ),
+        )
         await pilot.press("enter")
         await until(pilot, lambda: len(answers(app)) == 1)
         assert answers(app)[0].text == "I have seen 1 user turns."
@@ -187,7 +194,10 @@ async def test_a_saved_conversation_reopens_and_continues(home: Path):
     (conversation,) = saved(home)
     assert conversation.id == first.id
     assert [m.content for m in conversation.messages] == [
-        "one", "I have seen 1 user turns.", "two", "I have seen 2 user turns."
+        "one",
+        "I have seen 1 user turns.",
+        "two",
+        "I have seen 2 user turns.",
     ]
 
 
@@ -212,7 +222,10 @@ async def test_settings_apply_to_the_next_answer_and_persist(home: Path):
     settings, problems = load_settings(home / "settings.toml")
     assert problems == []
     assert (settings.max_tokens, settings.drafter, settings.system_prompt) == (
-        5, "none", "Be brief.")
+        5,
+        "none",
+        "Be brief.",
+    )
 
 
 async def test_invalid_settings_are_refused_in_the_form(home: Path):
@@ -267,8 +280,10 @@ async def test_a_provenance_view_hidden_while_the_answer_streams_shows_all_of_it
         await pilot.pause()
         assert view.display
         assert view.render().plain == "stream " * 60
-        assert "".join(strip.text for strip in view.render_lines(view.region.reset_offset)
-                       ).split() == ["stream"] * 60
+        assert (
+            "".join(strip.text for strip in view.render_lines(view.region.reset_offset)).split()
+            == ["stream"] * 60
+        )
 
 
 async def test_command_palette_runs_the_app_commands():
@@ -355,8 +370,12 @@ async def test_one_short_exchange_with_the_real_pair(real_paths, home: Path):
     options = LoadOptions(n_ctx=1024, n_threads=2)
 
     def load(spec: PairSpec, say):
-        return open_session(SessionConfig(spec.target, spec.draft, gamma="auto",
-                                          target_load=options, draft_load=options), say=say)
+        return open_session(
+            SessionConfig(
+                spec.target, spec.draft, gamma="auto", target_load=options, draft_load=options
+            ),
+            say=say,
+        )
 
     settings = Settings(max_tokens=16, system_prompt="")
     app = ChatApp(load, PairSpec(target, draft), settings, memory=lambda: FAKE_MEMORY)
@@ -378,10 +397,14 @@ def fake_listing():
 
     return Listing(
         "no GPU, 8.0 GiB RAM available, 2 CPU cores",
-        models=[ModelRow("toy-1b", "toy", "target", "Q4_K_M", GiB, True, "CPU"),
-                ModelRow("toy-7b", "toy", "target", "Q4_K_M", 4 * GiB, False, "CPU")],
-        pairs=[PairRow("small", "toy-1b", "toy-draft", "Q4_K_M", GiB, 0, "CPU"),
-               PairRow("big", "toy-7b", "toy-draft", "Q4_K_M", 4 * GiB, 4000, "CPU")],
+        models=[
+            ModelRow("toy-1b", "toy", "target", "Q4_K_M", GiB, True, "CPU"),
+            ModelRow("toy-7b", "toy", "target", "Q4_K_M", 4 * GiB, False, "CPU"),
+        ],
+        pairs=[
+            PairRow("small", "toy-1b", "toy-draft", "Q4_K_M", GiB, 0, "CPU"),
+            PairRow("big", "toy-7b", "toy-draft", "Q4_K_M", 4 * GiB, 4000, "CPU"),
+        ],
         planned=PairSpec("toy-1b:Q4_K_M", "toy-draft:Q4_K_M", 2048, 0),
         plan_note="Target: toy-1b, the largest that fits.",
     )

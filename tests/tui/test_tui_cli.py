@@ -33,7 +33,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list:
 def test_options_win_over_saved_settings_for_this_run(home: Path, started: list):
     save_settings(Settings(temperature=0.5, max_tokens=100, gamma=3, system_prompt="saved"))
     assert main(["chat", "--demo", "--max-tokens", "7", "--system", "cli"]) == 0
-    (_, spec, settings, problems), = started
+    ((_, spec, settings, problems),) = started
     assert (settings.max_tokens, settings.system_prompt) == (7, "cli")
     assert (settings.temperature, settings.gamma) == (0.5, 3)  # not given: as saved
     assert spec.target == "toy-target" and problems == []
@@ -41,10 +41,12 @@ def test_options_win_over_saved_settings_for_this_run(home: Path, started: list)
 
 def test_no_command_opens_the_chat(started: list, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(sys, "argv", ["localspec"])
-    monkeypatch.setattr("localspec.cli.chat.pair_loader",
-                        lambda args, settings, app: ("loader", app.PairSpec("t", "d")))
+    monkeypatch.setattr(
+        "localspec.cli.chat.pair_loader",
+        lambda args, settings, app: ("loader", app.PairSpec("t", "d")),
+    )
     assert main([]) == 0
-    (_, spec, _, _), = started
+    ((_, spec, _, _),) = started
     assert spec.target == "t"
 
 
@@ -55,8 +57,12 @@ def test_settings_problems_are_passed_to_the_app(home: Path, started: list):
 
 
 def test_a_bad_option_is_one_line_before_any_screen():
-    r = subprocess.run([sys.executable, "-m", "localspec", "chat", "--demo", "--top-p", "2"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "localspec", "chat", "--demo", "--top-p", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0 and "top_p" in r.stderr
 
@@ -65,8 +71,11 @@ def test_the_pair_opened_first():
     parse = build_parser().parse_args
     spec = pair_loader(parse(["chat", "-t", "t.gguf"]), Settings(), tui.app)[1]
     assert (spec.target, spec.draft) == ("t.gguf", "ngram")
-    spec = pair_loader(parse(["chat", "-t", "t.gguf", "-d", "d.gguf", "--ctx", "512"]),
-                       Settings(target="saved.gguf"), tui.app)[1]
+    spec = pair_loader(
+        parse(["chat", "-t", "t.gguf", "-d", "d.gguf", "--ctx", "512"]),
+        Settings(target="saved.gguf"),
+        tui.app,
+    )[1]
     assert (spec.target, spec.draft, spec.n_ctx) == ("t.gguf", "d.gguf", 512)
     saved = Settings(target="a.gguf", draft="b.gguf")
     spec = pair_loader(parse(["chat"]), saved, tui.app)[1]

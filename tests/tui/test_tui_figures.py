@@ -45,8 +45,9 @@ def test_the_speedup_leaves_out_what_the_ui_took_between_rounds():
 
 
 def test_summary_line():
-    record = stats_record(Stats(tokens=31, tokens_per_s=24.5, drafted=24, accepted=18,
-                                acceptance_rate=0.75), 1.94)
+    record = stats_record(
+        Stats(tokens=31, tokens_per_s=24.5, drafted=24, accepted=18, acceptance_rate=0.75), 1.94
+    )
     assert "accepted_per_position" not in record
     assert summary_line("eog", record) == (
         "done · 31 tokens · 24.5 tok/s · acceptance 75% (18/24) · ≈1.9× vs plain"
@@ -58,4 +59,8 @@ def test_summary_line():
 
 def test_human_bytes():
     assert [human_bytes(n) for n in (512, 2048, 3 << 20, 5 << 30)] == [
-        "512 B", "2 KiB", "3.0 MiB", "5.0 GiB"]
+        "512 B",
+        "2 KiB",
+        "3.0 MiB",
+        "5.0 GiB",
+    ]

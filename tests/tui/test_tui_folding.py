@@ -12,17 +12,25 @@ from tui.widgets import Answer, Transcript
 pytestmark = pytest.mark.tui
 
 CODE = "\n".join(f"    value_{i} = compute({i})" for i in range(8))
-REPLY = (f"Here is the code:\n\n```python\n{CODE}\n```\n\n"
-         "- first point, long enough to wrap at a narrow width of the terminal\n"
-         "- second point\n\nAnd a closing paragraph that wraps when the screen is narrow.")
+REPLY = (
+    f"Here is the code:\n\n```python\n{CODE}\n```\n\n"
+    "- first point, long enough to wrap at a narrow width of the terminal\n"
+    "- second point\n\nAnd a closing paragraph that wraps when the screen is narrow."
+)
 
 
 def conversation(turns: int) -> Conversation:
     messages = []
     for i in range(turns):
-        messages += [StoredMessage("user", f"question {i}"),
-                     StoredMessage("assistant", f"Answer {i}. {REPLY}",
-                                   ((f"Answer {i}. ", "target"), (REPLY, "draft")), "stop")]
+        messages += [
+            StoredMessage("user", f"question {i}"),
+            StoredMessage(
+                "assistant",
+                f"Answer {i}. {REPLY}",
+                ((f"Answer {i}. ", "target"), (REPLY, "draft")),
+                "stop",
+            ),
+        ]
     return Conversation("c", "a long chat", 0.0, tuple(messages))
 
 

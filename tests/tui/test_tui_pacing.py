@@ -57,8 +57,10 @@ def run(pacer: Pacer, tmp_path: Path) -> list[object]:
 
 
 def test_an_answer_is_posted_to_the_ui_at_the_pacers_rate(tmp_path: Path):
-    runs = [run(Pacer(every_s=0.0, fastest_s=0.0), tmp_path),  # every round
-            run(Pacer(every_s=3600.0, fastest_s=3600.0), tmp_path)]  # seldom
+    runs = [
+        run(Pacer(every_s=0.0, fastest_s=0.0), tmp_path),  # every round
+        run(Pacer(every_s=3600.0, fastest_s=3600.0), tmp_path),
+    ]  # seldom
     pieces = [[m for m in posted if isinstance(m, AnswerPieces)] for posted in runs]
     ticks = [[m for m in posted if isinstance(m, AnswerTick)] for posted in runs]
     rounds = len(ticks[0])

@@ -41,14 +41,38 @@ def test_chat_answers_in_a_real_terminal(real_paths: tuple[Path, Path], tmp_path
         pytest.fail("tmux is not installed (apt-get install tmux)")
     target, draft = real_paths
     exe = Path(sys.executable).with_name("localspec")
-    command = shlex.join([
-        str(exe), "chat", "--target", str(target), "--draft", str(draft),
-        "--max-tokens", "24", "--ctx", "1024", "--threads", "2",
-    ])
+    command = shlex.join(
+        [
+            str(exe),
+            "chat",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--max-tokens",
+            "24",
+            "--ctx",
+            "1024",
+            "--threads",
+            "2",
+        ]
+    )
     name = f"localspec-smoke-{uuid.uuid4().hex[:8]}"
-    tmux("new-session", "-d", "-s", name, "-x", "140", "-y", "45",
-         "-e", f"LOCALSPEC_HOME={tmp_path}", "-e", "TERM=xterm-256color",
-         f"{command}; echo EXITED $?; sleep 60")
+    tmux(
+        "new-session",
+        "-d",
+        "-s",
+        name,
+        "-x",
+        "140",
+        "-y",
+        "45",
+        "-e",
+        f"LOCALSPEC_HOME={tmp_path}",
+        "-e",
+        "TERM=xterm-256color",
+        f"{command}; echo EXITED $?; sleep 60",
+    )
 
     def screen() -> str:
         return tmux("capture-pane", "-p", "-t", name)
@@ -58,8 +82,9 @@ def test_chat_answers_in_a_real_terminal(real_paths: tuple[Path, Path], tmp_path
         wait_for(screen, lambda s: target.stem in s and "loading" not in s, timeout=120)
         tmux("send-keys", "-t", name, "-l", PROMPT)
         tmux("send-keys", "-t", name, "Enter")
-        text = wait_for(screen, lambda s: re.search(r"(done|max tokens) · \d+ tokens", s),
-                        timeout=120)
+        text = wait_for(
+            screen, lambda s: re.search(r"(done|max tokens) · \d+ tokens", s), timeout=120
+        )
         assert "def add" in text, text
         assert re.search(r"accepted\s+\d+% \(\d+/\d+\)", text), text
         assert re.search(r"answer\s+\d+\.\d tok/s", text), text

@@ -19,19 +19,36 @@ pytestmark = pytest.mark.tui
 
 SIZE = (120, 36)
 GiB = 1 << 30
-MEMORY = MemoryUse(process=2 * GiB, used=6 * GiB, total=24 * GiB,
-                   gpus=(GpuMemory(0, "Fake GPU", 3 * GiB, 16 * GiB),))
+MEMORY = MemoryUse(
+    process=2 * GiB,
+    used=6 * GiB,
+    total=24 * GiB,
+    gpus=(GpuMemory(0, "Fake GPU", 3 * GiB, 16 * GiB),),
+)
 WHEN = 1_700_000_000.0  # 2023-11-14, in UTC
 ANSWER = (
     "Use slicing:\n\n```python\ndef reverse(text: str) -> str:\n    return text[::-1]\n```\n\n"
     "It walks the string backwards."
 )
-SPANS = [("Use slicing:\n\n```python\ndef ", "target"), ("reverse(text: str) -> str:", "draft"),
-         ("\n    return ", "target"), ("text[::-1]\n```\n\n", "draft"),
-         ("It walks the string backwards.", "target")]
-STATS = {"tokens": 31, "tokens_per_s": 24.5, "acceptance_rate": 0.75, "accepted": 18,
-         "drafted": 24, "mean_accepted_len": 2.8, "ttft_s": 0.21, "gamma": 4,
-         "drafter": "draft", "speedup": 1.9}
+SPANS = [
+    ("Use slicing:\n\n```python\ndef ", "target"),
+    ("reverse(text: str) -> str:", "draft"),
+    ("\n    return ", "target"),
+    ("text[::-1]\n```\n\n", "draft"),
+    ("It walks the string backwards.", "target"),
+]
+STATS = {
+    "tokens": 31,
+    "tokens_per_s": 24.5,
+    "acceptance_rate": 0.75,
+    "accepted": 18,
+    "drafted": 24,
+    "mean_accepted_len": 2.8,
+    "ttft_s": 0.21,
+    "gamma": 4,
+    "drafter": "draft",
+    "speedup": 1.9,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -108,8 +125,10 @@ def test_conversations_screen(snap_compare):
     async def run_before(pilot) -> None:
         await loaded(pilot)
         await pilot.press("ctrl+o")
-        while not pilot.app.screen.query("OptionList") or \
-                pilot.app.screen.query_one("OptionList").option_count < 2:
+        while (
+            not pilot.app.screen.query("OptionList")
+            or pilot.app.screen.query_one("OptionList").option_count < 2
+        ):
             await pilot.pause(0.02)
         await pilot.pause(0.2)
 

@@ -67,8 +67,9 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
         try:
             listing = gather()
         except Exception as e:
-            self.app.call_from_thread(self.app.notify, f"Could not read the catalog: {e}",
-                                      severity="error")
+            self.app.call_from_thread(
+                self.app.notify, f"Could not read the catalog: {e}", severity="error"
+            )
             listing = Listing("unknown machine")
         self.post_message(Listed(listing))
 
@@ -85,18 +86,20 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
         pairs.focus()  # it could not take the focus while loading
         for p in listing.pairs:
             installed = "yes" if p.installed else f"{fmt_size(p.missing)} to get"
-            pairs.add_row(p.id, p.target, p.draft, fmt_size(p.size), installed, p.fits,
-                          key=p.id)
+            pairs.add_row(p.id, p.target, p.draft, fmt_size(p.size), installed, p.fits, key=p.id)
         models = self.query_one("#models-catalog", DataTable)
         models.clear()
         for m in listing.models:
-            models.add_row(m.id, m.role, m.quant, fmt_size(m.size),
-                           "yes" if m.installed else "-", m.fits)
+            models.add_row(
+                m.id, m.role, m.quant, fmt_size(m.size), "yes" if m.installed else "-", m.fits
+            )
 
     def _mirror_download(self, download: Download | None) -> None:
         previous, self.download = self.download, download
-        if download is not None and download.finished and (
-            previous is None or not previous.finished
+        if (
+            download is not None
+            and download.finished
+            and (previous is None or not previous.finished)
         ):
             self.refresh_listing()  # now installed
 
@@ -123,8 +126,7 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
         if pair is None:
             return
         if not pair.installed:
-            self.notify(f"{pair.id} is not installed: press d to download it.",
-                        severity="warning")
+            self.notify(f"{pair.id} is not installed: press d to download it.", severity="warning")
             return
         self.dismiss(pair.spec)
 
@@ -139,8 +141,10 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
 
     def action_planned(self) -> None:
         if self.listing is None or self.listing.planned is None:
-            self.notify(self.listing.plan_note if self.listing else "Still reading the catalog.",
-                        severity="warning")
+            self.notify(
+                self.listing.plan_note if self.listing else "Still reading the catalog.",
+                severity="warning",
+            )
             return
         self.dismiss(self.listing.planned)
 

@@ -47,8 +47,9 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield Label("Max tokens")
                 yield Input(str(s.max_tokens), id="max_tokens", type="integer")
                 yield Label("γ (tokens drafted per round)")
-                yield Select([(g, g) for g in GAMMAS], value=str(s.gamma), id="gamma",
-                             allow_blank=False)
+                yield Select(
+                    [(g, g) for g in GAMMAS], value=str(s.gamma), id="gamma", allow_blank=False
+                )
                 yield Label("Drafter")
                 yield Select(DRAFTERS, value=s.drafter, id="drafter", allow_blank=False)
             yield Static("", id="settings-error")

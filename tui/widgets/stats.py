@@ -41,7 +41,8 @@ def speculation_rows(figures: Mapping[str, Any]) -> list[tuple[str, str]]:
     drafted = figures.get("drafted", 0)
     acceptance = (
         f"{figures.get('acceptance_rate', 0.0):.0%} ({figures.get('accepted', 0)}/{drafted})"
-        if drafted else "–"
+        if drafted
+        else "–"
     )
     speedup = figures.get("speedup")
     return [

@@ -120,8 +120,7 @@ class Answer(Vertical):
         self.summary = summary
         self._shown = True
 
-    def on_markdown_table_of_contents_updated(self, event: Markdown.TableOfContentsUpdated
-                                              ) -> None:
+    def on_markdown_table_of_contents_updated(self, event: Markdown.TableOfContentsUpdated) -> None:
         """A saved answer's Markdown is parsed and mounted after the answer is."""
         event.stop()
         if self._ended and not self._shown:
