@@ -50,6 +50,8 @@ if [ -r /proc/cpuinfo ] && grep -qw amx_tile /proc/cpuinfo; then
 fi
 # The multimodal library is not used; skipping it shortens the build by a third.
 cmake_args+=(-DLLAVA_BUILD=OFF)
+# llama.cpp's RPC backend: a target's layers on other machines' rpc-server (--rpc).
+cmake_args+=(-DGGML_RPC=ON)
 CMAKE_ARGS="${cmake_args[*]} ${CMAKE_ARGS:-}"
 
 # --- llama-cpp-python, built once per flag set ---------------------------------
