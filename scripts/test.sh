@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets everything up (scripts/setup.sh, plus the models only tests use) and runs the
-# whole test suite, real-model tests included. Extra arguments go to pytest.
+# Sets everything up (scripts/setup.sh, plus what only tests use), checks lint, format
+# and types, and runs the whole test suite, real-model tests included (fast tests run
+# first: tests/conftest.py orders them). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -10,4 +11,8 @@ if ! command -v tmux >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)"
 fi
 # Gemma 3 270M has another vocabulary: the tests check that it is refused as a draft.
 .venv/bin/localspec pull gemma-3-270m
-exec .venv/bin/pytest "$@"
+echo "[test] ruff check, ruff format --check, mypy" >&2
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy localspec tui scripts
+exec .venv/bin/pytest --durations=15 "$@"

@@ -8,8 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from localspec.backends import load_llama_library
+
+load_llama_library()  # before numpy, as the CLI does (docs/gpu-overhead.md)
+
 TARGET_ID = "qwen2.5-coder-1.5b-instruct"
 DRAFT_ID = "qwen2.5-coder-0.5b-instruct"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Fast tests first, real-model tests last: a broken change fails in seconds."""
+    items.sort(key=lambda item: item.get_closest_marker("real") is not None)
 
 
 def installed(model_id: str) -> Path:

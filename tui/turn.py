@@ -8,6 +8,7 @@ the file holds, so a stopped answer's saved part is what the next turn builds on
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -132,7 +133,7 @@ def stream(
     events = session.chat(messages, turn.settings.generation(), turn.cancel)
     last: Stats | None = None
     pending = Pending(turn.answer_id, post)
-    shown_at = 0.0
+    shown_at = -math.inf  # the first round shows at once, however long the machine has been up
     try:
         for event in events:
             if turn.cancel.is_set():
