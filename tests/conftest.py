@@ -13,10 +13,10 @@ DRAFT_ID = "qwen2.5-coder-0.5b-instruct"
 
 
 def installed(model_id: str) -> Path:
-    from localspec.models import catalog
+    from localspec.models.resolve import resolve_installed
 
     try:
-        return catalog.resolve_installed(model_id)
+        return resolve_installed(model_id)
     except Exception as e:
         pytest.fail(f"{model_id} is not installed ({e}); run ./scripts/setup.sh")
 

@@ -1,63 +1,41 @@
-"""What is installed: verified-model records, and what a GGUF file's header says.
+"""Reading a GGUF file's header: its shape, tokenizer and the bytes of each layer.
 
-A model counts as installed when a record under `$LOCALSPEC_HOME/installed/` names its
-files; the record is written only after every file has been checked against its sha256,
-and keeps each file's size and mtime so later runs trust it without re-hashing gigabytes.
-Files themselves live where they were fetched: the Hugging Face cache for the hub, and
-`$LOCALSPEC_HOME/models/` for mirrors. `localspec add` records a local file the same way.
+The planner, `localspec add` and the CPU draft all need these facts, and nothing else of
+the file. They sit below both the backends and model management, so that neither has to
+import the other for them.
 
-The GGUF header is parsed here rather than with gguf.GGUFReader, which decodes every
-vocabulary entry into numpy objects (~20 s for a Qwen file); the planner needs only the
-shape keys and each tensor's size, which a streaming read gets in a fraction of a second.
+The header is parsed by hand rather than with `gguf.GGUFReader`: the reader builds a numpy
+view for every vocabulary entry and merge (hundreds of thousands of them in a Qwen or
+Gemma file), which takes seconds per file, and the planner reads headers whenever it runs.
+This reader streams the header, keeps the keys it needs and counts the big arrays; the
+tensor data, gigabytes, is never read. Quantization block sizes and file types come
+from the `gguf` package.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import os
 import re
 import struct
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from localspec.errors import LocalspecError
-from localspec.paths import home, models_dir, write_atomic
 
-_HASH_BLOCK = 8 << 20
-
-
-class StoreError(LocalspecError):
-    """A model file that is not what its record or the catalog says."""
+GGUF_MAGIC = b"GGUF"  # a GGUF file's first four bytes
+# the parts of a split GGUF: name-00001-of-00003.gguf; llama.cpp opens the first
+SPLIT_SUFFIX = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
 
-@dataclass(frozen=True)
-class FileRecord:
-    path: str
-    size: int
-    mtime_ns: int
-    sha256: str
-
-    @classmethod
-    def of(cls, path: Path, sha256: str) -> FileRecord:
-        st = path.stat()
-        return cls(str(path), st.st_size, st.st_mtime_ns, sha256)
-
-    def intact(self) -> bool:
-        """Still the verified file: same size and modification time (no re-hash)."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return False
-        return st.st_size == self.size and st.st_mtime_ns == self.mtime_ns
+class GgufError(LocalspecError):
+    """A file that is not a readable GGUF model."""
 
 
 @dataclass(frozen=True)
 class GgufInfo:
-    """The GGUF facts the planner and `add` need."""
+    """The GGUF facts the planner, `add` and the CPU draft need."""
 
     architecture: str
     name: str
@@ -91,126 +69,7 @@ class GgufInfo:
             return "unknown"
 
 
-@dataclass(frozen=True)
-class Installed:
-    """A verified model: catalog id (or the id `add` gave it), quantization, files."""
-
-    model: str
-    quant: str
-    source: str  # "hub" | "mirror" | "local"
-    files: tuple[FileRecord, ...]
-    info: GgufInfo | None = None
-    family: str | None = None  # for local files: the catalog family their header matches
-    role: str = "target"
-
-    @property
-    def path(self) -> Path:
-        """The file to load (the first shard of a split GGUF)."""
-        return Path(self.files[0].path)
-
-    @property
-    def size(self) -> int:
-        return sum(f.size for f in self.files)
-
-    def intact(self) -> bool:
-        return all(f.intact() for f in self.files)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Installed:
-        info = data.get("info")
-        return cls(
-            model=data["model"],
-            quant=data["quant"],
-            source=data["source"],
-            files=tuple(FileRecord(**f) for f in data["files"]),
-            info=GgufInfo(**{**info, "layer_bytes": tuple(info["layer_bytes"])}) if info else None,
-            family=data.get("family"),
-            role=data.get("role", "target"),
-        )
-
-
-# --- records -------------------------------------------------------------------------
-
-
-def records_dir() -> Path:
-    return home() / "installed"
-
-
-def _record_path(model: str, quant: str) -> Path:
-    return records_dir() / f"{model}@{quant}.json"
-
-
-def record(entry: Installed) -> Installed:
-    """Write a verified model's record (atomically: a crash leaves the old one or none)."""
-    write_atomic(_record_path(entry.model, entry.quant), json.dumps(entry.to_json(), indent=1))
-    return entry
-
-
-def forget(model: str, quant: str) -> None:
-    _record_path(model, quant).unlink(missing_ok=True)
-
-
-def all_installed(intact_only: bool = True) -> list[Installed]:
-    """Every recorded model whose files are still the verified ones."""
-    found = []
-    for path in sorted(records_dir().glob("*.json")):
-        try:
-            entry = Installed.from_json(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # a damaged record is as good as none: pull re-verifies
-        if not intact_only or entry.intact():
-            found.append(entry)
-    return found
-
-
-def find_installed(model: str, quant: str | None = None) -> Installed | None:
-    """The installed entry for a model: the named quantization, else the one a plan
-    would pick first (Q4_K_M, then the others from small to large)."""
-    from localspec.models.catalog import QUANT_ORDER
-
-    entries = [e for e in all_installed() if e.model == model and quant in (None, e.quant)]
-    if not entries:
-        return None
-    order = {q: i for i, q in enumerate(QUANT_ORDER)}
-    return min(entries, key=lambda e: order.get(e.quant, len(order)))
-
-
-def local_ids() -> list[str]:
-    return sorted({e.model for e in all_installed() if e.source == "local"})
-
-
-def mirror_path(file_name: str) -> Path:
-    """Where a file fetched from a mirror is kept."""
-    return models_dir() / file_name
-
-
-# --- hashing -------------------------------------------------------------------------
-
-
-def sha256_of(path: Path, progress: Callable[[int], None] | None = None) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            digest.update(block)
-            if progress:
-                progress(len(block))
-    return digest.hexdigest()
-
-
-def verify(path: Path, sha256: str) -> FileRecord:
-    """Hash `path`; a record of it if it matches, StoreError otherwise."""
-    actual = sha256_of(path)
-    if actual != sha256:
-        raise StoreError(f"{path.name}: sha256 mismatch (got {actual[:12]}…, want {sha256[:12]}…)")
-    return FileRecord.of(path, sha256)
-
-
-# --- GGUF headers --------------------------------------------------------------------
-
-_GGUF_MAGIC = b"GGUF"
+# GGUF value types (gguf.GGUFValueType, not imported: it loads numpy): struct formats
 _SCALARS = {
     0: "<B",
     1: "<b",
@@ -291,11 +150,11 @@ def _read_header(path: Path) -> _Header:
     try:
         with open(path, "rb") as raw:
             f = _Buffered(raw)
-            if f.read(4) != _GGUF_MAGIC:
-                raise StoreError(f"not a GGUF model file: {path}")
+            if f.read(4) != GGUF_MAGIC:
+                raise GgufError(f"not a GGUF model file: {path}")
             version, n_tensors, n_kv = struct.unpack("<IQQ", f.read(20))
             if version < 2:
-                raise StoreError(f"{path.name}: GGUF version {version} is too old")
+                raise GgufError(f"{path.name}: GGUF version {version} is too old")
             header = _Header()
             for _ in range(n_kv):
                 name = f.string()
@@ -313,9 +172,9 @@ def _read_header(path: Path) -> _Header:
                 header.tensors[name] = count // block * type_size
             return header
     except (struct.error, ValueError, KeyError, UnicodeDecodeError) as e:
-        raise StoreError(f"{path.name}: unreadable GGUF header ({e})") from None
+        raise GgufError(f"{path.name}: unreadable GGUF header ({e})") from None
     except OSError as e:
-        raise StoreError(f"cannot read {path}: {e.strerror}") from None
+        raise GgufError(f"cannot read {path}: {e.strerror}") from None
 
 
 class _Buffered:
@@ -394,6 +253,26 @@ class _Buffered:
 
 
 def gguf_info_or_none(paths: Iterable[Path]) -> GgufInfo | None:
-    with contextlib.suppress(StoreError):
+    """The header's facts, or None for a file that has no readable GGUF header."""
+    with contextlib.suppress(GgufError):
         return gguf_info(list(paths))
     return None
+
+
+def split_parts(path: Path) -> list[Path]:
+    """All parts of a split GGUF (name-00001-of-0000N.gguf), or just `path`."""
+    m = SPLIT_SUFFIX.search(path.name)
+    if not m:
+        return [path]
+    total = int(m.group(2))
+    stem = path.name[: m.start()]
+    parts = [path.with_name(f"{stem}-{i:05d}-of-{total:05d}.gguf") for i in range(1, total + 1)]
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise GgufError(f"split GGUF incomplete: missing {', '.join(missing)}")
+    return parts
+
+
+def in_part_order(names: Iterable[str]) -> list[str]:
+    """Names of a split GGUF's parts in part order (the first is the one llama.cpp opens)."""
+    return sorted(names, key=lambda n: (int(m.group(1)) if (m := SPLIT_SUFFIX.search(n)) else 0, n))

