@@ -21,8 +21,7 @@ from localspec.decoding.adaptive import auto_engine
 from localspec.decoding.drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Event
-
-MODEL_FREE_DRAFTERS = ("ngram", "none")
+from localspec.drafting import MODEL_FREE_DRAFTERS
 
 
 class Message(TypedDict):
@@ -46,9 +45,9 @@ def resolve_model(spec: str) -> Path:
     path = Path(spec).expanduser()
     if path.suffix == ".gguf" or path.exists() or "/" in spec:
         return path
-    from localspec.models import catalog  # catalog ids: only when the spec is not a path
+    from localspec.models.resolve import resolve_installed  # only when not a path
 
-    return catalog.resolve_installed(spec)
+    return resolve_installed(spec)
 
 
 class Session:

@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.sampling import SamplingParams
-from localspec.errors import LocalspecError
+from localspec.errors import LocalspecError, Problem
 from localspec.paths import home, write_atomic
 
 Drafter = Literal["model", "ngram", "none"]  # the pair's draft model, n-grams, or plain decoding
@@ -26,18 +26,6 @@ MAX_GAMMA = 32
 
 class SettingsError(LocalspecError):
     """A setting with a value it cannot take."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong in the settings file, for the user to fix."""
-
-    file: Path
-    key: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file.name}: {self.key}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -108,20 +96,20 @@ def load_settings(path: Path | None = None) -> tuple[Settings, list[Problem]]:
     except FileNotFoundError:
         return Settings(), []
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        return Settings(), [Problem(path, "(file)", f"unreadable, using defaults: {e}")]
+        return Settings(), [Problem(path.name, f"unreadable, using defaults: {e}", key="(file)")]
     known = {f.name for f in fields(Settings)}
     values: dict[str, Any] = {}
     problems = []
     for key, value in data.items():
         if key not in known:
-            problems.append(Problem(path, key, "unknown setting, ignored"))
+            problems.append(Problem(path.name, "unknown setting, ignored", key=key))
             continue
         if key == "temperature" and type(value) is int:
             value = float(value)  # TOML's `temperature = 1` is an int
         try:
             check(key, value)
         except SettingsError as e:
-            problems.append(Problem(path, key, f"{e}; using the default"))
+            problems.append(Problem(path.name, f"{e}; using the default", key=key))
             continue
         values[key] = value
     return Settings(**values), problems

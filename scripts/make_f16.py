@@ -37,7 +37,7 @@ def resolve_source(spec: str) -> Path:
     if path.suffix == ".gguf" or path.exists():
         return path
     try:
-        from localspec.models.catalog import resolve_installed
+        from localspec.models.resolve import resolve_installed
 
         return Path(resolve_installed(spec))
     except ImportError:

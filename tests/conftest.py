@@ -22,10 +22,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def installed(model_id: str) -> Path:
-    from localspec.models import catalog
+    from localspec.models.resolve import resolve_installed
 
     try:
-        return catalog.resolve_installed(model_id)
+        return resolve_installed(model_id)
     except Exception as e:
         pytest.fail(f"{model_id} is not installed ({e}); run ./scripts/setup.sh")
 

@@ -1,5 +1,6 @@
-"""What the models screen lists, gathered off the UI thread from the catalog, the store,
-the hardware probe and the planner (localspec's public functions, no Textual here)."""
+"""What the models screen lists, gathered off the UI thread: the models inventory
+(localspec.models.inventory) as rows, the planner's pair, and download progress
+(no Textual here)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tui.pair import PairSpec
+from localspec.models.pairing import PairSpec
 
 
 @dataclass(frozen=True)
@@ -52,70 +53,32 @@ class Listing:
 
 def gather() -> Listing:
     """The catalog with what is installed and what fits this machine, and the plan."""
-    from localspec.cli.models import fits
     from localspec.errors import LocalspecError
     from localspec.models import store
-    from localspec.models.catalog import DEFAULT_QUANT, default_catalog
+    from localspec.models.catalog_file import default_catalog
     from localspec.models.hardware import probe
-    from localspec.models.planner import Weights, budget
+    from localspec.models.inventory import take_inventory
+    from localspec.models.pairing import default_pair
 
-    catalog = default_catalog()
     hw = probe()
-    b = budget(hw)
-    installed = {(e.model, e.quant): e for e in store.all_installed()}
-    models: list[ModelRow] = []
-    fit_of: dict[tuple[str, str], str] = {}
-    for m in catalog.models:
-        for q in m.quants:
-            entry = installed.get((m.id, q.name))
-            weights = (
-                Weights.from_gguf(entry.info) if entry and entry.info else Weights.estimate(m, q)
-            )
-            fit_of[(m.id, q.name)] = fit = fits(weights, hw, b)
-            if entry is None and q.name != DEFAULT_QUANT:
-                continue  # one row per model unless another quantization is installed
-            models.append(
-                ModelRow(
-                    m.id,
-                    m.family,
-                    m.role,
-                    q.name,
-                    entry.size if entry else q.size,
-                    entry is not None,
-                    fit,
-                )
-            )
-    pairs = []
-    for p in catalog.pairs:
-        target, draft = catalog.model(p.target), catalog.model(p.draft)
-        tq, dq = (
-            target.quant(p.quant),
-            draft.quant(p.quant if any(x.name == p.quant for x in draft.quants) else None),
-        )
-        missing = sum(
-            q.size for m, q in ((target, tq), (draft, dq)) if (m.id, q.name) not in installed
-        )
-        pairs.append(
-            PairRow(
-                p.id,
-                target.id,
-                draft.id,
-                tq.name,
-                tq.size + dq.size,
-                missing,
-                fit_of.get((target.id, tq.name), "?"),
-            )
-        )
+    inventory = take_inventory(default_catalog(), store.all_installed(), hw)
+    models = [
+        ModelRow(f.id, f.family or "", f.role, f.quant, f.size, f.installed is not None, f.fits)
+        for f in inventory.files
+        # one row per model unless another quantization is installed
+        if f.model is not None and (f.installed is not None or f.is_default_quant)
+    ]
+    pairs = [
+        PairRow(p.id, p.target, p.draft, p.quant, p.size, p.missing, p.fits)
+        for p in inventory.pairs
+    ]
     planned, note = None, ""
     try:
-        from localspec.models.pairing import default_pair
-
-        pair = default_pair(hw=hw)
-        planned = PairSpec(pair.target, pair.draft, pair.n_ctx, pair.n_gpu_layers)
-        note = " ".join(pair.reasons)
+        planned = default_pair(hw=hw)
+        note = " ".join(planned.reasons)
     except LocalspecError as e:
         note = str(e)
-    return Listing(hw.describe(), models, pairs, planned, note)
+    return Listing(inventory.machine, models, pairs, planned, note)
 
 
 def downloaded_bytes(since: float, files: Callable[[], Iterable[Path]]) -> int:
@@ -134,7 +97,7 @@ def downloaded_bytes(since: float, files: Callable[[], Iterable[Path]]) -> int:
 
 def download_files() -> Iterable[Path]:
     """Where pulls write: the Hugging Face cache's blobs and localspec's own store."""
-    from localspec.models.download import hub_cache
+    from localspec.models.hub import hub_cache
     from localspec.paths import models_dir
 
     yield from hub_cache().glob("models--*/blobs/*")

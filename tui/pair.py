@@ -2,42 +2,18 @@
 
 The models load once; the drafter (draft model, n-grams, none) and γ (fixed or auto)
 only change the engine around them, so switching those in the settings is instant.
+Which pair to load is a `PairSpec`, the same value the planner's default pair is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from localspec.models.pairing import PairSpec
 from localspec.session import Session, SessionConfig, make_engine
 from localspec.settings import Settings
 from tui.figures import VerifyCosts
-
-
-@dataclass(frozen=True)
-class PairSpec:
-    """Which models to load: paths or catalog ids; the draft may be 'ngram' or 'none'."""
-
-    target: str
-    draft: str
-    n_ctx: int | None = None  # from the plan, when the planner chose the pair
-    n_gpu_layers: int | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{short(self.target)} + {short(self.draft)}"
-
-    @property
-    def lines(self) -> str:
-        """Target and draft on a line each, for narrow places."""
-        return f"target {short(self.target)}\ndraft  {short(self.draft)}"
-
-
-def short(spec: str) -> str:
-    """A model's name for the screen: the file stem of a path, else the id."""
-    return Path(spec).stem if spec.endswith(".gguf") else spec
-
 
 # Loads a pair (blocking, in a worker); `say` reports steps such as a memory back-off.
 PairLoader = Callable[[PairSpec, Callable[[str], None]], Session]

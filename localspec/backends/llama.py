@@ -16,9 +16,9 @@ import llama_cpp as ll
 import numpy as np
 
 from localspec.backends.base import ContextFull, LoadFailed, Model, ModelError
+from localspec.backends.gguf import GGUF_MAGIC
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
-_GGUF_MAGIC = b"GGUF"
 
 
 _SHOW_LOG = bool(os.environ.get("LOCALSPEC_LLAMA_LOG"))  # read once: this runs per decode
@@ -59,7 +59,7 @@ def check_gguf(path: Path) -> None:
     if not path.is_file():
         raise ModelError(f"not a file: {path}")
     with open(path, "rb") as f:
-        if f.read(4) != _GGUF_MAGIC:
+        if f.read(4) != GGUF_MAGIC:
             raise ModelError(f"not a GGUF model file: {path}")
 
 

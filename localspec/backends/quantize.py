@@ -101,14 +101,14 @@ def cpu_draft(
     `source` itself where a copy would not be faster, cannot be made, or would be
     wasted (a vocabulary that cannot pair with `target`'s: the load refuses it)."""
     from localspec.backends.base import MAX_VOCAB_DIFFERENCE
-    from localspec.models.store import StoreError, gguf_info
+    from localspec.backends.gguf import GgufError, gguf_info
 
     if not repacks_q4_0():
         return source
     try:  # each header read once: this runs on every session start
         info = gguf_info(source)
         other = gguf_info(target) if target is not None else info
-    except StoreError:
+    except GgufError:
         return source  # llama.cpp will say what is wrong with it
     far = abs(info.vocab - other.vocab) > MAX_VOCAB_DIFFERENCE
     if info.file_type == Q4_0 or info.tokenizer != other.tokenizer or far:

@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localspec.models.catalog import default_catalog
+    from localspec.backends.gguf import split_parts
+    from localspec.models.catalog_file import default_catalog
     from localspec.models.download import register as register_file
     from localspec.models.store import FileRecord, all_installed
 
@@ -59,17 +60,3 @@ def run(args: argparse.Namespace) -> int:
     names = ", ".join(m.id + (" (installed)" if m.id in have else "") for m in mates)
     print(f"family: {family}; {other}s that pair with it: {names or 'none in the catalog'}")
     return 0
-
-
-def split_parts(path: Path) -> list[Path]:
-    """All parts of a split GGUF (name-00001-of-0000N.gguf), or just `path`."""
-    m = re.search(r"-(\d{5})-of-(\d{5})\.gguf$", path.name)
-    if not m:
-        return [path]
-    total = int(m.group(2))
-    stem = path.name[: m.start()]
-    parts = [path.with_name(f"{stem}-{i:05d}-of-{total:05d}.gguf") for i in range(1, total + 1)]
-    missing = [p.name for p in parts if not p.is_file()]
-    if missing:
-        raise LocalspecError(f"split GGUF incomplete: missing {', '.join(missing)}")
-    return parts

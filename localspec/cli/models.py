@@ -26,74 +26,49 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from localspec.models import store
-    from localspec.models.catalog import DEFAULT_QUANT, default_catalog
+    from localspec.models.catalog import DEFAULT_QUANT
+    from localspec.models.catalog_file import default_catalog
     from localspec.models.hardware import fmt_size
-    from localspec.models.planner import Weights, budget
+    from localspec.models.inventory import ModelFile, take_inventory
 
     catalog = default_catalog()
     if args.family:
         catalog.family(args.family)  # one-line error for an unknown family
-    hw = hardware_from(args)
-    b = budget(hw)
-    installed = store.all_installed()
-    have = {(e.model, e.quant): e for e in installed}
-    rows: list[dict[str, Any]] = []
-    for m in catalog.models:
-        if args.family and m.family != args.family:
-            continue
-        for q in m.quants:
-            entry = have.get((m.id, q.name))
-            if args.installed and entry is None:
-                continue
-            if (
-                entry is None
-                and not args.installed
-                and q.name != DEFAULT_QUANT
-                and any((m.id, x.name) in have for x in m.quants)
-            ):
-                continue  # an installed model shows its installed quantizations only
-            if (
-                entry is None
-                and q.name != DEFAULT_QUANT
-                and any(x.name == DEFAULT_QUANT for x in m.quants)
-                and not args.json
-            ):
-                continue  # the table shows one row per model; --json shows them all
-            weights = (
-                Weights.from_gguf(entry.info) if entry and entry.info else Weights.estimate(m, q)
-            )
-            rows.append(
-                {
-                    "id": m.id,
-                    "family": m.family,
-                    "role": m.role,
-                    "quant": q.name,
-                    "size": entry.size if entry else q.size,
-                    "installed": entry.source if entry else None,
-                    "path": str(entry.path) if entry else None,
-                    "fits": fits(weights, hw, b),
-                }
-            )
-    for e in installed:
-        if e.source == "local" or catalog.find(e.model) is None:
-            if args.family and e.family != args.family:
-                continue
-            rows.append(
-                {
-                    "id": e.model,
-                    "family": e.family,
-                    "role": e.role,
-                    "quant": e.quant,
-                    "size": e.size,
-                    "installed": e.source,
-                    "path": str(e.path),
-                    "fits": fits(Weights.from_gguf(e.info), hw, b) if e.info else "?",
-                }
-            )
+    inventory = take_inventory(catalog, store.all_installed(), hardware_from(args))
+    installed_ids = {f.id for f in inventory.files if f.model and f.installed}
+    machine = inventory.machine
+
+    def shown(f: ModelFile) -> bool:
+        if args.family and f.family != args.family:
+            return False
+        if f.model is None or f.installed is not None:
+            return True
+        if args.installed:
+            return False
+        if not f.is_default_quant and f.id in installed_ids:
+            return False  # an installed model shows its installed quantizations only
+        has_default = any(q.name == DEFAULT_QUANT for q in f.model.quants)
+        # the table shows one row per model; --json shows them all
+        return f.is_default_quant or not has_default or args.json
+
+    rows: list[dict[str, Any]] = [
+        {
+            "id": f.id,
+            "family": f.family,
+            "role": f.role,
+            "quant": f.quant,
+            "size": f.size,
+            "installed": f.installed.source if f.installed else None,
+            "path": str(f.installed.path) if f.installed else None,
+            "fits": f.fits,
+        }
+        for f in inventory.files
+        if shown(f)
+    ]
     if args.json:
-        print(json.dumps({"machine": hw.describe(), "models": rows}, indent=2))
+        print(json.dumps({"machine": machine, "models": rows}, indent=2))
         return 0
-    print(f"this machine: {hw.describe()}")
+    print(f"this machine: {machine}")
     header = ("MODEL", "ROLE", "QUANT", "SIZE", "INSTALLED", "FITS")
     table = [header] + [
         (r["id"], r["role"], r["quant"], fmt_size(r["size"]), r["installed"] or "-", r["fits"])
@@ -115,15 +90,3 @@ def run(args: argparse.Namespace) -> int:
         "`localspec pull ID[:QUANT]` downloads one; `localspec plan` picks a pair."
     )
     return 0
-
-
-def fits(weights, hw, b) -> str:  # (Weights, Hardware, Budget) -> str
-    """'GPU' (wholly), 'GPU+CPU', 'CPU', or 'no'."""
-    from localspec.models.planner import MIN_CTX, place
-
-    p = place(weights, None, MIN_CTX, b, hw)
-    if p is None:
-        return "no"
-    if not hw.gpu_usable or p.target_layers == 0:
-        return "CPU"
-    return "GPU" if p.target_layers > len(weights.layers) else "GPU+CPU"

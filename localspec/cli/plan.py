@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from localspec.cli.options import ctx_arg, ranged_int
+
+if TYPE_CHECKING:
+    from localspec.models.hardware import Hardware
+    from localspec.models.planner import Plan
 
 
 def add_hardware_options(p: argparse.ArgumentParser) -> None:
@@ -25,7 +30,7 @@ def add_hardware_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cores", type=ranged_int(1, 4096), metavar="N", help="this many CPU cores")
 
 
-def hardware_from(args: argparse.Namespace):  # -> Hardware
+def hardware_from(args: argparse.Namespace) -> Hardware:
     from localspec.models.hardware import Overrides, probe
 
     return probe(Overrides(vram=args.vram, ram=args.ram, gpu=args.gpu, cores=args.cores))
@@ -62,7 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from localspec.models import store
-    from localspec.models.catalog import default_catalog
+    from localspec.models.catalog_file import default_catalog
+    from localspec.models.explain import plan_json
     from localspec.models.planner import Request, plan_catalog, plan_installed
 
     catalog = default_catalog()
@@ -74,14 +80,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         plan = plan_catalog(catalog, hw, request, installed)
     if args.json:
-        print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False))
+        print(json.dumps(plan_json(plan), indent=2, ensure_ascii=False))
         return 0
     print(describe(plan))
     return 0
 
 
-def describe(plan) -> str:  # plan: Plan
+def describe(plan: Plan) -> str:
     """The plan for people: what, where, and why; and how to get what is missing."""
+    from localspec.models.explain import reasons
     from localspec.models.hardware import fmt_size
 
     t, d = plan.target, plan.draft
@@ -103,7 +110,7 @@ def describe(plan) -> str:  # plan: Plan
         memory = f"{fmt_size(plan.vram_estimate)} of {fmt_size(plan.vram_budget)} GPU, " + memory
     lines.append(f"memory   {memory}")
     lines.append("")
-    lines.extend(f"- {r}" for r in plan.reasons)
+    lines.extend(f"- {r}" for r in reasons(plan))
     missing = [f"{s.id}:{s.quant}" for s in (t, d) if s is not None and not s.path]
     if missing:
         lines.append("")

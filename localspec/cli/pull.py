@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 def best() -> list[tuple[str, str]]:
     """(model id, quant) of the target and draft the plan picks for this machine."""
     from localspec.models import store
-    from localspec.models.catalog import default_catalog
+    from localspec.models.catalog_file import default_catalog
     from localspec.models.hardware import probe
     from localspec.models.planner import plan_catalog
 

@@ -37,8 +37,8 @@ from localspec.backends.base import Model
 from localspec.decoding.drafters import Draft, DraftModel, NgramIndex, Outcome
 from localspec.decoding.engine import Engine
 from localspec.decoding.sampling import Probs, SamplingParams
+from localspec.drafting import GAMMA_MAX
 
-GAMMA_MAX = 8
 EMA_WEIGHT = 0.15
 PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
 PROBE_SHARE = 0.02  # at most this share of the time goes to probing idle sources

@@ -1,63 +1,26 @@
-"""The model catalog: families that share a tokenizer, their targets and drafts, and where
-each quantization's file comes from.
+"""The model catalog as data: families that share a tokenizer, their targets and drafts,
+each quantization's size and where its file comes from, and the named pairs.
 
-`models.toml` (at the top of the repo; localspec/data/models.toml links to it so that it
-ships in the package) is read with tomllib into frozen dataclasses. Every problem in it
-(an unknown key, a missing field, a draft from another family) is collected with its
-file and line and reported together as one CatalogError, so a typo
-never becomes a traceback or a silently ignored setting.
+Frozen dataclasses and lookups only; `catalog_file` reads them from models.toml, and
+`resolve` finds which of them are installed.
 """
 
 from __future__ import annotations
 
-import re
-import tomllib
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
-from typing import Any
+import difflib
+from dataclasses import dataclass
 
 from localspec.errors import LocalspecError
 from localspec.models.mirror import PypiChunks
 
-DEFAULT_PATH = Path(str(resources.files("localspec") / "data" / "models.toml"))
 # Quantizations from smallest to largest: a larger one keeps more of the model's quality.
 QUANT_ORDER = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "F16")
 DEFAULT_QUANT = "Q4_K_M"
 ROLES = ("target", "draft")
-_ID = re.compile(r"[a-z0-9][a-z0-9._-]*")
-_QUANT = re.compile(r"[A-Z0-9_]+")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-class CatalogError(LocalspecError):
-    """models.toml is malformed; `problems` holds every one found, with file and line."""
-
-    def __init__(self, problems: Iterable[Problem]) -> None:
-        self.problems = tuple(problems)
-        shown = "; ".join(str(p) for p in self.problems[:3])
-        more = len(self.problems) - 3
-        super().__init__(shown + (f" (and {more} more)" if more > 0 else ""))
 
 
 class UnknownModel(LocalspecError):
     """A model, pair or family id that the catalog does not have."""
-
-
-class NotInstalled(LocalspecError):
-    """A catalog model that is not downloaded yet."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    line: int | None
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -123,7 +86,9 @@ class Quant:
 
 
 @dataclass(frozen=True)
-class Model:
+class ModelEntry:
+    """A model as the catalog lists it (not a loaded one: that is backends.base.Model)."""
+
     id: str
     name: str
     family: str
@@ -156,8 +121,8 @@ class Family:
 
 
 @dataclass(frozen=True)
-class Pair:
-    """A named target + draft, pulled together (`localspec pull default`)."""
+class PairEntry:
+    """A named target + draft in the catalog, pulled together (`localspec pull default`)."""
 
     id: str
     target: str
@@ -167,20 +132,21 @@ class Pair:
 
 @dataclass(frozen=True)
 class Catalog:
-    families: tuple[Family, ...]
-    models: tuple[Model, ...]
-    pairs: tuple[Pair, ...]
-    default_family: str
-    path: Path = DEFAULT_PATH
+    """Everything models.toml lists; `default_family` is what a plan uses unless asked."""
 
-    def model(self, model_id: str) -> Model:
+    families: tuple[Family, ...]
+    models: tuple[ModelEntry, ...]
+    pairs: tuple[PairEntry, ...]
+    default_family: str
+
+    def model(self, model_id: str) -> ModelEntry:
         """The model with this id; a one-line error with close matches otherwise."""
         for m in self.models:
             if m.id == model_id:
                 return m
-        raise UnknownModel(f"no model '{model_id}' in the catalog{_suggest(model_id, self.ids())}")
+        raise UnknownModel(f"no model '{model_id}' in the catalog{suggest(model_id, self.ids())}")
 
-    def find(self, model_id: str) -> Model | None:
+    def find(self, model_id: str) -> ModelEntry | None:
         return next((m for m in self.models if m.id == model_id), None)
 
     def family(self, family_id: str) -> Family:
@@ -190,18 +156,18 @@ class Catalog:
         names = [f.id for f in self.families]
         raise UnknownModel(f"no family '{family_id}' (families: {', '.join(names)})")
 
-    def pair(self, pair_id: str) -> Pair | None:
+    def pair(self, pair_id: str) -> PairEntry | None:
         return next((p for p in self.pairs if p.id == pair_id), None)
 
     def ids(self) -> list[str]:
         return [m.id for m in self.models] + [p.id for p in self.pairs]
 
-    def targets(self, family: str | None = None) -> list[Model]:
+    def targets(self, family: str | None = None) -> list[ModelEntry]:
         """Targets (of one family, or all), smallest first."""
         found = [m for m in self.models if m.role == "target" and family in (None, m.family)]
         return sorted(found, key=lambda m: m.params)
 
-    def drafts_for(self, target: Model) -> list[Model]:
+    def drafts_for(self, target: ModelEntry) -> list[ModelEntry]:
         """The drafts that pair with `target`, largest first (they accept more)."""
         if target.drafts:
             found = [self.model(d) for d in target.drafts]
@@ -209,42 +175,8 @@ class Catalog:
             found = [m for m in self.models if m.role == "draft" and m.family == target.family]
         return sorted(found, key=lambda m: -m.params)
 
-    def tokenizer_of(self, model: Model) -> str:
+    def tokenizer_of(self, model: ModelEntry) -> str:
         return self.family(model.family).tokenizer
-
-
-def load_catalog(path: Path | None = None) -> Catalog:
-    """Read and check a catalog (default: the one shipped with localspec)."""
-    path = Path(path) if path else DEFAULT_PATH
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise CatalogError([Problem(str(path), None, f"cannot read: {e.strerror}")]) from None
-    return parse_catalog(text, path)
-
-
-def parse_catalog(text: str, path: Path = DEFAULT_PATH) -> Catalog:
-    """Build a Catalog from TOML text; every problem is reported with its line."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        found = re.search(r"line (\d+)", str(e))
-        if found:
-            line: int | None = int(found.group(1))
-        else:  # "at end of document": the last line
-            line = text.count("\n") + 1 if "end of document" in str(e) else None
-        message = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)", "", str(e))
-        raise CatalogError([Problem(path.name, line, message)]) from None
-    reader = _Reader(path.name, _key_lines(text))
-    catalog = reader.catalog(data)
-    if reader.problems:
-        raise CatalogError(reader.problems)
-    return catalog
-
-
-def default_catalog() -> Catalog:
-    """The shipped catalog (parsed each time: a few milliseconds, and no global state)."""
-    return load_catalog()
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:
@@ -253,328 +185,7 @@ def split_spec(spec: str) -> tuple[str, str | None]:
     return model_id.strip().lower(), (quant.strip().upper() or None)
 
 
-def resolve_installed(spec: str) -> Path:
-    """The path of an installed model, by catalog id ('id' or 'id:QUANT') or by the id
-    given to `localspec add`. Raises NotInstalled saying how to get it."""
-    from localspec.models import store
-
-    model_id, quant = split_spec(spec)
-    found = store.find_installed(model_id, quant)
-    if found is not None:
-        return found.path
-    catalog = default_catalog()
-    model = catalog.find(model_id)
-    if model is not None:
-        from localspec.models.download import find_present
-
-        # a file fetched before records existed, or by `hf download`: usable as is
-        for q in [model.quant(quant)] if quant else sorted(model.quants, key=_preference):
-            path = find_present(model, q)
-            if path is not None:
-                return path
-    if model is None and catalog.pair(model_id) is None:
-        raise UnknownModel(
-            f"'{spec}' is not a model file, an installed model or a catalog id"
-            f"{_suggest(model_id, catalog.ids() + store.local_ids())}"
-        )
-    what = f"{model_id}:{quant}" if quant else model_id
-    raise NotInstalled(f"{what} is not installed: run `localspec pull {what}`")
-
-
-def _preference(q: Quant) -> tuple[bool, int]:
-    return (q.name != DEFAULT_QUANT, q.size)
-
-
-def _suggest(word: str, choices: list[str]) -> str:
-    import difflib
-
+def suggest(word: str, choices: list[str]) -> str:
+    """' (did you mean a, b?)' for the close matches of `word`, else ''."""
     close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
     return f" (did you mean {', '.join(close)}?)" if close else ""
-
-
-# --- reading the TOML ------------------------------------------------------------------
-
-_TOP = {"default_family", "families", "models", "pairs", "mirrors"}
-_FAMILY: dict[str, Any] = {"name": str, "architecture": str, "tokenizer": str}
-_MODEL: dict[str, Any] = {
-    "name": str,
-    "family": str,
-    "role": str,
-    "params": (int, float),
-    "shape": dict,
-    "hub": str,
-    "revision": str,
-    "quants": dict,
-    "drafts": list,
-}
-_SHAPE: dict[str, Any] = {
-    "layers": int,
-    "kv_heads": int,
-    "head_dim": int,
-    "embedding": int,
-    "vocab": int,
-    "context": int,
-    "tied_embeddings": bool,
-}
-_QUANT_KEYS: dict[str, Any] = {
-    "file": str,
-    "size": int,
-    "sha256": str,
-    "hub": str,
-    "revision": str,
-    "mirror": str,
-}
-_MIRROR: dict[str, Any] = {
-    "pypi": str,
-    "version": str,
-    "parts": int,
-    "file": str,
-    "size": int,
-    "sha256": str,
-}
-_PAIR: dict[str, Any] = {"target": str, "draft": str, "quant": str}
-
-
-@dataclass
-class _Reader:
-    """Turns parsed TOML into dataclasses, collecting problems instead of stopping."""
-
-    file: str
-    lines: dict[tuple[str, ...], int]
-    problems: list[Problem] = field(default_factory=list)
-
-    def problem(self, where: tuple[str, ...], message: str) -> None:
-        self.problems.append(Problem(self.file, self.line(where), message))
-
-    def line(self, where: tuple[str, ...]) -> int | None:
-        # the key itself, else the nearest enclosing table or inline table we know of
-        for n in range(len(where), 0, -1):
-            if where[:n] in self.lines:
-                return self.lines[where[:n]]
-        return None
-
-    def table(
-        self, data: Any, where: tuple[str, ...], schema: dict[str, Any], required: Iterable[str]
-    ) -> dict[str, Any] | None:
-        """Check one table's keys and value types; returns it, or None if not a table."""
-        name = ".".join(where)
-        if not isinstance(data, dict):
-            self.problem(where, f"{name} must be a table")
-            return None
-        for key, value in data.items():
-            if key not in schema:
-                self.problem(
-                    (*where, key),
-                    f"unknown key '{key}' in {name}{_suggest(key, list(schema))}",
-                )
-            elif not isinstance(value, schema[key]) or (
-                schema[key] is int and isinstance(value, bool)
-            ):
-                self.problem((*where, key), f"{name}.{key} must be {_type_name(schema[key])}")
-        for key in required:
-            if key not in data:
-                self.problem(where, f"{name} is missing '{key}'")
-        return data
-
-    def catalog(self, data: dict[str, Any]) -> Catalog:
-        for key in data:
-            if key not in _TOP:
-                self.problem((key,), f"unknown top-level key '{key}'{_suggest(key, list(_TOP))}")
-        mirrors = self.named(data, "mirrors", self.mirror)
-        families = self.named(data, "families", self.family)
-        family_ids = {f.id for f in families}
-        models = self.named(data, "models", lambda i, d, w: self.model(i, d, w, mirrors))
-        by_id = {m.id: m for m in models}
-        # a model that failed its own checks was reported there: not again where named
-        broken = set(data.get("models", {}) if isinstance(data.get("models"), dict) else ())
-        broken -= set(by_id)
-        for m in models:
-            if m.family not in family_ids:
-                self.problem(("models", m.id, "family"), f"{m.id}: unknown family '{m.family}'")
-            for d in m.drafts:
-                if d not in broken:
-                    self.check_draft(("models", m.id, "drafts"), m, by_id.get(d), d)
-        pairs = self.named(data, "pairs", self.pair)
-        for p in pairs:
-            where = ("pairs", p.id)
-            target, draft = by_id.get(p.target), by_id.get(p.draft)
-            if target is None:
-                if p.target not in broken:
-                    self.problem((*where, "target"), f"pair {p.id}: unknown model '{p.target}'")
-            elif target.role != "target":
-                self.problem((*where, "target"), f"pair {p.id}: {p.target} is not a target")
-            elif all(q.name != p.quant for q in target.quants):
-                self.problem((*where, "quant"), f"pair {p.id}: {p.target} has no {p.quant}")
-            if p.draft not in broken:
-                self.check_draft((*where, "draft"), target, draft, p.draft)
-        default = data.get("default_family")
-        if not isinstance(default, str) or default not in family_ids:
-            self.problem(("default_family",), "default_family must name one of the families")
-            default = ""
-        return Catalog(tuple(families), tuple(models), tuple(pairs), default)
-
-    def check_draft(
-        self, where: tuple[str, ...], target: Model | None, draft: Model | None, draft_id: str
-    ) -> None:
-        if draft is None:
-            self.problem(where, f"unknown draft '{draft_id}'")
-        elif draft.role != "draft":
-            self.problem(where, f"{draft_id} is not a draft (its role is {draft.role})")
-        elif target is not None and draft.family != target.family:
-            self.problem(
-                where,
-                f"draft {draft_id} is in family {draft.family}, but its target {target.id} "
-                f"is in family {target.family}: they do not share a tokenizer",
-            )
-
-    def named(
-        self, data: dict[str, Any], section: str, build: Callable[[str, Any, tuple[str, ...]], Any]
-    ) -> list[Any]:
-        """Each entry of a `[section.<id>]` group, built and checked."""
-        entries = data.get(section, {})
-        if not isinstance(entries, dict):
-            self.problem((section,), f"{section} must be a table of tables")
-            return []
-        built = []
-        for entry_id, entry in entries.items():
-            where = (section, entry_id)
-            if not _ID.fullmatch(entry_id):
-                self.problem(where, f"'{entry_id}' is not a valid id (lowercase, digits, . _ -)")
-                continue
-            value = build(entry_id, entry, where)
-            if value is not None:
-                built.append(value)
-        return built
-
-    def family(self, family_id: str, data: Any, where: tuple[str, ...]) -> Family | None:
-        d = self.table(data, where, _FAMILY, _FAMILY)
-        if d is None or not all(isinstance(d.get(k), str) for k in _FAMILY):
-            return None
-        return Family(family_id, d["name"], d["architecture"], d["tokenizer"])
-
-    def mirror(self, mirror_id: str, data: Any, where: tuple[str, ...]) -> Mirror | None:
-        d = self.table(data, where, _MIRROR, _MIRROR)
-        if d is None or any(not isinstance(d.get(k), t) for k, t in _MIRROR.items()):
-            return None
-        if "{i}" not in d["pypi"]:
-            self.problem((*where, "pypi"), f"mirrors.{mirror_id}.pypi must contain '{{i}}'")
-        if not _SHA256.fullmatch(d["sha256"]):
-            self.problem((*where, "sha256"), f"mirrors.{mirror_id}.sha256 is not 64 hex digits")
-        chunks = PypiChunks(name=d["pypi"], version=d["version"], parts=d["parts"])
-        return Mirror(mirror_id, chunks, d["file"], d["size"], d["sha256"])
-
-    def model(
-        self, model_id: str, data: Any, where: tuple[str, ...], mirrors: list[Mirror]
-    ) -> Model | None:
-        required = ("family", "role", "params", "shape", "quants")
-        d = self.table(data, where, _MODEL, required)
-        if d is None or any(not isinstance(d.get(k), _MODEL[k]) for k in required):
-            return None
-        if d["role"] not in ROLES:
-            self.problem((*where, "role"), f"{model_id}: role must be 'target' or 'draft'")
-        if d.get("drafts") and d["role"] != "target":
-            self.problem((*where, "drafts"), f"{model_id}: only a target lists drafts")
-        needed = set(_SHAPE) - {"tied_embeddings"}
-        shape_data = self.table(d["shape"], (*where, "shape"), _SHAPE, needed)
-        if shape_data is None or any(not isinstance(shape_data.get(k), int) for k in needed):
-            return None
-        shape = Shape(**shape_data)
-        quants = []
-        for name, q in d["quants"].items():
-            quant = self.quant(model_id, name, q, (*where, "quants", name), d, mirrors)
-            if quant is not None:
-                quants.append(quant)
-        if not d["quants"]:
-            self.problem((*where, "quants"), f"{model_id} lists no quantizations")
-        drafts = d.get("drafts", [])
-        if not all(isinstance(x, str) for x in drafts):
-            self.problem((*where, "drafts"), f"{model_id}: drafts must be model ids")
-            drafts = []
-        return Model(
-            id=model_id,
-            name=d.get("name", model_id),
-            family=d["family"],
-            role=d["role"],
-            params=float(d["params"]),
-            shape=shape,
-            quants=tuple(sorted(quants, key=lambda q: q.rank)),
-            drafts=tuple(drafts),
-        )
-
-    def quant(
-        self,
-        model_id: str,
-        name: str,
-        data: Any,
-        where: tuple[str, ...],
-        model: dict[str, Any],
-        mirrors: list[Mirror],
-    ) -> Quant | None:
-        if not _QUANT.fullmatch(name):
-            self.problem(where, f"{model_id}: '{name}' is not a quantization name (e.g. Q4_K_M)")
-        d = self.table(data, where, _QUANT_KEYS, ("size",))
-        if d is None or not isinstance(d.get("size"), int):
-            return None
-        hub = None
-        repo = d.get("hub", model.get("hub"))
-        if "file" in d:
-            if repo is None:
-                self.problem(where, f"{model_id} {name}: a file needs a hub repo ('hub = ...')")
-            else:
-                hub = HubFile(repo, d["file"], d.get("revision", model.get("revision", "main")))
-        mirror = None
-        if "mirror" in d:
-            mirror = next((m for m in mirrors if m.id == d["mirror"]), None)
-            if mirror is None:
-                self.problem(
-                    (*where, "mirror"), f"{model_id} {name}: unknown mirror '{d['mirror']}'"
-                )
-        if "file" not in d and "mirror" not in d:
-            self.problem(where, f"{model_id} {name}: no source (give 'file' or 'mirror')")
-        sha = d.get("sha256")
-        if sha is not None and not _SHA256.fullmatch(sha):
-            self.problem((*where, "sha256"), f"{model_id} {name}: sha256 is not 64 hex digits")
-        return Quant(name, d["size"], hub, mirror, sha)
-
-    def pair(self, pair_id: str, data: Any, where: tuple[str, ...]) -> Pair | None:
-        d = self.table(data, where, _PAIR, ("target", "draft"))
-        if d is None or not all(isinstance(d.get(k), str) for k in ("target", "draft")):
-            return None
-        return Pair(pair_id, d["target"], d["draft"], d.get("quant", DEFAULT_QUANT).upper())
-
-
-def _type_name(t: Any) -> str:
-    names = {
-        str: "a string",
-        int: "an integer",
-        bool: "true or false",
-        dict: "a table",
-        list: "a list",
-        (int, float): "a number",
-    }
-    return names.get(t, str(t))
-
-
-_HEADER = re.compile(r"^\s*\[\[?\s*(.+?)\s*\]\]?\s*(#.*)?$")
-_PART = r"""(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')"""
-_KEY = re.compile(rf"^\s*({_PART}(?:\s*\.\s*{_PART})*)\s*=")
-
-
-def _key_lines(text: str) -> dict[tuple[str, ...], int]:
-    """Line numbers of tables and keys, by dotted path: tomllib does not keep them, and a
-    problem without its line is hard to find in a long catalog."""
-    lines: dict[tuple[str, ...], int] = {}
-    table: tuple[str, ...] = ()
-    for number, line in enumerate(text.splitlines(), 1):
-        if m := _HEADER.match(line):
-            table = _split_key(m.group(1))
-            for n in range(1, len(table) + 1):
-                lines.setdefault(table[:n], number)
-        elif m := _KEY.match(line):
-            lines.setdefault((*table, *_split_key(m.group(1))), number)
-    return lines
-
-
-def _split_key(key: str) -> tuple[str, ...]:
-    parts = re.findall(r'"([^"]*)"|\'([^\']*)\'|([A-Za-z0-9_-]+)', key)
-    return tuple(next(p for p in part if p) if any(part) else "" for part in parts)

@@ -3,34 +3,56 @@ machine over what is installed, else the installed default pair."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from localspec.drafting import MODEL_FREE_DRAFTERS
 from localspec.errors import LocalspecError
-from localspec.models.catalog import NotInstalled, default_catalog
+from localspec.models import store
+from localspec.models.catalog import Catalog
+from localspec.models.catalog_file import default_catalog
+from localspec.models.explain import reasons
 from localspec.models.hardware import Hardware, probe
 from localspec.models.planner import NothingFits, Plan, Request, plan_installed
+from localspec.models.resolve import NotInstalled, find_installed
 
-MODEL_FREE_DRAFTERS = ("ngram", "none")  # as in session.py, without importing llama.cpp
 NOTHING_INSTALLED = "no model is installed: run `localspec pull default`"
 
 
 @dataclass(frozen=True)
-class Pair:
-    """What to load: paths (or catalog ids), and the plan's offload and context."""
+class PairSpec:
+    """Which models to load: paths or catalog ids (the draft may be 'ngram' or 'none'),
+    and, when the planner chose them, its offload, context and reasons."""
 
     target: str
-    draft: str  # a path, a catalog id, "ngram" or "none"
+    draft: str
     n_ctx: int | None = None
     n_gpu_layers: int | None = None
-    reasons: tuple[str, ...] = ()
+    # why the planner chose it: said, not part of which pair it is (equality ignores it)
+    reasons: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def label(self) -> str:
+        """'target + draft', by name."""
+        return f"{short_name(self.target)} + {short_name(self.draft)}"
+
+    @property
+    def lines(self) -> str:
+        """Target and draft on a line each, for narrow places."""
+        return f"target {short_name(self.target)}\ndraft  {short_name(self.draft)}"
 
 
-def default_pair(draft: str | None = None, hw: Hardware | None = None) -> Pair:
+def short_name(spec: str) -> str:
+    """A model's name to show: the file stem of a path, else the id."""
+    return Path(spec).stem if spec.endswith(".gguf") else spec
+
+
+def default_pair(
+    draft: str | None = None, hw: Hardware | None = None, catalog: Catalog | None = None
+) -> PairSpec:
     """The best installed pair for this machine. `draft` is the user's --draft, if any:
     it is kept, and the plan places the target around it."""
-    from localspec.models import store
-
-    catalog = default_catalog()
+    catalog = catalog or default_catalog()
     installed = store.all_installed()
     if not any(e.role == "target" for e in installed):
         raise NotInstalled(NOTHING_INSTALLED)
@@ -39,16 +61,16 @@ def default_pair(draft: str | None = None, hw: Hardware | None = None) -> Pair:
     try:
         plan = plan_installed(catalog, hw, installed, Request(draft=wanted))
     except NothingFits as e:
-        return _fallback(str(e), draft)
+        return _fallback(str(e), draft, catalog)
     return pair_from_plan(plan, draft)
 
 
-def pair_from_plan(plan: Plan, draft: str | None = None) -> Pair:
+def pair_from_plan(plan: Plan, draft: str | None = None) -> PairSpec:
     """The loadable pair of a plan; an explicit `draft` wins over the plan's."""
     target = plan.target.path or plan.target.id
     if draft is None:
         draft = (plan.draft.path or plan.draft.id) if plan.draft else plan.drafter
-    return Pair(target, draft, plan.target.n_ctx, plan.target.n_gpu_layers, plan.reasons)
+    return PairSpec(target, draft, plan.target.n_ctx, plan.target.n_gpu_layers, reasons(plan))
 
 
 def _draft_id(draft: str) -> str:
@@ -56,22 +78,19 @@ def _draft_id(draft: str) -> str:
     return draft if draft.endswith(".gguf") or "/" in draft else draft.partition(":")[0]
 
 
-def _fallback(why: str, draft: str | None) -> Pair:
+def _fallback(why: str, draft: str | None, catalog: Catalog) -> PairSpec:
     """No plan fits: the default pair if installed (llama.cpp's own defaults and the
     session's memory back-off take it from there), else the smallest installed target."""
-    from localspec.models import store
-
-    catalog = default_catalog()
     pair = catalog.pair("default")
     targets = sorted((e for e in store.all_installed() if e.role == "target"), key=lambda e: e.size)
-    target = store.find_installed(pair.target) if pair else None
+    target = find_installed(pair.target) if pair else None
     target = target or (targets[0] if targets else None)
     if target is None:
         raise LocalspecError(NOTHING_INSTALLED)
     if draft is None:
-        found = store.find_installed(pair.draft) if pair else None
+        found = find_installed(pair.draft) if pair else None
         draft = str(found.path) if found else "ngram"
-    return Pair(
+    return PairSpec(
         str(target.path),
         draft,
         None,

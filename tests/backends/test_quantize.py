@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from localspec.backends import quantize
+from localspec.backends.gguf import gguf_info
 from localspec.backends.quantize import Q4_0, cpu_draft, cpu_draft_path, draft_to_load
-from localspec.models.store import gguf_info
 
 
 @pytest.fixture(autouse=True)

@@ -9,16 +9,14 @@ import pytest
 from hub_server import home
 
 from localspec.models import store
-from localspec.models.catalog import (
+from localspec.models.catalog import UnknownModel, split_spec
+from localspec.models.catalog_file import (
     CatalogError,
-    NotInstalled,
-    UnknownModel,
     default_catalog,
     load_catalog,
     parse_catalog,
-    resolve_installed,
-    split_spec,
 )
+from localspec.models.resolve import NotInstalled, resolve_installed
 
 __all__ = ["home"]
 

@@ -12,8 +12,9 @@ import pytest
 from hub_server import home, make_gguf
 
 from localspec.cli import main
-from localspec.models.catalog import default_catalog, resolve_installed
+from localspec.models.catalog_file import default_catalog
 from localspec.models.download import resolve_pull
+from localspec.models.resolve import resolve_installed
 
 __all__ = ["home"]
 

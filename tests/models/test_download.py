@@ -12,15 +12,12 @@ from pathlib import Path
 import pytest
 from hub_server import COMMIT, FakeHub, fake_hub, home, make_chunk_wheels, make_gguf
 
-from localspec.models import download, store
-from localspec.models.catalog import Catalog, parse_catalog
-from localspec.models.download import (
-    ChecksumMismatch,
-    DownloadError,
-    HubUnreachable,
-    NotOnHub,
-    pull,
-)
+from localspec.models import hub, store
+from localspec.models.catalog import Catalog
+from localspec.models.catalog_file import parse_catalog
+from localspec.models.download import pull
+from localspec.models.hub import ChecksumMismatch, DownloadError, HubUnreachable, NotOnHub
+from localspec.models.resolve import find_installed
 
 __all__ = ["fake_hub", "home"]  # fixtures, used by name
 
@@ -108,7 +105,7 @@ def quiet(_msg: str) -> None:
 
 
 def hf_cache() -> Path:
-    return download.hub_cache()
+    return hub.hub_cache()
 
 
 def test_pull_into_hub_cache_layout(home, fake_hub: FakeHub, target_bytes):
@@ -123,7 +120,7 @@ def test_pull_into_hub_cache_layout(home, fake_hub: FakeHub, target_bytes):
     assert hashlib.sha256(pointer.read_bytes()).hexdigest() == sha
     assert entry.source == "hub" and entry.files[0].sha256 == sha
     assert entry.info is not None and entry.info.layers == 3  # measured from the header
-    assert store.find_installed("tiny-target") == entry
+    assert find_installed("tiny-target") == entry
     assert not list(repo.glob("blobs/*.incomplete"))
 
 
@@ -184,7 +181,7 @@ def test_interrupted_pull_resumes_on_the_next_one(home, fake_hub: FakeHub, targe
     kept = 300_000 // CHUNK * CHUNK
     assert partial.stat().st_size == kept
     assert not (blobs / sha).exists()  # nothing half-written carries the model's name
-    assert store.find_installed("tiny-target") is None
+    assert find_installed("tiny-target") is None
     [entry] = pull(["tiny-target"], catalog=catalog, say=quiet)
     assert fake_hub.cdn_gets()[-1][2] == f"bytes={kept}-"
     assert entry.path.read_bytes() == target_bytes and not partial.exists()
@@ -298,7 +295,7 @@ def test_a_changed_file_is_no_longer_installed(home, draft_bytes):
     path.write_bytes(draft_bytes)
     pull(["tiny-draft"], catalog=mirrored_catalog(draft_bytes), say=quiet)
     path.write_bytes(draft_bytes[:-1] + b"!")
-    assert store.find_installed("tiny-draft") is None  # size/mtime changed: not trusted
+    assert find_installed("tiny-draft") is None  # size/mtime changed: not trusted
 
 
 def test_hf_uri_registers_with_the_family_from_its_header(home, fake_hub, target_bytes):
@@ -325,14 +322,15 @@ def test_pair_pulls_target_and_draft(home, fake_hub, target_bytes, draft_bytes):
 def test_installed_default_pair_resolves_and_verifies():
     """The real store: the default pair that scripts/setup.sh pulled is recorded, and its
     files still hash to the catalog's mirror sha256."""
-    from localspec.models.catalog import default_catalog, resolve_installed
+    from localspec.models.catalog_file import default_catalog
+    from localspec.models.resolve import resolve_installed
 
     catalog = default_catalog()
     pair = catalog.pair("default")
     assert pair is not None
     for model_id in (pair.target, pair.draft):
         path = resolve_installed(model_id)
-        entry = store.find_installed(model_id, pair.quant)
+        entry = find_installed(model_id, pair.quant)
         assert entry is not None and entry.path == path, f"{model_id}: no verified record"
         quant = catalog.model(model_id).quant(pair.quant)
         expected = quant.sha256 or (quant.mirror.sha256 if entry.source == "mirror" else None)

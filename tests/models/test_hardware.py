@@ -118,10 +118,10 @@ def test_two_gpus():
     gpus, _ = hw.probe_nvidia(FakeNvml([LAPTOP, DESKTOP]))
     assert [g.name for g in gpus] == [LAPTOP["name"], DESKTOP["name"]]
     assert [g.index for g in gpus] == [0, 1]
-    from localspec.models.planner import budget
+    from localspec.models.memory import memory_budget
 
     machine = Hardware(gpus, 64 * GiB, 60 * GiB, 16, offload=True)
-    assert budget(machine).vram > 7 * GiB + 22 * GiB - 2 * GiB  # both cards count
+    assert memory_budget(machine).vram > 7 * GiB + 22 * GiB - 2 * GiB  # both cards count
 
 
 def test_old_driver_falls_back_to_the_v1_struct():
@@ -145,10 +145,10 @@ def test_a_lost_gpu_or_count_is_skipped_not_fatal():
 
 
 def test_unknown_memory_counts_as_nothing_in_the_budget():
-    from localspec.models.planner import budget
+    from localspec.models.memory import memory_budget
 
     gpu = Gpu(0, "mystery", "nvidia", None, None)
-    assert budget(Hardware((gpu,), 16 * GiB, 16 * GiB, 4, offload=True)).vram == 0
+    assert memory_budget(Hardware((gpu,), 16 * GiB, 16 * GiB, 4, offload=True)).vram == 0
 
 
 def test_the_real_library_without_a_driver_does_not_crash():

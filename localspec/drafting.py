@@ -1,0 +1,11 @@
+"""What the decoding engine, the planner and the session agree on about drafting.
+
+It imports nothing, so that model management (which must not import the decoding
+engine) and the session (which must not load llama.cpp to read a name) share one
+definition instead of copies.
+"""
+
+from __future__ import annotations
+
+GAMMA_MAX = 8  # the most tokens drafted in one round (adaptive γ and the planner's search)
+MODEL_FREE_DRAFTERS = ("ngram", "none")  # drafters that need no draft model

@@ -1,0 +1,209 @@
+"""What a model file costs in memory, and where llama.cpp can put it.
+
+A model's footprint is its weights (per layer: the GGUF header's tensor sizes for a
+downloaded file, the catalog's file size spread over the layers otherwise), its KV cache
+(2 x layers x KV heads x head size x 2 bytes per token of context, f16), compute
+buffers, and a little host overhead. llama.cpp offloads the *last* n layers and, when
+all are offloaded, the output head; the token embeddings always stay in RAM.
+
+Placement puts the draft wholly on the GPU first (a partly offloaded draft is slower than
+the time it saves), then as many target layers as fit. On Apple Silicon GPU and CPU
+share one budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from localspec.backends.gguf import GgufInfo
+from localspec.models.catalog import ModelEntry, Quant
+from localspec.models.hardware import GiB, Hardware, MiB, fmt_size
+
+UBATCH = 512  # llama.cpp's default micro-batch: compute buffers scale with it
+KV_ELEMENT_BYTES = 2  # f16 K and V
+HOST_OVERHEAD = 160 * MiB  # per model: llama.cpp's host structures, logits, the process
+VRAM_RESERVE = 512 * MiB  # per GPU at least: the CUDA/Metal context, fragmentation
+VRAM_RESERVE_SHARE = 0.05
+RAM_RESERVE = 1 * GiB  # at least, for the OS and everything else running
+RAM_RESERVE_SHARE = 0.10
+
+# Weight bytes per parameter of the embedding and output tensors in each file type
+# (llama.cpp keeps the output head at Q6_K in the K-quant mixes).
+EMBD_BYTES = {"Q4_K_M": 0.5625, "Q5_K_M": 0.6875, "Q6_K": 0.8203, "Q8_0": 1.0625, "F16": 2.0}
+OUTPUT_BYTES = {"Q4_K_M": 0.8203, "Q5_K_M": 0.8203, "Q6_K": 0.8203, "Q8_0": 1.0625, "F16": 2.0}
+
+
+@dataclass(frozen=True)
+class Weights:
+    """What placement needs to know about one model file."""
+
+    layers: tuple[int, ...]  # bytes of each repeating layer, first to last
+    embd: int  # token embeddings and small tensors: always in RAM
+    output: int  # the output head; 0 when tied to the embeddings
+    kv_per_token_layer: int  # K + V bytes for one token in one layer
+    vocab: int
+    embedding: int
+
+    @property
+    def head(self) -> int:
+        """The output head's bytes on a GPU (a tied head is copied there)."""
+        return self.output or self.embd
+
+    @property
+    def total(self) -> int:
+        return sum(self.layers) + self.embd + self.output
+
+    @classmethod
+    def from_gguf(cls, info: GgufInfo) -> Weights:
+        kv = 2 * info.kv_heads * info.head_dim * KV_ELEMENT_BYTES
+        return cls(
+            info.layer_bytes, info.embd_bytes, info.output_bytes, kv, info.vocab, info.embedding
+        )
+
+    @classmethod
+    def estimate(cls, model: ModelEntry, quant: Quant) -> Weights:
+        """From the catalog: the file size, less embeddings and head, spread evenly."""
+        shape = model.shape
+        table = shape.vocab * shape.embedding
+        embd = int(table * EMBD_BYTES.get(quant.name, 1.0))
+        output = 0 if shape.tied_embeddings else int(table * OUTPUT_BYTES.get(quant.name, 1.0))
+        body = max(quant.size - embd - output, quant.size // 3)
+        per_layer = body // shape.layers
+        kv = 2 * shape.kv_heads * shape.head_dim * KV_ELEMENT_BYTES
+        return cls((per_layer,) * shape.layers, embd, output, kv, shape.vocab, shape.embedding)
+
+
+@dataclass(frozen=True)
+class Budget:
+    vram: int  # bytes the GPU(s) may take; 0 without a usable GPU
+    ram: int
+    unified: bool  # Apple: vram + ram together must fit in ram
+
+    def holds(self, vram: int, ram: int) -> bool:
+        """Whether `vram` bytes on the GPU and `ram` in RAM fit this budget."""
+        if vram > self.vram:
+            return False
+        return (ram + vram if self.unified else ram) <= self.ram
+
+
+@dataclass(frozen=True)
+class Placement:
+    n_ctx: int
+    target_layers: int  # llama.cpp's n_gpu_layers: layers + 1 means the output head too
+    draft_on_gpu: bool
+    vram: int
+    ram: int
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """What one model needs at the smallest context, beside what the budget has."""
+
+    on_gpu: bool  # wholly on the GPU (else wholly on the CPU)
+    vram: int
+    ram: int
+    budget: Budget
+
+    def describe(self) -> str:
+        """In words, for an error or a reason: '12.0 GiB of RAM (you have ...)'."""
+        have = self.budget
+        if self.on_gpu and have.unified:
+            return (
+                f"{fmt_size(self.vram + self.ram)} of memory, {fmt_size(self.vram)} of it for "
+                f"the GPU (you have {fmt_size(have.ram)}, {fmt_size(have.vram)} for the GPU)"
+            )
+        if self.on_gpu:
+            return (
+                f"{fmt_size(self.vram)} of GPU memory to run wholly on the GPU (you have "
+                f"{fmt_size(have.vram)} to spare)"
+            )
+        return f"{fmt_size(self.ram)} of RAM (you have {fmt_size(have.ram)} to spare)"
+
+
+def memory_budget(hw: Hardware) -> Budget:
+    """What a plan may use: free memory less headroom."""
+    ram = int(hw.ram_available - max(RAM_RESERVE, RAM_RESERVE_SHARE * hw.ram_total))
+    vram = 0
+    if hw.gpu_usable:
+        for gpu in hw.gpus:
+            usable = gpu.usable
+            if usable is None:
+                continue
+            reserve = max(VRAM_RESERVE, int(VRAM_RESERVE_SHARE * (gpu.total or usable)))
+            vram += max(0, usable - reserve)
+    return Budget(vram=vram, ram=max(ram, 0), unified=hw.unified)
+
+
+def compute_bytes(weights: Weights, n_ctx: int) -> int:
+    """Compute buffers for one micro-batch: logits, activations, attention scratch."""
+    return 4 * UBATCH * (weights.vocab + 8 * weights.embedding + n_ctx // 8)
+
+
+def footprint(weights: Weights, n_ctx: int, gpu_layers: int) -> tuple[int, int]:
+    """(VRAM, RAM) bytes of one model with `gpu_layers` offloaded (llama.cpp's count:
+    more than the layer count puts the output head on the GPU too)."""
+    n = len(weights.layers)
+    on_gpu = max(0, min(gpu_layers, n))
+    head_on_gpu = gpu_layers > n
+    kv_layer = n_ctx * weights.kv_per_token_layer
+    vram = (
+        sum(weights.layers[n - on_gpu :]) + on_gpu * kv_layer + (weights.head if head_on_gpu else 0)
+    )
+    ram = (
+        sum(weights.layers[: n - on_gpu])
+        + (n - on_gpu) * kv_layer
+        + weights.embd
+        + HOST_OVERHEAD
+        + (0 if head_on_gpu else weights.output)
+    )
+    compute = compute_bytes(weights, n_ctx)
+    if gpu_layers > 0:
+        vram += compute
+        ram += compute // 4  # the CPU keeps a smaller buffer for its share
+    else:
+        ram += compute
+    return vram, ram
+
+
+def place(
+    target: Weights, draft: Weights | None, n_ctx: int, budget: Budget, hw: Hardware
+) -> Placement | None:
+    """The draft wholly on the GPU (if there is one), then as many target layers as
+    fit; None when not even the all-CPU placement fits. With a usable GPU a draft that
+    does not fit there wholly is not placed at all (llama.cpp would offload it anyway)."""
+    draft_vram = draft_ram = 0
+    draft_on_gpu = False
+    if draft is not None:
+        if hw.gpu_usable:
+            draft_vram, draft_ram = footprint(draft, n_ctx, len(draft.layers) + 1)
+            if not budget.holds(draft_vram, draft_ram):
+                return None
+            draft_on_gpu = True
+        else:
+            draft_vram, draft_ram = footprint(draft, n_ctx, 0)
+    top = len(target.layers) + 1 if hw.gpu_usable else 0
+    for layers in range(top, -1, -1):
+        target_vram, target_ram = footprint(target, n_ctx, layers)
+        vram, ram = draft_vram + target_vram, draft_ram + target_ram
+        if budget.holds(vram, ram):
+            return Placement(n_ctx, layers, draft_on_gpu, vram, ram)
+    return None
+
+
+def requirement(weights: Weights, n_ctx: int, budget: Budget, hw: Hardware) -> Requirement:
+    """What `weights` need at `n_ctx`: wholly on the GPU where there is one, else in RAM."""
+    if hw.gpu_usable:
+        vram, ram = footprint(weights, n_ctx, len(weights.layers) + 1)
+        return Requirement(True, vram, ram, budget)
+    _, ram = footprint(weights, n_ctx, 0)
+    return Requirement(False, 0, ram, budget)
+
+
+def fit(weights: Weights, n_ctx: int, budget: Budget, hw: Hardware) -> str:
+    """Where one model alone fits at `n_ctx`: 'GPU' (wholly), 'GPU+CPU', 'CPU', or 'no'."""
+    placement = place(weights, None, n_ctx, budget, hw)
+    if placement is None:
+        return "no"
+    if not hw.gpu_usable or placement.target_layers == 0:
+        return "CPU"
+    return "GPU" if placement.target_layers > len(weights.layers) else "GPU+CPU"

@@ -1,0 +1,64 @@
+"""How fast a placed model decodes, and what speculation buys, as estimates for choosing.
+
+A decode step costs a fixed overhead plus the bytes read over the memory bandwidth of
+where they live; calibrated on a 2-core CPU and on conservative GPU bandwidths.
+Speculation with acceptance α and γ drafted tokens yields (1-α^(γ+1))/(1-α) tokens per γ
+draft steps plus one verification pass (Leviathan et al.). `--gamma auto` measures what
+these only estimate.
+"""
+
+from __future__ import annotations
+
+from localspec.drafting import GAMMA_MAX
+from localspec.models.hardware import GiB, Hardware
+from localspec.models.memory import Weights
+
+CPU_BANDWIDTH_PER_CORE = 8.25e9  # bytes/s
+CPU_BANDWIDTH_MAX = 45e9  # what llama.cpp reaches on a desktop with dual-channel DDR5
+CPU_STEP_OVERHEAD = 0.06  # seconds x cores (measured on a 2-core CPU)
+# GPU memory bandwidth grows with the card's memory: (up to this much memory, bytes/s),
+# conservative within each class (a laptop RTX 4060, a desktop 3090/4090, an A100/H100;
+# an M-series base, Pro, Max).
+GPU_BANDWIDTH = {
+    "nvidia": ((12 * GiB, 250e9), (32 * GiB, 700e9), (1 << 50, 1500e9)),
+    "apple": ((16 * GiB, 100e9), (36 * GiB, 150e9), (1 << 50, 300e9)),
+}
+GPU_STEP_OVERHEAD = 0.004
+ACCEPTANCE = 0.85  # the Qwen-Coder pair accepts 0.85-0.95 on code (measured)
+VERIFY_SLOPE = {"cpu": 0.15, "gpu": 0.02}  # a k-token verify costs 1 + slope(k-1) steps
+
+
+def step_seconds(weights: Weights, gpu_layers: int, hw: Hardware) -> float:
+    """Estimated time of one decode step: every weight byte is read once per token."""
+    n = len(weights.layers)
+    on_gpu = max(0, min(gpu_layers, n))
+    gpu_bytes = sum(weights.layers[n - on_gpu :]) + (weights.head if gpu_layers > n else 0)
+    all_bytes = sum(weights.layers) + weights.head
+    cpu_bytes = all_bytes - gpu_bytes
+    cpu_bw = min(CPU_BANDWIDTH_PER_CORE * hw.cores, CPU_BANDWIDTH_MAX)
+    gpu_bw = gpu_bandwidth(hw)
+    overhead = GPU_STEP_OVERHEAD if gpu_layers > 0 else CPU_STEP_OVERHEAD / max(hw.cores, 1)
+    return overhead + gpu_bytes / gpu_bw + cpu_bytes / cpu_bw
+
+
+def gpu_bandwidth(hw: Hardware) -> float:
+    if not hw.gpus:
+        return 1.0
+    gpu = hw.gpus[0]
+    memory = gpu.total or gpu.usable or 0
+    tiers = GPU_BANDWIDTH.get(gpu.vendor, GPU_BANDWIDTH["nvidia"])
+    return next(bandwidth for limit, bandwidth in tiers if memory <= limit)
+
+
+def speculation(
+    t_target: float, t_draft: float, slope: float, alpha: float = ACCEPTANCE
+) -> tuple[int, float]:
+    """(γ, speedup) maximizing tokens per second over γ = 1..GAMMA_MAX."""
+    best = (1, 0.0)
+    for gamma in range(1, GAMMA_MAX + 1):
+        expected = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+        seconds = gamma * t_draft + t_target * (1 + slope * gamma)
+        speedup = expected * t_target / seconds
+        if speedup > best[1]:
+            best = (gamma, speedup)
+    return best
