@@ -38,7 +38,7 @@ from tui.messages import MemoryUpdate
 from tui.pair import PairLoader, PairSpec
 from tui.widgets import PromptInput, StatsPanel, Transcript
 
-MEMORY_EVERY_S = 1.0
+MEMORY_EVERY_S = 1.0  # between memory readings for the stats panel
 STYLES = Path(__file__).parent  # absolute, so that subclasses elsewhere find the .tcss
 
 

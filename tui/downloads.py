@@ -15,7 +15,7 @@ from tui.base import ChatBase
 from tui.listing import PairRow, download_files, downloaded_bytes, pull_pair
 from tui.messages import Download, DownloadUpdate
 
-PROGRESS_EVERY_S = 0.5
+PROGRESS_EVERY_S = 0.5  # between readings of the bytes on disk, while a pair downloads
 
 
 class Downloads(ChatBase):
