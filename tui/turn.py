@@ -31,17 +31,21 @@ UI_SHARE = 0.1  # of a core, at most, for redrawing a streaming answer
 @dataclass
 class Pacer:
     """How often a streaming answer is redrawn: ten times a second, less where redrawing
-    would take more than UI_SHARE of a core. A redraw is the UI thread's work (25-70 ms on
-    this project's 2-core machine, less on a faster one), and where llama.cpp's threads fill
-    every core it comes out of their time: redrawn every round, the chat decoded at 50-60%
-    of `localspec run`'s speed on such a machine. The UI thread reports what it spent
-    (`observe`); the generation worker reads `every_s`."""
+    would take more than UI_SHARE of a core. A redraw is the UI thread's work, and where
+    llama.cpp's threads fill every core it comes out of their time: redrawn every round,
+    the chat decodes well below `localspec run`'s speed (docs/chat-performance.md). The
+    UI thread reports what it spent (`observe`); the generation worker reads `every_s`."""
 
     every_s: float = 0.1
+    """Seconds between redraws now; the worker posts pieces at this pace."""
+
     fastest_s: float = 0.1
-    slowest_s: float = 1.0  # a redraw's cost grows with the chat and the answer: 30 ms,
-    # 60 ms after 20 earlier answers, folded (scripts/redraw_cost.py); a long code fence
-    # is highlighted again at each redraw
+    """The shortest interval: ten redraws a second are as smooth as reading needs."""
+
+    slowest_s: float = 1.0
+    """The longest interval: a redraw's cost grows with the chat and the answer (a long
+    code fence is highlighted again at each redraw), but text should still move."""
+
     _last: tuple[float, float] | None = None  # the UI thread's CPU and wall clocks
 
     def observe(self, cpu_s: float, wall_s: float) -> None:
@@ -64,6 +68,8 @@ class Pacer:
 
 @dataclass(frozen=True)
 class Turn:
+    """One message to answer: all the generation worker needs, handed over whole."""
+
     answer_id: int
     conversation_id: str
     user_text: str

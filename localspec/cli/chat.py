@@ -1,18 +1,23 @@
 """`localspec chat` (also `localspec` alone): the terminal chat.
 
-The app lives in the `tui` package, loaded by name so that nothing in `localspec`
-imports Textual. Options given here win over the saved settings for this run.
+The app lives in the top-level `tui` package, imported inside `run` only: importing any
+`localspec` module never loads Textual (tests/cli/test_headless_imports.py). Options
+given here win over the saved settings for this run.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from localspec.cli.options import add_model_options, add_sampling_options, session_config
+
+if TYPE_CHECKING:
+    from localspec.session import Session
+    from localspec.settings import Settings
+    from tui.pair import PairLoader, PairSpec
 
 # Options that, left out, mean "as in the saved settings".
 FROM_SETTINGS = {
@@ -47,30 +52,33 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, opt) is not None
     }
     settings = updated(settings, **changes)  # SettingsError: one line, before any screen
-    app = importlib.import_module("tui.app")
+    from tui.app import run_chat  # the chat alone loads Textual
+
     if args.demo:
-        scripted = importlib.import_module("tui.scripted")
-        loader, spec = scripted.scripted_loader(token_s=0.02), scripted.SPEC
+        from tui.scripted import SPEC, scripted_loader
+
+        loader, spec = scripted_loader(token_s=0.02), SPEC
     else:
-        loader, spec = pair_loader(args, settings, app)
-    return app.run_chat(loader, spec, settings, [str(p) for p in problems])
+        loader, spec = pair_loader(args, settings)
+    return run_chat(loader, spec, settings, [str(p) for p in problems])
 
 
-def pair_loader(args: argparse.Namespace, settings: Any, app: Any) -> tuple[Callable, Any]:
+def pair_loader(args: argparse.Namespace, settings: Settings) -> tuple[PairLoader, PairSpec]:
     """The pair to open first (options, else the saved choice, else the plan) and a
     loader that opens any pair with this run's load options."""
     from localspec.session import open_session
+    from tui.pair import PairSpec
 
     args = argparse.Namespace(**vars(args))
     args.gamma = settings.gamma
     if args.target is None and settings.target:
         args.target, args.draft = settings.target, args.draft or settings.draft or None
     config = session_config(args)  # resolves the planner's pair when there is no target
-    spec = app.PairSpec(
+    spec = PairSpec(
         config.target, config.draft, config.target_load.n_ctx, config.target_load.n_gpu_layers
     )
 
-    def load(chosen: Any, say: Callable[[str], None]) -> Any:
+    def load(chosen: PairSpec, say: Callable[[str], None]) -> Session:
         target_load = config.target_load
         if chosen.n_ctx is not None:
             target_load = replace(target_load, n_ctx=chosen.n_ctx)

@@ -415,13 +415,13 @@ async def test_models_screen_switches_and_downloads_pairs(
 ):
     import threading
 
-    import tui.app
+    import tui.downloads
     import tui.screens.models
 
     monkeypatch.setattr(tui.screens.models, "gather", fake_listing)
     downloads = home / "hub"
     downloads.mkdir()
-    monkeypatch.setattr(tui.app, "download_files", lambda: list(downloads.iterdir()))
+    monkeypatch.setattr(tui.downloads, "download_files", lambda: list(downloads.iterdir()))
     halfway, finish = threading.Event(), threading.Event()
 
     def fake_pull(pair_id: str, say) -> None:
@@ -430,7 +430,7 @@ async def test_models_screen_switches_and_downloads_pairs(
         halfway.set()
         assert finish.wait(20)
 
-    monkeypatch.setattr(tui.app, "pull_pair", fake_pull)
+    monkeypatch.setattr(tui.downloads, "pull_pair", fake_pull)
     loaded: list[PairSpec] = []
     loader = scripted_loader()
 

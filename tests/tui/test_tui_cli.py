@@ -12,6 +12,7 @@ import tui.app
 from localspec.cli import build_parser, main
 from localspec.cli.chat import pair_loader
 from localspec.settings import Settings, save_settings
+from tui.pair import PairSpec
 
 pytestmark = pytest.mark.tui
 
@@ -43,7 +44,7 @@ def test_no_command_opens_the_chat(started: list, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(sys, "argv", ["localspec"])
     monkeypatch.setattr(
         "localspec.cli.chat.pair_loader",
-        lambda args, settings, app: ("loader", app.PairSpec("t", "d")),
+        lambda args, settings: ("loader", PairSpec("t", "d")),
     )
     assert main([]) == 0
     ((_, spec, _, _),) = started
@@ -69,14 +70,13 @@ def test_a_bad_option_is_one_line_before_any_screen():
 
 def test_the_pair_opened_first():
     parse = build_parser().parse_args
-    spec = pair_loader(parse(["chat", "-t", "t.gguf"]), Settings(), tui.app)[1]
+    spec = pair_loader(parse(["chat", "-t", "t.gguf"]), Settings())[1]
     assert (spec.target, spec.draft) == ("t.gguf", "ngram")
     spec = pair_loader(
         parse(["chat", "-t", "t.gguf", "-d", "d.gguf", "--ctx", "512"]),
         Settings(target="saved.gguf"),
-        tui.app,
     )[1]
     assert (spec.target, spec.draft, spec.n_ctx) == ("t.gguf", "d.gguf", 512)
     saved = Settings(target="a.gguf", draft="b.gguf")
-    spec = pair_loader(parse(["chat"]), saved, tui.app)[1]
+    spec = pair_loader(parse(["chat"]), saved)[1]
     assert (spec.target, spec.draft) == ("a.gguf", "b.gguf")

@@ -158,9 +158,8 @@ class Transcript(VerticalScroll):
 
     Answers more than a screen out of view are folded (`Answer.fold`). Textual lays out
     every widget of the screen whenever one changes size, as a streaming answer does, so
-    unfolded, each answer in a chat makes every later redraw dearer: a redraw cost 30 ms
-    of CPU with no earlier answer, 90-100 ms after 20 and 126 ms after 40; folded, 60 and
-    72 ms (scripts/redraw_cost.py).
+    unfolded, each answer in a chat makes every later redraw dearer; folding takes most
+    of that back (docs/chat-performance.md, scripts/redraw_cost.py).
     """
 
     _fold_pending = False

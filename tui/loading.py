@@ -1,0 +1,100 @@
+"""Loading a pair of models: at start, and when the models screen picks another.
+
+The load worker (group "load", exclusive: a newer choice cancels an older one) closes
+the current pair once no answer uses it, loads the new one off the UI thread, and says
+how it went through PairLoading, PairLoaded and PairFailed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from textual import work
+from textual.worker import get_current_worker
+
+from tui.advice import advice
+from tui.base import ChatBase
+from tui.messages import PairFailed, PairLoaded, PairLoading
+from tui.pair import LoadedPair, PairSpec
+
+
+class Loading(ChatBase):
+    """Load a pair in a worker and show what came of it."""
+
+    def switch_pair(self, spec: PairSpec) -> None:
+        self.pair_state = "loading"
+        self.stats_panel.pair = f"loading {spec.label}…"
+        self.load_pair(spec)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="load")
+    def load_pair(self, spec: PairSpec) -> None:
+        """Unload the current pair (once no answer uses it), then load `spec`."""
+        with self.turn_lock:
+            old, self.pair = self.pair, None
+            if old is not None:
+                old.close()
+
+        def say(line: str) -> None:
+            self.post_message(PairLoading(spec, line))
+
+        try:
+            session = self.loader(spec, say)
+        except Exception as e:
+            self.post_message(PairFailed(spec, *advice(e)))
+            return
+        if get_current_worker().is_cancelled:  # another pair was asked for meanwhile
+            session.close()
+            return
+        pair = LoadedPair(spec, session)
+        with self.turn_lock:
+            self.pair = pair
+        self.post_message(PairLoaded(pair, tuple(getattr(session, "notes", ()))))
+
+    def on_pair_loading(self, message: PairLoading) -> None:
+        if not self.is_running:
+            return  # shutting down: the widgets may be gone already
+        self.notify(message.line, title="Loading models", severity="warning")
+
+    def on_pair_loaded(self, message: PairLoaded) -> None:
+        if not self.is_running:
+            return  # shutting down: the widgets may be gone already
+        self.pair_state = "ready"
+        self.spec = message.pair.spec
+        self.sub_title = self.spec.label
+        self.stats_panel.pair = self.spec.lines
+        for note in message.notes:
+            self.notify(note, title="Models", severity="warning", timeout=10)
+        if self.settings.drafter == "model" and not message.pair.has_draft_model:
+            self.notify("This pair has no draft model: drafting with n-grams.", title="Models")
+
+    def on_pair_failed(self, message: PairFailed) -> None:
+        if not self.is_running:
+            return  # shutting down: the widgets may be gone already
+        self.pair_state = "failed"
+        self.stats_panel.pair = f"not loaded: {short_line(message.error)}"
+        self.sub_title = "no models loaded"
+        self.notify(
+            f"{message.error}\n{message.advice}".strip(),
+            title=f"Could not load {message.spec.label}",
+            severity="error",
+            timeout=20,
+        )
+
+    def action_models(self) -> None:
+        from tui.screens.models import ModelsScreen
+
+        def chosen(spec: PairSpec | None) -> None:
+            if spec is None or spec == self.spec:
+                return
+            self.cancel_current()  # the answer in progress ends with the old pair
+            self.settings = replace(self.settings, target=spec.target, draft=spec.draft)
+            self.save_settings(self.settings)  # the next run opens this pair too
+            self.switch_pair(spec)
+
+        self.push_screen(ModelsScreen(self.spec), chosen)
+
+
+def short_line(text: str, limit: int = 60) -> str:
+    """The first line of `text`, cut to `limit` characters."""
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
