@@ -56,7 +56,7 @@ class Session:
         self.target = engine.target
         self.draft_model = draft_model
         self._template: object | None = None
-        self.notes: list[str] = []  # what loading had to give up, for the user
+        self.notes: list[str] = list(engine.notes)  # what loading had to give up, for the user
         self.lock = threading.Lock()  # one generation at a time per loaded pair
 
     @property

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build tiny random-weight qwen2 GGUFs (a target and a draft) for timing the engine.
+"""Build tiny random-weight GGUFs (a qwen2 target and draft, or a Mamba) for tests and timing.
 
 The weights are random, so the text is nonsense, but the vocabulary is real: every
 `tokenizer.*` key is copied from a vocabulary GGUF (llama.cpp's
@@ -11,6 +11,11 @@ lm_head, the logits copy): the worst case for per-round Python overhead.
 
 Embeddings are tied (no output.weight, as in Qwen2.5 0.5B/1.5B) and stored as Q8_0 by
 default to keep the files small (~41 MB target, ~21 MB draft); the layers are F16.
+
+`n_vocab` pads the vocabulary with `[PAD<i>]` entries as Hugging Face's converter does
+(Qwen2.5 7B and 32B have 152,064 logits, the 0.5B 151,936): a pair of unequal
+vocabularies, as the catalog pairs them. `arch="mamba"` builds a recurrent model (its
+cache cannot drop a suffix), to test what the engine does where a cut fails.
 
     python scripts/make_tiny_gguf.py --vocab path/to/vocab.gguf --out-dir DIR
 """
@@ -52,6 +57,10 @@ class TinySpec:
     # Embedding scale. Small, so the layers (not the token's own embedding, which the
     # tied lm_head would favour) decide the next token: varied text, rarely a loop.
     embd_scale: float = 0.02
+    n_vocab: int = 0  # 0: the vocabulary GGUF's size; larger: padded with [PAD<i>] tokens
+    arch: str = ARCH  # "qwen2" or "mamba" (then n_head, n_head_kv and n_ff are unused)
+    d_state: int = 16  # mamba: SSM state size
+    d_conv: int = 4  # mamba: convolution width
 
     @property
     def head_dim(self) -> int:
@@ -60,10 +69,15 @@ class TinySpec:
 
 TARGET = TinySpec("tiny-qwen2-target", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=1024)
 DRAFT = TinySpec("tiny-qwen2-draft", n_layer=2, n_embd=128, n_head=2, n_head_kv=1, n_ff=512)
+MAMBA = TinySpec("tiny-mamba", n_layer=2, n_embd=128, n_head=0, n_head_kv=0, n_ff=0, arch="mamba")
 
 
-def copy_tokenizer(writer: gguf.GGUFWriter, vocab: gguf.GGUFReader) -> int:
-    """Copy every tokenizer.* key (strings as raw bytes); returns the vocabulary size."""
+PER_TOKEN = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+
+
+def copy_tokenizer(writer: gguf.GGUFWriter, vocab: gguf.GGUFReader, pad_to: int = 0) -> int:
+    """Copy every tokenizer.* key (strings as raw bytes), padding the per-token arrays to
+    `pad_to` entries; returns the vocabulary size."""
     n_vocab = 0
     for key, field in vocab.fields.items():
         if not key.startswith("tokenizer."):
@@ -75,9 +89,11 @@ def copy_tokenizer(writer: gguf.GGUFWriter, vocab: gguf.GGUFReader) -> int:
                 value: object = [bytes(field.parts[i]) for i in field.data]
             else:
                 value = field.contents()
+            if key in PER_TOKEN:
+                value = _padded(key, list(value), pad_to)  # type: ignore[call-overload]
             writer.add_key_value(key, value, main, sub)
             if key == "tokenizer.ggml.tokens":
-                n_vocab = len(field.data)
+                n_vocab = len(value)  # type: ignore[arg-type]
         elif main == gguf.GGUFValueType.STRING:
             writer.add_key_value(key, bytes(field.parts[field.data[0]]), main)
         else:
@@ -85,6 +101,16 @@ def copy_tokenizer(writer: gguf.GGUFWriter, vocab: gguf.GGUFReader) -> int:
     if not n_vocab:
         raise ValueError("the vocabulary GGUF has no tokenizer.ggml.tokens")
     return n_vocab
+
+
+def _padded(key: str, values: list, n: int) -> list:
+    """Per-token entries for ids len(values)..n-1, as the HF converter writes padding."""
+    extra = range(len(values), n)
+    if key == "tokenizer.ggml.tokens":
+        return values + [f"[PAD{i}]".encode() for i in extra]
+    if key == "tokenizer.ggml.token_type":
+        return values + [int(gguf.TokenType.UNUSED)] * len(extra)
+    return values + [0.0] * len(extra)  # scores
 
 
 def _weight(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
@@ -95,7 +121,7 @@ def _weight(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
 def build(spec: TinySpec, vocab: gguf.GGUFReader, path: Path, seed: int = 0) -> Path:
     """Write one tiny model to `path`."""
     rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(str(path), ARCH)
+    writer = gguf.GGUFWriter(str(path), spec.arch)
     writer.add_name(spec.name)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     writer.add_context_length(spec.n_ctx)
@@ -104,9 +130,10 @@ def build(spec: TinySpec, vocab: gguf.GGUFReader, path: Path, seed: int = 0) -> 
     writer.add_feed_forward_length(spec.n_ff)
     writer.add_head_count(spec.n_head)
     writer.add_head_count_kv(spec.n_head_kv)
-    writer.add_rope_freq_base(1_000_000.0)
     writer.add_layer_norm_rms_eps(1e-6)
-    n_vocab = copy_tokenizer(writer, vocab)
+    n_vocab = copy_tokenizer(writer, vocab, spec.n_vocab)
+    if spec.n_vocab and n_vocab != spec.n_vocab:
+        raise ValueError(f"the vocabulary GGUF has {n_vocab} tokens, more than {spec.n_vocab}")
 
     embd = rng.standard_normal((n_vocab, spec.n_embd), dtype=np.float32) * spec.embd_scale
     qtype = EMBD_TYPES[spec.embd_type]
@@ -118,7 +145,20 @@ def build(spec: TinySpec, vocab: gguf.GGUFReader, path: Path, seed: int = 0) -> 
         writer.add_tensor("token_embd.weight", gguf.quants.quantize(embd, qtype), raw_dtype=qtype)
     del embd
     writer.add_tensor("output_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
+    if spec.arch == "mamba":
+        add_mamba_layers(writer, spec, rng)
+    else:
+        add_qwen2_layers(writer, spec, rng)
 
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def add_qwen2_layers(writer: gguf.GGUFWriter, spec: TinySpec, rng: np.random.Generator) -> None:
+    writer.add_rope_freq_base(1_000_000.0)
     kv = spec.n_head_kv * spec.head_dim
     for i in range(spec.n_layer):
         blk = f"blk.{i}"
@@ -136,11 +176,31 @@ def build(spec: TinySpec, vocab: gguf.GGUFReader, path: Path, seed: int = 0) -> 
         writer.add_tensor(f"{blk}.ffn_up.weight", _weight(rng, spec.n_ff, spec.n_embd))
         writer.add_tensor(f"{blk}.ffn_down.weight", _weight(rng, spec.n_embd, spec.n_ff))
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+
+def add_mamba_layers(writer: gguf.GGUFWriter, spec: TinySpec, rng: np.random.Generator) -> None:
+    """Mamba (v1) blocks; llama.cpp supports only an expansion factor of 2."""
+    d_inner = 2 * spec.n_embd
+    dt_rank = max(1, spec.n_embd // 16)
+    writer.add_ssm_conv_kernel(spec.d_conv)
+    writer.add_ssm_inner_size(d_inner)
+    writer.add_ssm_state_size(spec.d_state)
+    writer.add_ssm_time_step_rank(dt_rank)
+    # A = -exp(A_log) with A_log = log(1..d_state), as Mamba initialises it
+    a = -np.tile(np.arange(1, spec.d_state + 1, dtype=np.float32), (d_inner, 1))
+    for i in range(spec.n_layer):
+        blk = f"blk.{i}"
+        writer.add_tensor(f"{blk}.attn_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
+        writer.add_tensor(f"{blk}.ssm_in.weight", _weight(rng, 2 * d_inner, spec.n_embd))
+        conv = rng.standard_normal((d_inner, spec.d_conv), dtype=np.float32) / spec.d_conv
+        writer.add_tensor(f"{blk}.ssm_conv1d.weight", conv)
+        writer.add_tensor(f"{blk}.ssm_conv1d.bias", np.zeros(d_inner, dtype=np.float32))
+        x_proj = _weight(rng, dt_rank + 2 * spec.d_state, d_inner)
+        writer.add_tensor(f"{blk}.ssm_x.weight", x_proj)
+        writer.add_tensor(f"{blk}.ssm_dt.weight", _weight(rng, d_inner, dt_rank))
+        writer.add_tensor(f"{blk}.ssm_dt.bias", np.full(d_inner, -2.0, dtype=np.float32))
+        writer.add_tensor(f"{blk}.ssm_a", a.copy())
+        writer.add_tensor(f"{blk}.ssm_d", np.ones(d_inner, dtype=np.float32))
+        writer.add_tensor(f"{blk}.ssm_out.weight", _weight(rng, spec.n_embd, d_inner))
 
 
 def build_pair(vocab_path: Path, out_dir: Path, seed: int = 0) -> tuple[Path, Path]:

@@ -46,6 +46,32 @@ class RateWindow:
         self.samples.clear()
 
 
+@dataclass(frozen=True)
+class PlainCost:
+    """T(1), the target's time for one plain decoding step: measured (low == high), or
+    only bounded by the batch sizes timed."""
+
+    low_s: float
+    high_s: float
+
+    @property
+    def measured(self) -> bool:
+        return self.low_s == self.high_s
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """Plain decoding's time over speculation's: a figure when T(1) was measured, else
+    the range its bounds allow."""
+
+    low: float
+    high: float
+
+    @property
+    def measured(self) -> bool:
+        return self.low == self.high
+
+
 @dataclass
 class VerifyCosts:
     """Seconds per verification pass by batch size, learned from the rounds of a pair.
@@ -62,43 +88,55 @@ class VerifyCosts:
             self.total_s[batch] = self.total_s.get(batch, 0.0) + seconds
             self.count[batch] = self.count.get(batch, 0) + 1
 
-    def plain_s(self) -> tuple[float, bool] | None:
-        """(T(1), measured?) or None: measured when plain rounds ran, else a linear fit
-        over the batch sizes seen, else the smallest batch's cost (an upper bound)."""
+    def plain_s(self) -> PlainCost | None:
+        """T(1) where plain rounds ran; else bounds from the batches timed: no larger
+        than the cheapest batch (a pass never gets cheaper with more tokens), no smaller
+        than a k-token batch's k-th part (a batch never costs more than k passes)."""
         if not self.count:
             return None
         mean = {k: self.total_s[k] / self.count[k] for k in self.count}
         if 1 in mean:
-            return mean[1], True
-        if len(mean) >= 2:
-            ks = sorted(mean)
-            n = len(ks)
-            mx, my = sum(ks) / n, sum(mean[k] for k in ks) / n
-            slope = sum((k - mx) * (mean[k] - my) for k in ks) / sum((k - mx) ** 2 for k in ks)
-            fit = my + slope * (1 - mx)
-            if 0 < fit <= mean[ks[0]]:
-                return fit, False
-        return mean[min(mean)], False
+            return PlainCost(mean[1], mean[1])
+        return PlainCost(max(t / k for k, t in mean.items()), min(mean.values()))
 
 
-def speedup(stats: Stats, plain_s: float | None) -> float | None:
+def speedup(stats: Stats, plain: PlainCost | None) -> Speedup | None:
     """Plain decoding's time for the answer's tokens over the time the engine's rounds
     took: the time the UI takes between rounds would slow plain decoding as much."""
-    if plain_s is None or stats.tokens < 2 or stats.tokens_per_s <= 0:
+    if plain is None or stats.tokens < 2 or stats.tokens_per_s <= 0:
         return None
-    if stats.round_s > 0:
-        return plain_s * (stats.tokens - 1) / stats.round_s
-    return plain_s * stats.tokens_per_s
+    rate = (stats.tokens - 1) / stats.round_s if stats.round_s > 0 else stats.tokens_per_s
+    return Speedup(plain.low_s * rate, plain.high_s * rate)
 
 
-def stats_record(stats: Stats, speedup_x: float | None) -> dict[str, Any]:
-    """The figures kept with an answer in its conversation file."""
+def stats_record(stats: Stats, speedup_x: Speedup | None) -> dict[str, Any]:
+    """The figures kept with an answer in its conversation file: "speedup" where T(1)
+    was measured, else "speedup_range" (low, high)."""
     record = asdict(stats)
     for key in ("accepted_per_position", "drafted_per_position"):
         record.pop(key, None)
-    if speedup_x is not None:
-        record["speedup"] = round(speedup_x, 3)
+    if speedup_x is not None and speedup_x.measured:
+        record["speedup"] = round(speedup_x.high, 3)
+    elif speedup_x is not None:
+        record["speedup_range"] = [round(speedup_x.low, 3), round(speedup_x.high, 3)]
     return record
+
+
+def speedup_text(stats: Mapping[str, Any], digits: int = 1) -> str:
+    """ "≈1.9×" from measured costs, "0.6–2.4×" from bounds, "" without either."""
+    if stats.get("speedup"):
+        return f"≈{stats['speedup']:.{digits}f}×"
+    if bounds := stats.get("speedup_range"):
+        return f"{bounds[0]:.1f}–{bounds[1]:.1f}×"
+    return ""
+
+
+def latency_text(stats: Mapping[str, Any], key: str) -> str:
+    """p50 · p95 of a latency ("tpot" or "gap") in ms, or "–" before the answer ends."""
+    p50, p95 = stats.get(f"{key}_p50_s"), stats.get(f"{key}_p95_s")
+    if not p50 and not p95:
+        return "–"
+    return f"{(p50 or 0) * 1e3:.0f} ms p50 · {(p95 or 0) * 1e3:.0f} p95"
 
 
 def summary_line(stop_reason: str, stats: Mapping[str, Any]) -> str:
@@ -115,8 +153,8 @@ def summary_line(stop_reason: str, stats: Mapping[str, Any]) -> str:
         )
     elif tokens:
         parts.append("nothing drafted")
-    if stats.get("speedup"):
-        parts.append(f"≈{stats['speedup']:.1f}× vs plain")
+    if text := speedup_text(stats):
+        parts.append(f"{text} vs plain")
     if stats.get("error"):
         parts.append(str(stats["error"]))
     return " · ".join(parts)

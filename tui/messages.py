@@ -13,6 +13,7 @@ from textual.message import Message
 
 from localspec.conversations import Conversation, ConversationInfo
 from localspec.decoding.events import Source, Stats
+from tui.figures import Speedup
 from tui.listing import Listing
 from tui.memory import MemoryUse
 from tui.pair import LoadedPair, PairSpec
@@ -34,7 +35,7 @@ class AnswerTick(Message):
 
     answer_id: int
     stats: Stats
-    speedup: float | None
+    speedup: Speedup | None  # a figure or a range (see figures.speedup)
     why: str = ""  # the adaptive drafter's reason for the round, in a line
 
     def can_replace(self, message: Message) -> bool:

@@ -21,7 +21,7 @@ from localspec.decoding.events import Finished, Piece, RoundEnd, Source, Stats
 from localspec.session import Message as ChatMessage
 from localspec.settings import Settings
 from tui.advice import advice
-from tui.figures import speedup, stats_record
+from tui.figures import Speedup, speedup, stats_record
 from tui.messages import AnswerDone, AnswerPieces, AnswerTick
 from tui.pair import LoadedPair
 
@@ -194,6 +194,5 @@ class Pending:
             self.runs, self.tokens = [], 0
 
 
-def _speedup(pair: LoadedPair, stats: Stats) -> float | None:
-    plain = pair.costs.plain_s()
-    return speedup(stats, plain[0] if plain else None)
+def _speedup(pair: LoadedPair, stats: Stats) -> Speedup | None:
+    return speedup(stats, pair.costs.plain_s())

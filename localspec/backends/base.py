@@ -5,6 +5,11 @@ makes the cache hold exactly `tokens` and returns the next-token logits after ea
 the last k: it keeps the longest common prefix, drops the rest (`llama_memory_seq_rm`)
 and decodes only what is new. Prefill, verification, rollback after a rejection,
 re-syncing the draft model and reusing a chat's earlier turns are all this one call.
+
+A recurrent or hybrid model (Mamba, RWKV, Jamba, Qwen3-Next, Granite 4.0-H) keeps one
+state, not one entry per position, so its cache cannot drop a suffix (`can_cut` is
+False and `_remove_from` fails). The cache then starts over and the next call re-reads
+the text from the start: slow, but the logits stay those of the text.
 """
 
 from __future__ import annotations
@@ -55,19 +60,21 @@ class Model(ABC):
         self.cached: list[int] = []
         self.busy_s = 0.0  # wall time inside decode calls, for overhead accounting
         self.decoded = 0  # tokens sent through the model so far
+        self.restarts = 0  # cuts that failed, so that the cache started over
 
     def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         """Logits of shape (n_logits, n_vocab): row i predicts the token after
         tokens[: len(tokens) - n_logits + i + 1]. Valid until the next call."""
         if len(tokens) > self.n_ctx:
             raise ContextFull(f"{len(tokens)} tokens do not fit the context of {self.n_ctx}")
-        keep = min(common_prefix(self.cached, tokens), len(tokens) - n_logits)
-        if keep < len(self.cached):
-            self._remove_from(keep)
-            del self.cached[keep:]
+        self._cut_to(min(common_prefix(self.cached, tokens), len(tokens) - n_logits))
+        keep = len(self.cached)
         new = list(tokens[keep:])
         if not new:
             return np.empty((0, self.n_vocab), dtype=np.float32)
+        if max(new) >= self.n_vocab or min(new) < 0:
+            bad = next(t for t in new if not 0 <= t < self.n_vocab)
+            raise ModelError(f"token {bad} is not in {self.name}'s vocabulary of {self.n_vocab}")
         started = time.perf_counter()
         try:
             logits = self._decode(new, keep, n_logits)
@@ -82,14 +89,28 @@ class Model(ABC):
 
     def rollback(self, tokens: Sequence[int]) -> None:
         """Drop cache entries past the common prefix with `tokens` (a rejected draft)."""
-        keep = common_prefix(self.cached, tokens)
-        if keep < len(self.cached):
-            self._remove_from(keep)
-            del self.cached[keep:]
+        self._cut_to(common_prefix(self.cached, tokens))
 
     def reset(self) -> None:
-        self._remove_from(0)
+        if not self._remove_from(0):
+            raise ModelError(f"the cache of {self.name} could not be cleared")
         self.cached.clear()
+
+    def _cut_to(self, keep: int) -> None:
+        """Make the cache hold cached[:keep]; where the backend cannot drop a suffix
+        (a recurrent model), it starts over empty."""
+        if keep >= len(self.cached):
+            return
+        if self._remove_from(keep):
+            del self.cached[keep:]
+        else:
+            self.restarts += 1
+            self.reset()
+
+    @property
+    def can_cut(self) -> bool:
+        """Whether the cache can drop a suffix (a rejected draft) in place."""
+        return True
 
     def kv_len(self) -> int:
         """Positions the backend itself holds (tests compare it with `cached`)."""
@@ -100,8 +121,9 @@ class Model(ABC):
         """Append `tokens` at positions pos.. and return logits for the last n_logits."""
 
     @abstractmethod
-    def _remove_from(self, pos: int) -> None:
-        """Drop cache entries at positions >= pos."""
+    def _remove_from(self, pos: int) -> bool:
+        """Drop cache entries at positions >= pos; False where the backend cannot (a
+        recurrent model's partial removal), leaving the cache as it was."""
 
     # --- vocabulary --------------------------------------------------------------
     @abstractmethod

@@ -2,7 +2,8 @@
 
 Hand-built batches carry a logits flag only on the positions being scored, so a
 verification pass costs one batched decode and returns just γ+1 rows; rollback is
-`llama_memory_seq_rm`. Nothing here samples: logits go back to the engine as numpy.
+`llama_memory_seq_rm`, which fails on recurrent and hybrid models (see base.py for
+what happens then). Nothing here samples: logits go back to the engine as numpy.
 """
 
 from __future__ import annotations
@@ -99,6 +100,11 @@ class LlamaModel(Model):
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self._piece_cache: dict[int, bytes] = {}
+        # one state for the whole text (Mamba, RWKV; Jamba, Qwen3-Next: partly): no
+        # suffix can be dropped from it
+        self._can_cut = not (
+            ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
+        )
 
     # --- the cache ------------------------------------------------------------------
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
@@ -123,8 +129,12 @@ class LlamaModel(Model):
         ptr = ll.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
 
-    def _remove_from(self, pos: int) -> None:
-        ll.llama_memory_seq_rm(self._mem, 0, pos, -1)
+    def _remove_from(self, pos: int) -> bool:
+        return bool(ll.llama_memory_seq_rm(self._mem, 0, pos, -1))
+
+    @property
+    def can_cut(self) -> bool:
+        return self._can_cut
 
     def kv_len(self) -> int:
         return ll.llama_memory_seq_pos_max(self._mem, 0) + 1

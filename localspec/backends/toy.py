@@ -36,8 +36,14 @@ class ToyModel(Model):
         name: str = "toy",
         pass_s: float = 0.0,
         token_s: float = 0.0,
+        recurrent: bool = False,
+        sleep: bool = True,
     ) -> None:
-        """`pass_s` + `token_s` per token: simulated time a pass takes (a sleep)."""
+        """`pass_s` + `token_s` per token: simulated time a pass takes, a sleep, or with
+        `sleep=False` only booked on `busy_s` (what adaptive drafting reads): the same
+        costs on any machine, so its choices are reproducible.
+        `recurrent`: like a Mamba, one state for all it has read; a cut that would keep
+        part of it fails (and a backend that ignored that would read on after it)."""
         super().__init__()
         self.logits_fn = logits_fn
         self.n_vocab = n_vocab
@@ -45,18 +51,35 @@ class ToyModel(Model):
         self.name = name
         self.pass_s, self.token_s = pass_s, token_s
         self.decode_calls = 0  # how many passes ran: the test of "one pass per round"
+        self.recurrent = recurrent
+        self.sleep = sleep
+        self.state: list[int] = []  # what the "backend" has read, as it sees it
 
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
         self.decode_calls += 1
-        if self.pass_s or self.token_s:
-            time.sleep(self.pass_s + self.token_s * len(tokens))
-        context = [*self.cached[:pos], *tokens]
+        took = self.pass_s + self.token_s * len(tokens)
+        if took and self.sleep:
+            time.sleep(took)
+        elif took:
+            self.busy_s += took
+        context = [*self.state, *tokens]  # pos is where the caller believes it appends
+        self.state = context
         end = len(context)
         rows = [self.logits_fn(context[: end - n_logits + i + 1]) for i in range(n_logits)]
         return np.asarray(rows, dtype=np.float32).reshape(n_logits, self.n_vocab)
 
-    def _remove_from(self, pos: int) -> None:
-        pass  # the base class trims `cached`, which is all the state there is
+    def _remove_from(self, pos: int) -> bool:
+        if self.recurrent and 0 < pos < len(self.state):
+            return False
+        del self.state[pos:]
+        return True
+
+    @property
+    def can_cut(self) -> bool:
+        return not self.recurrent
+
+    def kv_len(self) -> int:
+        return len(self.state)
 
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         return list(text.encode("utf-8"))

@@ -95,8 +95,10 @@ def finish(done, as_json: bool) -> None:  # done: Finished
                         "mean_accepted_len": s.mean_accepted_len,
                         "tokens_per_s": s.tokens_per_s,
                         "ttft_s": s.ttft_s,
-                        "itl_p50_s": s.itl_p50_s,
-                        "itl_p95_s": s.itl_p95_s,
+                        "tpot_p50_s": s.tpot_p50_s,  # time per output token
+                        "tpot_p95_s": s.tpot_p95_s,
+                        "gap_p50_s": s.gap_p50_s,  # between pieces, as they came out
+                        "gap_p95_s": s.gap_p95_s,
                         "drafted": s.drafted,
                         "accepted": s.accepted,
                         "rounds": s.rounds,

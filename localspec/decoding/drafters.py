@@ -83,6 +83,10 @@ WINDOW = 512  # the most unread tokens a draft model reads at once
 class DraftModel:
     """A small model of the same vocabulary, decoding γ tokens one at a time.
 
+    For sampled decoding each token is drawn from q, the draft's logits under the same
+    transform as the target's (`logits_to_probs`), and q is what it reports: rejection
+    sampling is exact only if the reported q is the law the token was drawn from.
+
     It stops early when its own top-token probability falls below `p_min`: an unsure
     guess is likely rejected, and each extra token costs a draft step and a verify slot.
     `p_min` is one threshold, or one per drafted position (the last one holds after).
@@ -115,7 +119,7 @@ class DraftModel:
             if held > SINKS and len(seq) - held <= self.window:
                 return seq, held  # going on from its cut
             self._cut = 0  # not read yet, or another conversation: judge it afresh
-        seq = list(context)
+        seq = self._seen_as(context)
         held = common_prefix(self.model.cached, seq)
         if len(seq) - held > self.window:
             self._cut = len(context) - self.window
@@ -129,9 +133,14 @@ class DraftModel:
         return len(seq) - min(held, len(seq) - 1)
 
     def _seen_as(self, context: Sequence[int]) -> list[int]:
-        if self._cut <= SINKS:
-            return list(context)
-        return [*context[:SINKS], *context[self._cut :]]
+        seq = list(context) if self._cut <= SINKS else [*context[:SINKS], *context[self._cut :]]
+        n_vocab = self.model.n_vocab
+        if seq and max(seq) >= n_vocab:
+            # A target token past the draft's vocabulary (one of a padded vocabulary's
+            # extra entries) reads as the draft's last token, in such pairs a padding
+            # token too: it costs acceptance at most, never output.
+            seq = [t if t < n_vocab else n_vocab - 1 for t in seq]
+        return seq
 
     @property
     def busy_s(self) -> float:

@@ -5,6 +5,9 @@ the last accepted token and the draft in one batched pass (`score`), giving p_1.
 `verify` keeps a prefix of the draft and adds the target's own token; the kept tokens are
 emitted. Both KV caches follow the accepted text through `Model.evaluate`, so a rejected
 tail is dropped at the start of the next call. With γ = 0 a round is plain decoding.
+
+A target whose cache cannot drop a rejected tail (a recurrent or hybrid model) would
+re-read the whole text after every rejection: it decodes plainly, and `notes` says why.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from localspec.backends.base import ContextFull, Model
-from localspec.decoding.drafters import Draft, Drafter, Outcome
+from localspec.decoding.drafters import Draft, Drafter, NoDrafter, Outcome
 from localspec.decoding.events import (
     Event,
     Finished,
@@ -48,6 +51,13 @@ class Engine:
     """
 
     def __init__(self, target: Model, drafter: Drafter, gamma: int = 4) -> None:
+        self.notes: list[str] = []  # what the engine had to give up, for the user
+        if gamma > 0 and not target.can_cut:
+            self.notes.append(
+                f"plain decoding: {target.name} is a recurrent or hybrid model, whose cache "
+                "cannot drop a rejected draft"
+            )
+            drafter, gamma = NoDrafter(), 0
         self.target = target
         self.drafter = drafter
         self.gamma = gamma
@@ -81,7 +91,7 @@ class Engine:
         logits = self.target.evaluate(tokens, 1)
         first = self._choose(logits[0], params, tokens, rng)
         rec.observe_first_token()
-        yield from out.emit([first], 0, logits if config.trace else None)
+        yield from rec.timed(out.emit([first], 0, logits if config.trace else None))
         tokens.append(first)
 
         while out.stop_reason is None:
@@ -95,7 +105,9 @@ class Engine:
             started = time.perf_counter()
             budget = max(0, min(self.gamma, room - 1, out.remaining - 1))
             draft = self._timed_draft(rec, tokens, budget, params, rng)
-            logits, verify_s = self._timed_score(rec, tokens + draft.tokens, len(draft.tokens) + 1)
+            # the target reads the draft up to a token it does not have, which it refuses
+            n = self.readable(draft.tokens)
+            logits, verify_s = self._timed_score(rec, tokens + draft.tokens[:n], n + 1)
             verdict = self._verify(draft, logits, params, tokens, rng)
             new = [*draft.tokens[: verdict.accepted], verdict.token]
             answered = len(out.tokens)
@@ -114,7 +126,7 @@ class Engine:
             # the round's engine time ends here: what the caller does with the events
             # below is not ours
             rec.round_s += time.perf_counter() - started
-            yield from pieces
+            yield from rec.timed(pieces)
             yield round_end
 
         if tail := out.stream.flush():
@@ -127,6 +139,12 @@ class Engine:
         )
 
     # --- one step each ---------------------------------------------------------------
+    def readable(self, draft: Sequence[int]) -> int:
+        """How many drafted tokens precede the first one past the target's vocabulary
+        (a draft's vocabulary may be up to 128 entries larger)."""
+        n_vocab = self.target.n_vocab
+        return next((i for i, x in enumerate(draft) if x >= n_vocab), len(draft))
+
     def accept(self, tokens: list[int], outcome: Outcome) -> None:
         """Both caches keep the accepted text only: the target's last token is not yet
         evaluated (it starts the next round's batch), and the rejected tail goes."""

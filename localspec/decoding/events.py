@@ -8,6 +8,7 @@ token, or the *bonus* token when it accepted all of them.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -28,10 +29,15 @@ class Stats:
     # (the end-of-generation token too, and tokens past a stop or max_tokens)
     tokens_per_s: float = 0.0  # decode speed, after the first token
     ttft_s: float = 0.0
-    # per-token latency (each round's time spread over its tokens); set at the end of an
-    # answer, 0 in the snapshots taken mid-way (sorting every round costs a GPU round)
-    itl_p50_s: float = 0.0
-    itl_p95_s: float = 0.0
+    # Set at the end of an answer, 0 in the snapshots taken mid-way (sorting every
+    # round's figures costs a GPU round). TPOT, time per output token: each round's time
+    # spread evenly over its tokens, what other tools call TPOT or ITL. A gap: the time
+    # between two pieces as the engine hands them out, what a reader sees: a round's
+    # tokens come together, so gaps are mostly near 0 and one round's time apart.
+    tpot_p50_s: float = 0.0
+    tpot_p95_s: float = 0.0
+    gap_p50_s: float = 0.0
+    gap_p95_s: float = 0.0
     prompt_tokens: int = 0
     elapsed_s: float = 0.0
     draft_s: float = 0.0  # wall time in the drafter
@@ -44,6 +50,16 @@ class Stats:
     drafted_per_position: tuple[int, ...] = ()
 
     @property
+    def itl_p50_s(self) -> float:
+        """The old name of tpot_p50_s (the bench's reports still read it)."""
+        return self.tpot_p50_s
+
+    @property
+    def itl_p95_s(self) -> float:
+        """The old name of tpot_p95_s."""
+        return self.tpot_p95_s
+
+    @property
     def overhead_s(self) -> float:
         """Round time spent outside model calls: Python, sampling, bookkeeping."""
         return max(0.0, self.round_s - self.llama_s)
@@ -54,12 +70,18 @@ class Stats:
         return self.overhead_s / self.round_s if self.round_s else 0.0
 
     def summary(self) -> str:
-        return (
+        line = (
             f"{self.tokens} tokens, {self.tokens_per_s:.1f} tok/s, "
             f"acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted}), "
             f"mean accepted length {self.mean_accepted_len:.2f}, TTFT {self.ttft_s:.2f}s, "
             f"γ {self.gamma} ({self.drafter})"
         )
+        if self.tpot_p50_s:
+            line += (
+                f", TPOT p50/p95 {self.tpot_p50_s * 1e3:.1f}/{self.tpot_p95_s * 1e3:.1f} ms"
+                f", gaps p50/p95 {self.gap_p50_s * 1e3:.1f}/{self.gap_p95_s * 1e3:.1f} ms"
+            )
+        return line
 
 
 @dataclass(frozen=True)
@@ -113,7 +135,9 @@ class StatsRecorder:
     llama_s: float = 0.0
     gamma: int = 0
     drafter: str = ""
-    per_token_latency: list[float] = field(default_factory=list)
+    per_token_s: list[float] = field(default_factory=list)  # TPOT, token by token
+    gaps_s: list[float] = field(default_factory=list)  # between pieces handed out
+    handed_at: float | None = None  # when the last piece was handed out
     accepted_at: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
 
@@ -136,14 +160,25 @@ class StatsRecorder:
         self.rounds += 1
         if n:
             since = now - (self.last_token_at or self.start)
-            self.per_token_latency.extend([since / n] * n)
+            self.per_token_s.extend([since / n] * n)
             self.tokens += n
             self.last_token_at = now
+
+    def timed(self, pieces: Iterable[Piece]) -> Iterator[Piece]:
+        """Hand the pieces on, timing the gaps between tokens as the caller gets them."""
+        for piece in pieces:
+            if piece.token >= 0:
+                now = time.perf_counter()
+                if self.handed_at is not None:
+                    self.gaps_s.append(now - self.handed_at)
+                self.handed_at = now
+            yield piece
 
     def snapshot(self, final: bool = False) -> Stats:
         now = time.perf_counter()
         decode_s = (self.last_token_at or now) - (self.first_token_at or now)
-        lat = sorted(self.per_token_latency) if final and self.per_token_latency else [0.0]
+        tpot = sorted(self.per_token_s) if final and self.per_token_s else [0.0]
+        gaps = sorted(self.gaps_s) if final and self.gaps_s else [0.0]
         return Stats(
             tokens=self.tokens,
             rounds=self.rounds,
@@ -153,8 +188,10 @@ class StatsRecorder:
             mean_accepted_len=1 + self.accepted / self.rounds if self.rounds else 0.0,
             tokens_per_s=(self.tokens - 1) / decode_s if decode_s > 0 else 0.0,
             ttft_s=(self.first_token_at - self.start) if self.first_token_at else 0.0,
-            itl_p50_s=_percentile(lat, 0.50),
-            itl_p95_s=_percentile(lat, 0.95),
+            tpot_p50_s=_percentile(tpot, 0.50),
+            tpot_p95_s=_percentile(tpot, 0.95),
+            gap_p50_s=_percentile(gaps, 0.50),
+            gap_p95_s=_percentile(gaps, 0.95),
             prompt_tokens=self.prompt_tokens,
             elapsed_s=now - self.start,
             draft_s=self.draft_s,

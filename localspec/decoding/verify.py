@@ -10,6 +10,10 @@ the target scores the same positions in one pass, giving p_1..p_{γ+1}.
   rejection, draw the recovered token from norm(max(0, p_i - q_i)); when all are
   accepted, draw the bonus from p_{γ+1}. Each emitted token is distributed as p.
 A drafter without a distribution (n-grams) proposes with certainty: q_i is one-hot.
+
+Target and draft vocabularies may differ in size (by up to 128 padding entries, as in
+Qwen2.5 7B over 0.5B): q_i is zero beyond the draft's vocabulary, and p_i beyond the
+target's, so a drafted token the target cannot emit is always rejected.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def verify_sampled(
     for i, x in enumerate(draft):
         p_i = p(i)
         q_x = 1.0 if q[i] is None else float(q[i][x])  # type: ignore[index]
-        if q_x > 0 and rng.random() * q_x < p_i[x]:  # accept with prob min(1, p/q)
+        p_x = p_i[x] if x < len(p_i) else 0.0  # beyond the target's vocabulary: p = 0
+        if q_x > 0 and rng.random() * q_x < p_x:  # accept with prob min(1, p/q)
             continue
         return Verdict(i, sample(residual(p_i, q[i], x), rng), "recovered")
     return Verdict(len(draft), sample(p(len(draft)), rng), "bonus")
@@ -61,9 +66,21 @@ def residual(p_i: Probs, q_i: Probs | None, x: int) -> Probs:
     """norm(max(0, p - q)): the part of p that the draft under-proposed."""
     if q_i is None:
         r = p_i.copy()
-        r[x] = 0.0
+        if x < len(r):
+            r[x] = 0.0
     else:
-        r = np.maximum(p_i - q_i, 0.0)
+        r = np.maximum(p_i - on_vocab(q_i, len(p_i)), 0.0)
     total = r.sum()
     # p == q (up to rounding) leaves no residual; p itself is then the right law
     return r / total if total > 1e-12 else p_i
+
+
+def on_vocab(q_i: Probs, n_vocab: int) -> Probs:
+    """The draft's distribution over the target's `n_vocab` tokens: zero past the
+    draft's own vocabulary; mass on tokens the target lacks is dropped (p is zero there,
+    so max(0, p - q) is zero there too)."""
+    if len(q_i) == n_vocab:
+        return q_i
+    if len(q_i) > n_vocab:
+        return q_i[:n_vocab]
+    return np.concatenate([q_i, np.zeros(n_vocab - len(q_i))])

@@ -12,12 +12,13 @@ from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from localspec.backends.base import check_compatible
 from localspec.decoding.drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
-from localspec.decoding.events import Finished, RoundEnd
+from localspec.decoding.events import Finished, Piece, RoundEnd
 
 pytestmark = pytest.mark.real
 
@@ -128,5 +129,160 @@ def test_a_context_beyond_the_models_training_is_capped_and_said(tmp_path: Path)
     try:
         assert session.target.n_ctx == 256
         assert said == session.notes and "capped at 256" in said[0]
+    finally:
+        session.close()
+
+
+# --- vocabularies of different sizes (Qwen2.5 7B/32B over the 0.5B draft) --------------
+QWEN_LARGE_VOCAB = 152_064  # Qwen2.5 7B and 32B
+QWEN_SMALL_VOCAB = 151_936  # Qwen2.5 0.5B (the vocabulary file's own size)
+
+
+@pytest.fixture(scope="module")
+def unequal_models(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny target with 152,064 vocabulary entries and a tiny draft with 151,936."""
+    import gguf
+
+    from localspec.backends.llama import LlamaModel, LoadOptions
+
+    make = load_script()
+    vocab = gguf.GGUFReader(str(vocab_source()))
+    out = tmp_path_factory.mktemp("unequal")
+    big = replace(make.TARGET, n_layer=1, n_vocab=QWEN_LARGE_VOCAB, embd_type="f16")
+    small = replace(make.DRAFT, n_layer=1, n_vocab=QWEN_SMALL_VOCAB)
+    paths = (make.build(big, vocab, out / "big.gguf"), make.build(small, vocab, out / "s.gguf"))
+    options = LoadOptions(n_ctx=512, n_threads=1)
+    target, draft = (LlamaModel(p, options) for p in paths)
+    yield target, draft
+    target.close()
+    draft.close()
+
+
+def test_the_tiny_models_have_the_asked_vocabulary_sizes(unequal_models) -> None:
+    target, draft = unequal_models
+    assert (target.n_vocab, draft.n_vocab) == (QWEN_LARGE_VOCAB, QWEN_SMALL_VOCAB)
+    assert target.token_text(QWEN_LARGE_VOCAB - 1) == f"[PAD{QWEN_LARGE_VOCAB - 1}]"
+    check_compatible(target, draft)  # 128 apart: llama.cpp pairs them
+
+
+def test_sampling_with_unequal_vocabularies_runs_through_llama_cpp(unequal_models) -> None:
+    """Before: `p - q` did not broadcast (152,064 vs 151,936) at the first rejection."""
+    from localspec.decoding.sampling import SamplingParams
+
+    target, draft = unequal_models
+    engine = Engine(target, DraftModel(draft, p_min=0.0), 4)
+    prompt = target.tokenize("def fib(n):")
+    rejected = 0
+    for seed in range(3):
+        sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed)
+        done = list(engine.generate(prompt, GenerationConfig(24, sampling=sampling)))[-1]
+        assert isinstance(done, Finished) and done.tokens
+        rejected += done.stats.drafted - done.stats.accepted
+    assert rejected > 0  # the residual p - q was drawn from
+
+
+def test_greedy_with_unequal_vocabularies_is_plain_decoding(unequal_models) -> None:
+    target, draft = unequal_models
+    prompt = target.tokenize("Hello, world")
+    config = GenerationConfig(24, trace=True)
+    plain_events = list(Engine(target, NoDrafter(), 0).generate(prompt, config))
+    plain = plain_events[-1]
+    spec = list(Engine(target, DraftModel(draft, p_min=0.0), 4).generate(prompt, config))[-1]
+    assert isinstance(plain, Finished) and isinstance(spec, Finished)
+    pieces = [e for e in plain_events if isinstance(e, Piece)]
+    for i, (got, want) in enumerate(zip(spec.tokens, plain.tokens, strict=False)):
+        if got != want:  # only at a numerical near-tie (see test_real_engine.py)
+            assert pieces[i].margin is not None and pieces[i].margin < 1.0
+            assert got == pieces[i].runner_up
+            return
+    assert spec.tokens == plain.tokens
+
+
+def test_a_target_token_the_draft_lacks_is_read_as_one_it_has(unequal_models) -> None:
+    """llama.cpp refuses a token past the model's vocabulary; the draft model reads the
+    target's extra padding entries as its own last one."""
+    from localspec.decoding.sampling import SamplingParams
+
+    target, draft = unequal_models
+    drafter = DraftModel(draft, p_min=0.0)
+    context = [*target.tokenize("def fib(n):"), QWEN_LARGE_VOCAB - 1]
+    out = drafter.draft(context, 2, SamplingParams(), np.random.default_rng(0))
+    assert len(out.tokens) == 2
+    assert draft.cached[len(context) - 1] == QWEN_SMALL_VOCAB - 1
+
+
+def test_a_draft_token_past_the_targets_vocabulary_is_refused(unequal_models) -> None:
+    """The other way round (a draft with the larger vocabulary): the target never reads
+    the token, which llama.cpp would refuse, and rejects it."""
+    from localspec.decoding.drafters import Draft
+    from localspec.decoding.sampling import SamplingParams
+
+    small_target = unequal_models[1]  # the draft, 151,936 entries, as a target
+    proposal = QWEN_SMALL_VOCAB + 5
+
+    class PaddingDrafter(NoDrafter):
+        def draft(self, context, gamma, params, rng):  # type: ignore[override]
+            q = np.zeros(QWEN_LARGE_VOCAB)
+            q[proposal] = 1.0
+            return Draft([proposal], [None if params.greedy else q])
+
+    prompt = small_target.tokenize("Hello")
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.8, seed=3)):
+        config = GenerationConfig(8, sampling=sampling)
+        plain = list(Engine(small_target, NoDrafter(), 0).generate(prompt, config))[-1]
+        done = list(Engine(small_target, PaddingDrafter(), 1).generate(prompt, config))[-1]
+        assert done.stats.drafted > 0 and done.stats.accepted == 0
+        if sampling.greedy:
+            assert done.tokens == plain.tokens
+
+
+# --- a recurrent model (Mamba): its cache cannot drop a suffix -----------------------
+@pytest.fixture(scope="module")
+def mamba_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import gguf
+
+    make = load_script()
+    vocab = gguf.GGUFReader(str(vocab_source()))
+    return make.build(make.MAMBA, vocab, tmp_path_factory.mktemp("mamba") / "mamba.gguf")
+
+
+def test_a_mamba_cache_cannot_be_cut_and_restarts_instead(mamba_path: Path) -> None:
+    import llama_cpp as ll
+
+    from localspec.backends.llama import LlamaModel, LoadOptions
+
+    options = LoadOptions(n_ctx=256, n_threads=1)
+    model, fresh = LlamaModel(mamba_path, options), LlamaModel(mamba_path, options)
+    try:
+        assert not model.can_cut
+        first, second = model.tokenize("Hello world, one"), model.tokenize("Hello world, two")
+        model.evaluate(first, 1)
+        assert not ll.llama_memory_seq_rm(model._mem, 0, 2, -1)  # what llama.cpp says
+        got = model.evaluate(second, 1).copy()
+        assert model.restarts == 1 and model.kv_len() == len(model.cached) == len(second)
+        assert np.allclose(got, fresh.evaluate(second, 1), atol=1e-3)
+    finally:
+        model.close()
+        fresh.close()
+
+
+def test_a_mamba_target_decodes_plainly_and_the_session_says_why(mamba_path: Path) -> None:
+    from localspec.backends.llama import LoadOptions
+    from localspec.session import SessionConfig, open_session
+
+    said: list[str] = []
+    load = LoadOptions(n_ctx=256, n_threads=1)
+    config = SessionConfig(str(mamba_path), draft="ngram", gamma=4, target_load=load)
+    session = open_session(config, say=said.append)
+    try:
+        assert said == [
+            "plain decoding: mamba is a recurrent or hybrid model, whose cache cannot drop "
+            "a rejected draft"
+        ]
+        prompt = session.target.tokenize("one two one two one two")
+        done = list(session.engine.generate(prompt, GenerationConfig(16)))[-1]
+        session.target.reset()
+        plain = list(Engine(session.target, NoDrafter(), 0).generate(prompt, GenerationConfig(16)))
+        assert done.tokens == plain[-1].tokens and done.stats.drafted == 0
     finally:
         session.close()

@@ -12,6 +12,7 @@ from localspec.backends.toy import ToyModel, scripted
 from localspec.decoding.drafters import DraftModel, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished, Piece, RoundEnd
+from localspec.decoding.sampling import SamplingParams
 from localspec.session import Session
 
 REPLY = "def add(a, b):\n    return a + b\n\nprint(add(2, 3))  # 5 ✓"
@@ -174,3 +175,82 @@ def test_a_draft_model_far_behind_reads_its_sinks_and_a_window_and_stays_lossles
     assert len(prompt) - 32 <= start < len(prompt)
     # the window kept the assistant marker, so the draft still guessed right
     assert done.stats.accepted >= len(done.tokens) // 2
+
+
+# --- a cache that cannot drop a suffix (recurrent and hybrid models) -----------------
+def whole_text(n_vocab: int = 258):
+    """Logits that depend on the whole text read (a recurrent model's state does): a
+    cache that kept a rejected tail would give other logits."""
+
+    def logits(context):
+        out = np.zeros(n_vocab, dtype=np.float32)
+        out[(sum(context) * 31 + len(context)) % 200 + 32] = 10.0
+        return out
+
+    return logits
+
+
+def test_a_recurrent_cache_restarts_where_a_cut_fails_and_keeps_the_logits():
+    """Two turns of a chat: the second keeps the first's prompt and drops the rest."""
+    model = ToyModel(whole_text(), recurrent=True)
+    fresh = ToyModel(whole_text())
+    model.evaluate([1, 2, 3, 4], 1)
+    got = model.evaluate([1, 2, 5, 6], 1)
+    assert model.restarts == 1  # the cut to [1, 2] failed: it read all four again
+    assert np.array_equal(got, fresh.evaluate([1, 2, 5, 6], 1))
+    assert model.kv_len() == len(model.cached) == 4
+    model.rollback([1, 2, 5])  # a rejected draft token
+    assert model.restarts == 2 and model.cached == []
+    assert np.array_equal(model.evaluate([1, 2, 5, 7], 1), fresh.evaluate([1, 2, 5, 7], 1))
+
+
+def test_a_recurrent_target_decodes_plainly_and_says_why():
+    target = ToyModel(scripted(REPLY), name="mamba", recurrent=True)
+    draft = ToyModel(scripted(NEAR_REPLY), name="draft")
+    engine = Engine(target, DraftModel(draft, p_min=0.0), 4)
+    assert engine.notes == [
+        "plain decoding: mamba is a recurrent or hybrid model, whose cache cannot drop "
+        "a rejected draft"
+    ]
+    session = Session(engine)
+    assert session.notes == engine.notes  # the session says it when it opens
+    done = list(session.chat(USER))[-1]
+    assert done.text == REPLY and done.stats.drafted == 0
+    assert draft.decode_calls == 0
+
+
+def test_speculation_over_a_cache_that_cannot_be_cut_stays_lossless():
+    """Were a recurrent model speculated over anyway, each rejection makes its cache
+    start over (slow), never the answer wrong."""
+    fn = whole_text()
+    plain = list(Engine(ToyModel(fn), NoDrafter(), 0).generate([65, 66], GenerationConfig(40)))
+    target = ToyModel(fn, name="target", recurrent=True)
+    draft = ToyModel(whole_text(), name="draft", recurrent=True)
+    engine = Engine(target, NoDrafter(), 0)
+    engine.drafter, engine.gamma = DraftModel(draft, p_min=0.0), 4  # past the switch
+    # a draft that is right on every other token: rejections all the way
+    draft.logits_fn = lambda ctx: fn(ctx) if len(ctx) % 2 else np.roll(fn(ctx), 1)
+    done = list(engine.generate([65, 66], GenerationConfig(40)))[-1]
+    assert done.tokens == plain[-1].tokens
+    assert 0 < done.stats.accepted < done.stats.drafted
+    assert target.restarts > 0 and draft.restarts > 0
+    assert target.kv_len() == len(target.cached) and draft.kv_len() == len(draft.cached)
+
+
+def test_a_draft_token_the_target_lacks_is_refused_unread():
+    """A draft vocabulary larger than the target's: the target never reads the token
+    (llama.cpp would refuse the batch), and rejects it."""
+    target = ToyModel(scripted(REPLY), name="target", n_vocab=258)
+
+    def draft_fn(ctx):
+        out = np.zeros(300, dtype=np.float32)
+        out[299 if len(ctx) % 3 == 0 else int(np.argmax(scripted(REPLY)(ctx)))] = 10.0
+        return out
+
+    draft = ToyModel(draft_fn, name="draft", n_vocab=300)
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.8, seed=1)):
+        engine = Engine(target, DraftModel(draft, p_min=0.0), 4)
+        done = list(Session(engine).chat(USER, GenerationConfig(sampling=sampling)))[-1]
+        assert done.text == REPLY
+        assert 0 < done.stats.accepted < done.stats.drafted
+        assert max(target.state) < 258

@@ -12,7 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import Label, Sparkline, Static
 
-from tui.figures import RateWindow, human_bytes
+from tui.figures import RateWindow, human_bytes, latency_text, speedup_text
 from tui.memory import MemoryUse
 
 # The panel refreshes twice a second while an answer streams: each refresh costs the UI
@@ -30,9 +30,13 @@ def _rows(rows: list[tuple[str, str]]) -> Table:
 
 
 def speed_rows(rate_now: float, figures: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Rates, then (once an answer ends) the time per output token, each round's time
+    spread over its tokens, and the real gaps between the pieces as they came."""
     return [
         ("now", f"{rate_now:5.1f} tok/s"),
         ("answer", f"{figures.get('tokens_per_s', 0.0):5.1f} tok/s"),
+        ("TPOT", latency_text(figures, "tpot")),
+        ("gaps", latency_text(figures, "gap")),
     ]
 
 
@@ -44,14 +48,14 @@ def speculation_rows(figures: Mapping[str, Any]) -> list[tuple[str, str]]:
         if drafted
         else "–"
     )
-    speedup = figures.get("speedup")
+    speedup = speedup_text(figures, digits=2)
     return [
         ("accepted", acceptance),
         ("mean len", f"{figures.get('mean_accepted_len', 0.0):.2f} tok/round"),
         ("γ", f"{figures.get('gamma', 0)} · {figures.get('drafter') or '–'}"),
         ("TTFT", f"{figures.get('ttft_s', 0.0):.2f} s"),
         ("tokens", str(figures.get("tokens", 0))),
-        ("speedup", f"≈{speedup:.2f}× plain" if speedup else "–"),
+        ("speedup", f"{speedup} plain" if speedup else "–"),
     ]
 
 
