@@ -16,7 +16,7 @@ interface.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -111,9 +111,9 @@ def first_difference(baseline: Sequence[int], other: Sequence[int]) -> int | Non
 
 
 def audit(model: Model, baseline: Trace, other: Trace) -> Divergence | None:
-    """None if the two answers are identical; else the first divergence, re-scored with
-    the baseline's one-token pass and the other run's batched pass there (both replayed
-    on `model`, the target both runs decoded with)."""
+    """None if the two answers are identical; else their first divergence, re-scored by
+    replaying plain decoding's one-token passes and the other run's batched passes up to
+    it, on `model` (the target both runs decoded with), and the verdict."""
     i = first_difference(baseline.answer, other.answer)
     if i is None:
         return None
@@ -124,9 +124,9 @@ def audit(model: Model, baseline: Trace, other: Trace) -> Divergence | None:
     except AuditError as e:
         return Divergence(i, "defect", str(e), b, o)
     one, batched = int(np.argmax(one_row)), int(np.argmax(batch_row))
-    found = Divergence(i, "defect", "", b, o, one, batched, batch.position, batch.size)
     name = TokenNames(model)
-    last = f"its last a {batch.size}-token batch at position {batch.position}"
+    last = f"the last a {batch.size}-token batch at position {batch.position}"
+    verdict: Verdict = "defect"
     if not took(model, b, one):
         why = (
             f"does not reproduce: plain decoding took {name(b)}, but its own passes, "
@@ -139,6 +139,7 @@ def audit(model: Model, baseline: Trace, other: Trace) -> Divergence | None:
             + (" as plain decoding does" if batched == one else "")
         )
     else:
+        verdict = "numerics"
         why = (
             f"reproduced: plain decoding's passes, replayed, pick {name(one)}; the run's "
             f"({last}) pick {name(batched)}"
@@ -148,8 +149,7 @@ def audit(model: Model, baseline: Trace, other: Trace) -> Divergence | None:
                 f"; {name(o)} trails by {margin(one_row, one, o)} in the first, "
                 f"{name(b)} by {margin(batch_row, batched, b)} in the second"
             )
-        return Divergence(i, "numerics", why, b, o, one, batched, batch.position, batch.size)
-    return replace(found, why=why)
+    return Divergence(i, verdict, why, b, o, one, batched, batch.position, batch.size)
 
 
 def took(model: Model, token: int | None, argmax: int) -> bool:
