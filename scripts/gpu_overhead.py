@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from localspec.backends.llama import LlamaModel, LoadOptions, supports_gpu_offload
-from localspec.bench.runner import PassTimes, time_pass
+from localspec.bench.costs import PassTimes, time_pass
 from localspec.decoding.adaptive import auto_engine
 from localspec.decoding.drafters import DraftModel, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig

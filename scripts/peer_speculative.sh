@@ -47,12 +47,25 @@ build() {
   else
     args+=(-DGGML_NATIVE=ON)
   fi
+  patch_draft_budget
   log "configuring in $BUILD"
   cmake -S "$SRC" -B "$BUILD" -G Ninja "${args[@]}" >"$PEER_DIR/configure.log" 2>&1
   log "building ${TARGETS[*]} (minutes; log in $PEER_DIR/build.log)"
   nice -n 10 cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" \
     --target "${TARGETS[@]}" >"$PEER_DIR/build.log" 2>&1
   log "built: $BUILD/bin"
+}
+
+# The speculative example caps each draft to the tokens left to decode, but llama.cpp reads
+# a cap of 0 as "no limit" (common_speculative_draft), so its last rounds draft a full
+# --spec-draft-n-max and it ran up to n_max tokens past -n. Skip drafting when nothing is
+# left, as llama-server does (`if (n_draft_max > 0)`): then it stops after exactly -n + 1
+# tokens (its loop ends once n_predict > -n), and `run` and localspec bench pass -n N-1.
+patch_draft_budget() {
+  local file="$SRC/examples/speculative-simple/speculative-simple.cpp"
+  grep -q 'localspec: draft budget' "$file" && return
+  sed -i 's|^\( *\)common_speculative_draft(spec);|\1if (n_draft_max > 0) { common_speculative_draft(spec); }  // localspec: draft budget|' "$file"
+  grep -q 'localspec: draft budget' "$file" || { log "could not patch $file"; exit 1; }
 }
 
 # Each prompt rendered with the target's chat template, one file per prompt, so both
@@ -75,7 +88,8 @@ for name in names:
     if name not in prompts:
         sys.exit(f"no prompt named {name!r} in {prompts_file}")
     text = fmt(messages=[{"role": "user", "content": prompts[name]["prompt"]}]).prompt
-    Path(out, f"{name}.txt").write_text(text)
+    # llama.cpp's -f drops one trailing newline, and the generation prompt ends in one
+    Path(out, f"{name}.txt").write_text(text + "\n")
     print(name, prompts[name].get("category", ""))
 EOF
 }
@@ -118,13 +132,14 @@ run() {
   local rows=()
   printf '%-22s %-10s %10s %10s %8s %8s\n' prompt category plain_tps spec_tps speedup accept
   while read -r name category; do
-    local common=(-m "$target" -f "$work/$name.txt" -n "$n" -t "$threads" -c 4096
+    local common=(-m "$target" -f "$work/$name.txt" -t "$threads" -c 4096
       --temp 0 --top-k 1 --seed 1 -ngl 0)
     local plain_runs=() spec_runs=() plain_n spec_n plain_tps spec_tps accept
     for ((r = 0; r < repeats; r++)); do  # interleaved, like localspec bench
-      "$BUILD/bin/llama-completion" "${common[@]}" -tb "$threads" -no-cnv \
+      "$BUILD/bin/llama-completion" "${common[@]}" -n "$n" -tb "$threads" -no-cnv \
         >"$work/$name.plain.log" 2>&1 </dev/null
-      "$BUILD/bin/llama-speculative-simple" "${common[@]}" -md "$draft" -td "$threads" \
+      "$BUILD/bin/llama-speculative-simple" "${common[@]}" -n "$((n - 1))" \
+        -md "$draft" -td "$threads" \
         --spec-type draft-simple --spec-draft-n-max "$n_max" \
         >"$work/$name.spec.log" 2>&1 </dev/null
       read -r plain_n plain_tps <<<"$(plain_speed "$work/$name.plain.log")"

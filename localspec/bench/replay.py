@@ -37,7 +37,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from localspec.backends.llama import LlamaModel, LoadOptions
-from localspec.bench.runner import BenchPrompt, load_prompts, measure_costs, time_pass
+from localspec.bench.costs import measure_costs, time_pass
+from localspec.bench.suite import BenchPrompt, load_prompts
 from localspec.decoding.adaptive import GAMMA_MAX, AdaptiveDrafter
 from localspec.decoding.drafters import NgramIndex, NoDrafter, Outcome, p_min_at
 from localspec.decoding.engine import Engine

@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="baseline,draft,ngram,auto",
         help="comma-separated: baseline, draft, ngram, auto, draft-gN, ngram-gN, "
         "and llama.cpp's own binaries as the peer: peer (its speculative example, "
-        "γ 3; peer-gN), peer-plain (default: %(default)s; baseline always runs)",
+        "γ 3; peer-gN, which bring peer-plain along), peer-plain "
+        "(default: %(default)s; baseline always runs)",
     )
     b.add_argument(
         "--gamma", "-g", type=int, default=4, help="γ of the draft and ngram modes (default 4)"
@@ -86,31 +87,48 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: where scripts/peer_speculative.sh build puts them)",
     )
     b.add_argument("--no-chart", action="store_true", help="skip the PNG")
+    b.add_argument(
+        "--render",
+        type=Path,
+        metavar="BENCH_JSON",
+        help="run nothing: render the Markdown (and PNG) of an earlier run again from its "
+        "bench.json, beside it, and print the Markdown",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from localspec.backends.llama import default_threads
-    from localspec.bench import runner as bench
+    from localspec.bench.machine import machine_load
+    from localspec.bench.markdown import to_markdown
+    from localspec.bench.modes import parse_modes
+    from localspec.bench.peer import load_peer
+    from localspec.bench.report import render, write_report
+    from localspec.bench.runner import BenchConfig, run_bench
+    from localspec.bench.suite import load_prompts, select_prompts
 
+    if args.render is not None:
+        md, *_ = render(args.render, chart=not args.no_chart)
+        print(md.read_text(encoding="utf-8"), end="")
+        return 0
     if args.max_tokens < 1:
         raise LocalspecError("--max-tokens must be at least 1")
     if args.repeats < 1:
         raise LocalspecError("--repeats must be at least 1")
-    prompts = bench.select_prompts(bench.load_prompts(args.prompts), args.only)
+    prompts = select_prompts(load_prompts(args.prompts), args.only)
     out = output_dir(args.out)
     target_path, draft_path = resolve_pair(args.target, args.draft)
     if draft_path is not None:  # the file both localspec and the peer draft with
         draft_path = draft_file(draft_path, target_path, args)
-    modes = bench.parse_modes(args.modes, args.gamma, have_draft=draft_path is not None)
-    peer = bench.load_peer(args.peer) if args.peer else None
+    modes = parse_modes(args.modes, args.gamma, have_draft=draft_path is not None)
+    peer = load_peer(args.peer) if args.peer else None
     peer_bin = None
     if any(m.is_peer for m in modes):
         if peer is not None:
             raise LocalspecError("--peer FILE and the peer modes do the same; pick one")
         peer_bin = peer_binaries(args, target_path, draft_path, modes)
 
-    if (load := bench.machine_load()) > 0.5 * (os.cpu_count() or 1):
+    if (load := machine_load()) > 0.5 * (os.cpu_count() or 1):
         print(
             f"bench: the machine is busy (load {load:.1f} on {os.cpu_count()} CPUs): "
             "timings will be noisy",
@@ -123,12 +141,12 @@ def run(args: argparse.Namespace) -> int:
             f"on {target.name}" + (f" + {draft.name}" if draft else ""),
             file=sys.stderr,
         )
-        report = bench.run_bench(
+        report = run_bench(
             target,
             draft,
             prompts,
             modes,
-            bench.BenchConfig(max_tokens=args.max_tokens, repeats=args.repeats),
+            BenchConfig(max_tokens=args.max_tokens, repeats=args.repeats),
             progress=ProgressLine(sys.stderr),
             peer=peer,
             threads=args.threads or default_threads(),
@@ -138,9 +156,12 @@ def run(args: argparse.Namespace) -> int:
         target.close()
         if draft is not None:
             draft.close()
-    print(bench.to_markdown(report))  # first: a full disk must not lose the figures
+    print(to_markdown(report))  # first: a full disk must not lose the figures
+    for r in report.defects():  # said in the report too; a log should not miss it either
+        label = r.agreement.label() if r.agreement else ""
+        print(f"bench: DEFECT: {r.prompt} {r.mode}: {label}", file=sys.stderr)
     try:
-        paths = bench.write_report(report, out, chart=not args.no_chart)
+        paths = write_report(report, out, chart=not args.no_chart)
     except OSError as e:
         raise LocalspecError(f"could not write the report to {out}: {e.strerror or e}") from e
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
@@ -248,8 +269,8 @@ class ProgressLine:
         self.tty = stream.isatty()
         self.started = time.perf_counter()
 
-    def __call__(self, event) -> None:  # event: bench.Progress
-        from localspec.bench.runner import CONTENDED
+    def __call__(self, event) -> None:  # event: runner.Progress
+        from localspec.bench.machine import CONTENDED
 
         head = (
             f"[{event.done + (event.figures is None):>{len(str(event.total))}}/"

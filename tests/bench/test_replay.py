@@ -89,7 +89,7 @@ def test_the_oracle_takes_free_ngram_runs():
 @pytest.mark.real
 def test_a_recording_of_the_real_pair_replays_what_the_engine_does(real_models):
     """Greedy, fixed γ: the replay drafts and accepts exactly what the real engine does."""
-    from localspec.bench.runner import load_prompts
+    from localspec.bench.suite import load_prompts
     from localspec.decoding.drafters import DraftModel
     from localspec.decoding.engine import Engine, GenerationConfig
     from localspec.decoding.events import Finished
