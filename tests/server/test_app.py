@@ -156,7 +156,9 @@ def test_metrics_parse_and_count(client: TestClient):
         if s.name.endswith("_total") and s.labels["endpoint"] == "/v1/chat/completions"
     }
     assert statuses == {"200": 1.0, "400": 1.0}
-    tokens = [s for s in families["localspec_completion_tokens"].samples if s.name.endswith("total")]
+    tokens = [
+        s for s in families["localspec_completion_tokens"].samples if s.name.endswith("total")
+    ]
     assert tokens[0].value == len(REPLY)
 
 
