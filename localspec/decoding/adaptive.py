@@ -219,8 +219,10 @@ class AdaptiveDrafter:
         free = [("ngram", n, match, self.choose(len(match), gamma, lag, n))]
         if self.prediction is not None:
             n, found = self.prediction.match(context, deep)
+            depth = deep if n >= max(PREDICTION_PRIOR) else gamma  # deep along a long run
+            found = found[:depth]
             if found:
-                choice = self.choose(len(found), deep, lag, n, free="prediction")
+                choice = self.choose(len(found), depth, lag, n, free="prediction")
                 if found[:1] == match[:1]:
                     # the lookup proposes what the prediction does (an edited file is in
                     # the prompt too): the prediction drafts it, deeper, on this request's α
@@ -279,7 +281,10 @@ class AdaptiveDrafter:
         "prediction"). The draft model drafts at most GAMMA_MAX tokens in a round."""
         if gamma == 0 or not self.verify.seconds:
             return Choice("none", 0, 1.0)  # time one plain round first: T(1)
-        a, c = self.verify.a, self.draft_cost
+        c = self.draft_cost
+        # a plain round's time: T(1) as timed, not the line's a (one far batch size, as a
+        # deep prediction draft times, can tilt the line and make every draft look dear)
+        a = float(self.verify.batch(np.array([1]))[0])
         ng = self.alpha[free_key(free, n)] if matched else None
         catchup = self.catchup_cost(lag) / CATCHUP_ROUNDS
         options = [Choice("none", 0, 1.0)]

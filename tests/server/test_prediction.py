@@ -70,7 +70,9 @@ def test_fixed_gamma_drafter_counts_what_the_prediction_drafted():
 
 
 def text_model(reply: str) -> ToyModel:
-    return ToyModel(scripted(reply), n_vocab=258)
+    # passes take simulated time, as on a GPU (extra tokens nearly free): the policy
+    # decides on these, not on the noise of a Python call's time
+    return ToyModel(scripted(reply), n_vocab=258, pass_s=0.004, token_s=0.0001)
 
 
 def generate(engine: Engine, prompt: list[int], prediction: str | None) -> Finished:
