@@ -9,10 +9,10 @@ earlier turn, so a new turn only evaluates what is new.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from localspec.backends.base import LoadFailed, Model, ModelError, check_compatible
 from localspec.backends.llama import LlamaModel, LoadOptions, supports_gpu_offload
@@ -65,10 +65,21 @@ class Session:
 
     def render(self, messages: Sequence[Message]) -> list[int]:
         """The conversation as prompt tokens, through the GGUF's chat template."""
+        return self.target.tokenize(self.prompt_text(messages), special=True)
+
+    def prompt_text(
+        self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The conversation through the GGUF's chat template, as text; `tools` (OpenAI's
+        function descriptions) reach templates that describe tools to the model."""
         if self._template is None:
             self._template = _formatter(self.target)
-        prompt = self._template(messages=list(messages)).prompt  # type: ignore[operator]
-        return self.target.tokenize(prompt, special=True)
+        return self._template(messages=list(messages), tools=tools).prompt  # type: ignore[operator]
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the target's chat template has a place for tools."""
+        return "tools" in (self.target.chat_template() or "")
 
     def tokenize_raw(self, text: str) -> list[int]:
         return self.target.tokenize(text, special=True)

@@ -39,10 +39,11 @@ import numpy as np
 from localspec.backends.llama import LlamaModel, LoadOptions
 from localspec.bench.costs import measure_costs, time_pass
 from localspec.bench.suite import BenchPrompt, load_prompts
-from localspec.decoding.adaptive import GAMMA_MAX, AdaptiveDrafter
+from localspec.decoding.adaptive import AdaptiveDrafter
 from localspec.decoding.drafters import NgramIndex, NoDrafter, Outcome, p_min_at
 from localspec.decoding.engine import Engine
 from localspec.decoding.sampling import top2
+from localspec.drafting import GAMMA_MAX
 from localspec.session import Session
 
 MAX_TOKENS = 128

@@ -13,7 +13,7 @@ import sys
 
 from localspec.errors import LocalspecError
 
-COMMANDS = ("chat", "run", "bench", "plan", "pull", "models", "add")
+COMMANDS = ("chat", "run", "serve", "bench", "plan", "pull", "models", "add")
 
 
 def build_parser() -> argparse.ArgumentParser:

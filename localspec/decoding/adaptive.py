@@ -21,6 +21,12 @@ since its last use would have paid for the probe PROBE_SHARE times over, so prob
 costs at most that share. Hybrid drafting: a prompt-lookup match is free, so it goes
 first; the draft model drafts when there is none, or extends it when that pays.
 
+A request may bring a prediction of its answer (Predicted Outputs, see prediction.py):
+another free source, weighed like the n-grams with its own α (per alignment length,
+measured afresh for each request) and drafted deeper (up to PREDICTION_GAMMA_MAX): where
+the answer keeps to it, deep drafts pay; where it departs, the other sources take over
+until it re-joins.
+
 The draft model stops early (p_min, per position) at a token too unsure to pay for what
 drafting on from it costs: its verify slot and the steps after it, against the tokens it
 may add at the rate the round aims at (`p_min`).
@@ -36,19 +42,24 @@ import numpy as np
 from localspec.backends.base import Model
 from localspec.decoding.drafters import Draft, DraftModel, NgramIndex, Outcome
 from localspec.decoding.engine import Engine
+from localspec.decoding.prediction import Prediction
 from localspec.decoding.sampling import Probs, SamplingParams
 from localspec.drafting import GAMMA_MAX
 
+PREDICTION_GAMMA_MAX = 16  # a prediction that keeps matching is drafted this deep
 EMA_WEIGHT = 0.15
 PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
 PROBE_SHARE = 0.02  # at most this share of the time goes to probing idle sources
 CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
 RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
-SOURCES = ("ngram", "draft")
+SOURCES = ("ngram", "draft", "prediction")
 RECOVER = 0.02  # per token made without the draft model, its low α closes this share of
 # the gap to its prior
 NGRAM_PRIOR = {2: 0.35, 3: 0.5, 4: 0.65}  # α before any measurement, by matched length n
+# a prediction's α before any measurement, by aligned run length (at least this long);
+# a long run is most of an edited file, followed token for token
+PREDICTION_PRIOR = {2: 0.6, 8: 0.9}
 
 
 @dataclass
@@ -58,13 +69,16 @@ class Acceptance:
     already tell a bad source from a good one. A position not yet drafted takes the α of
     the one before it, so a deeper draft gets tried."""
 
-    alpha: list[float]
-    seen: list[int] = field(default_factory=lambda: [0] * GAMMA_MAX)
+    alpha: list[float]  # as long as the deepest draft it judges
+    seen: list[int] = field(default_factory=list)
     prior_value: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.seen += [0] * (len(self.alpha) - len(self.seen))
+
     @classmethod
-    def prior(cls, value: float) -> Acceptance:
-        return cls([value] * GAMMA_MAX, prior_value=value)
+    def prior(cls, value: float, depth: int = GAMMA_MAX) -> Acceptance:
+        return cls([value] * depth, prior_value=value)
 
     def recover(self, share: float) -> None:
         """While idle, a below-prior α closes `share` of its gap to the prior: a low α
@@ -80,7 +94,7 @@ class Acceptance:
             self.seen[i] += 1
             weight = max(EMA_WEIGHT, 1 / (PRIOR_COUNT + self.seen[i]))
             self.alpha[i] += weight * (float(i < accepted) - self.alpha[i])
-        for i in range(max(1, tested), GAMMA_MAX):
+        for i in range(max(1, tested), len(self.alpha)):
             if not self.seen[i]:
                 self.alpha[i] = self.alpha[i - 1]
             elif self.alpha[i] < self.alpha[i - 1]:
@@ -147,10 +161,10 @@ class VerifyCost:
 
 @dataclass(frozen=True)
 class Choice:
-    source: str  # "none", "ngram", "draft", "ngram+draft"
+    source: str  # "none", "ngram", "draft", "ngram+draft", "prediction", "prediction+draft"
     k: int  # tokens to draft in all
     gain: float  # expected tokens/s relative to plain decoding (0 for a probe)
-    ngram: int = 0  # of which from the n-gram match
+    ngram: int = 0  # of which from the free match (n-gram lookup or the prediction)
 
 
 class AdaptiveDrafter:
@@ -166,7 +180,9 @@ class AdaptiveDrafter:
         self.alpha = {"draft": Acceptance.prior(0.7)} | {
             ngram_key(n): Acceptance.prior(a) for n, a in NGRAM_PRIOR.items()
         }
-        self._match_n = 0  # the length of this round's n-gram match
+        self.prediction: Prediction | None = None
+        self._match_n = 0  # the length of this round's free match
+        self._free = "ngram"  # this round's free source: "ngram" or "prediction"
         self.verify = VerifyCost()
         self.idle_s = dict.fromkeys(SOURCES, 0.0)  # decode time since each was last used
         self._last: Choice | None = None
@@ -187,14 +203,33 @@ class AdaptiveDrafter:
             return 0.0
         return self.model.step_s or self.cost_ratio * self.verify.a
 
+    def predict(self, prediction: Prediction | None) -> None:
+        """The next answers' prediction (None: none); its α is measured afresh."""
+        self.prediction = prediction
+        for n, a in PREDICTION_PRIOR.items():
+            self.alpha[prediction_key(n)] = Acceptance.prior(a, PREDICTION_GAMMA_MAX)
+
     # --- the round ------------------------------------------------------------------
     def draft(
         self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
     ) -> Draft:
-        gamma = min(gamma, GAMMA_MAX)
-        self._match_n, match = self.ngrams.match(context, gamma)
+        deep, gamma = min(gamma, PREDICTION_GAMMA_MAX), min(gamma, GAMMA_MAX)
         lag = self.model.unread(context) if self.model else 0
-        choice = self.choose(len(match), gamma, lag, self._match_n)
+        n, match = self.ngrams.match(context, gamma)
+        free = [("ngram", n, match, self.choose(len(match), gamma, lag, n))]
+        if self.prediction is not None:
+            n, found = self.prediction.match(context, deep)
+            depth = deep if n >= max(PREDICTION_PRIOR) else gamma  # deep along a long run
+            found = found[:depth]
+            if found:
+                choice = self.choose(len(found), depth, lag, n, free="prediction")
+                if found[:1] == match[:1]:
+                    # the lookup proposes what the prediction does (an edited file is in
+                    # the prompt too): the prediction drafts it, deeper, on this request's α
+                    free.clear()
+                free.append(("prediction", n, found, choice))
+        # the free source whose round pays best (a probe counts as plain decoding)
+        self._free, self._match_n, match, choice = max(free, key=lambda f: f[3].gain or 1.0)
         self._last = choice
         tokens = match[: choice.ngram]
         q: list[Probs | None] = [None] * choice.ngram
@@ -215,7 +250,9 @@ class AdaptiveDrafter:
         self.verify.observe(outcome.drafted + 1, outcome.verify_s)
         n_ng = min(choice.ngram, outcome.drafted)
         if n_ng:
-            self.alpha[ngram_key(self._match_n)].observe(n_ng, min(outcome.accepted, n_ng))
+            self.alpha[self.free_key()].observe(n_ng, min(outcome.accepted, n_ng))
+            if self._free == "prediction" and self.prediction is not None:
+                self.prediction.observe(n_ng, min(outcome.accepted, n_ng))
         # a draft model that stopped short (p_min) yielded nothing where it stopped: a miss
         stopped = choice.k > max(outcome.drafted, choice.ngram)
         if outcome.accepted >= n_ng and (outcome.drafted > n_ng or stopped):
@@ -236,13 +273,19 @@ class AdaptiveDrafter:
             return 0.0
         return (lag - 1) * (self.model.catchup_s or self.draft_cost / 2)
 
-    def choose(self, matched: int, gamma: int, lag: int = 0, n: int = 4) -> Choice:
+    def choose(
+        self, matched: int, gamma: int, lag: int = 0, n: int = 4, free: str = "ngram"
+    ) -> Choice:
         """The source and k with the best expected tokens/s (see the module docstring);
-        `matched` tokens from an n-gram match of length `n`."""
+        `matched` tokens from a match of length `n` by the free source `free` ("ngram" or
+        "prediction"). The draft model drafts at most GAMMA_MAX tokens in a round."""
         if gamma == 0 or not self.verify.seconds:
             return Choice("none", 0, 1.0)  # time one plain round first: T(1)
-        a, c = self.verify.a, self.draft_cost
-        ng = self.alpha[ngram_key(n)] if matched else None
+        c = self.draft_cost
+        # a plain round's time: T(1) as timed, not the line's a (one far batch size, as a
+        # deep prediction draft times, can tilt the line and make every draft look dear)
+        a = float(self.verify.batch(np.array([1]))[0])
+        ng = self.alpha[free_key(free, n)] if matched else None
         catchup = self.catchup_cost(lag) / CATCHUP_ROUNDS
         options = [Choice("none", 0, 1.0)]
         ks = np.arange(1, gamma + 1)
@@ -251,9 +294,9 @@ class AdaptiveDrafter:
         m = min(matched, gamma)
         if ng and m:
             gains = (1 + ng.expected(m)) * a / self.verify.batch(ks[:m] + 1)
-            options += [
-                Choice("ngram", int(k), g, int(k)) for k, g in zip(ks[:m], gains, strict=True)
-            ]
+            options += [Choice(free, int(k), g, int(k)) for k, g in zip(ks[:m], gains, strict=True)]
+        gamma = min(gamma, GAMMA_MAX)
+        ks = ks[:gamma]
         if self.model is not None:
             dm = self.alpha["draft"]
             # Its first try pays the catch-up of the whole prompt, so it has to pay by the
@@ -270,20 +313,20 @@ class AdaptiveDrafter:
                 cost = catchup + (rest + 1) * c + batch(m + rest + 1)
                 gains = tokens * a / cost
                 options += [
-                    Choice("ngram+draft", m + int(j), g, m)
+                    Choice(f"{free}+draft", m + int(j), g, m)
                     for j, g in zip(rest, gains, strict=True)
                 ]
         best = max(options, key=lambda o: o.gain)
-        return self._probe(matched, lag) if best.k == 0 else best
+        return self._probe(matched, lag, free) if best.k == 0 else best
 
-    def _probe(self, matched: int, lag: int) -> Choice:
+    def _probe(self, matched: int, lag: int, free: str = "ngram") -> Choice:
         """Speculation does not pay by the estimates; try an idle source once its idle
         time has paid for the probe, to notice when it pays again (a change of topic)."""
         budget = {s: self.idle_s[s] * PROBE_SHARE for s in SOURCES}
         k = 1  # one token: the cheapest sign that a source pays again
         extra = k * self.verify.b  # the verify slot a probe adds
-        if matched and budget["ngram"] >= extra:
-            return Choice("ngram", min(matched, k), 0.0, min(matched, k))
+        if matched and budget[free] >= extra:
+            return Choice(free, min(matched, k), 0.0, min(matched, k))
         draft_probe = self.catchup_cost(lag) + k * self.draft_cost + extra
         if self.model is not None and budget["draft"] >= draft_probe:
             return Choice("draft", k, 0.0)
@@ -307,7 +350,7 @@ class AdaptiveDrafter:
         rho = max(choice.gain, 1.0) / a
         reach = 1.0  # the chance that every token before this one is accepted
         if choice.ngram:
-            reach = self.alpha[ngram_key(self._match_n)].all_accepted(choice.ngram)
+            reach = self.alpha[self.free_key()].all_accepted(choice.ngram)
         thresholds = []
         for j in range(n_model):
             before = choice.ngram + j  # drafted tokens ahead of this one
@@ -325,13 +368,19 @@ class AdaptiveDrafter:
         head = f"{choice.source} γ={choice.k}" if choice.k else "plain decoding"
         gain = f" ≈ {choice.gain:.2f}× plain" if choice.gain else " (probe)"
         return (
-            f"{head}{gain}: α {self._ngram_alpha()}, "
+            f"{head}{gain}: α {self._free_alpha()}, "
             f"draft {self.alpha['draft'].alpha[0]:.2f}; draft {self.draft_cost * 1e3:.0f} "
             f"ms/token; verify {a * 1e3:.0f} ms + {b * 1e3:.0f} ms per extra token"
         )
 
-    def _ngram_alpha(self) -> str:
-        """α of this round's n-gram match length, or of every length without a match."""
+    def free_key(self) -> str:
+        """The acceptance key of this round's free match."""
+        return free_key(self._free, self._match_n)
+
+    def _free_alpha(self) -> str:
+        """α of this round's free match, or of every n-gram length without a match."""
+        if self._free == "prediction":
+            return f"prediction {self.alpha[self.free_key()].alpha[0]:.2f}"
         ns = [self._match_n] if self._match_n else sorted(NGRAM_PRIOR)
         return " ".join(f"{n}-gram {self.alpha[ngram_key(n)].alpha[0]:.2f}" for n in ns)
 
@@ -342,7 +391,19 @@ def ngram_key(n: int) -> str:
     return f"ngram{min(max(n, min(NGRAM_PRIOR)), max(NGRAM_PRIOR))}"
 
 
+def prediction_key(n: int) -> str:
+    """The acceptance key of a prediction alignment of run length n."""
+    at_least = max((m for m in PREDICTION_PRIOR if m <= n), default=min(PREDICTION_PRIOR))
+    return f"prediction{at_least}"
+
+
+def free_key(source: str, n: int) -> str:
+    """The acceptance key of a free match: `source` "ngram" or "prediction", length n."""
+    return prediction_key(n) if source == "prediction" else ngram_key(n)
+
+
 def auto_engine(target: Model, draft: Model | None) -> Engine:
-    """The engine `--gamma auto` runs: hybrid drafting with an adaptive γ."""
+    """The engine `--gamma auto` runs: hybrid drafting with an adaptive γ (up to
+    GAMMA_MAX, deeper for a prediction that keeps matching)."""
     ratio = draft.size_bytes / target.size_bytes if draft and target.size_bytes else 0.3
-    return Engine(target, AdaptiveDrafter(draft, cost_ratio=ratio), GAMMA_MAX)
+    return Engine(target, AdaptiveDrafter(draft, cost_ratio=ratio), PREDICTION_GAMMA_MAX)

@@ -1,0 +1,472 @@
+"""The HTTP routes, shaped as OpenAI's so its SDKs and the editors that use them work
+unmodified: chat and plain completions (streamed as server-sent events or not),
+models, health and Prometheus metrics.
+
+A request is read, checked and tokenized here, then queued for the worker; its answer
+comes back as engine events. Every refusal is a 4xx in OpenAI's error shape; nothing
+here lets a traceback reach a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from localspec.backends.base import ModelError
+from localspec.decoding.engine import GenerationConfig
+from localspec.decoding.events import Event, Finished, Piece, Stats, StopReason
+from localspec.server.chat import ToolCall, ToolCallStream, template_messages, template_tools
+from localspec.server.chat import tool_prefill as make_prefill
+from localspec.server.errors import ApiError, error_body
+from localspec.server.schemas import (
+    ChatRequest,
+    CompletionRequest,
+    GenerationBody,
+    content_text,
+    parse,
+)
+from localspec.server.worker import Failed, Job, Worker, prediction_counts
+from localspec.session import Session
+
+COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default for /v1/completions
+FINISH_REASONS: dict[StopReason, str] = {
+    "eog": "stop",
+    "stop_string": "stop",
+    "max_tokens": "length",
+    "context_full": "length",
+    "cancelled": "stop",
+}
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    model_id: str  # the name clients use; the target file's stem is accepted too
+    draft_id: str | None = None
+    aliases: tuple[str, ...] = ()
+    api_key: str | None = None
+    max_queue: int = 16
+    max_body_bytes: int = 8 << 20
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checked request, ready for the worker."""
+
+    prompt: list[int]
+    config: GenerationConfig
+    prediction: list[int] | None = None
+    prefill: str = ""  # the start of the answer the server wrote (a forced tool call)
+    tools: bool = False  # parse tool calls out of the answer
+
+
+def create_app(session: Session, options: ServerOptions) -> FastAPI:
+    worker = Worker(session, options.max_queue)
+    metrics = worker.metrics
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        worker.start()
+        yield
+        worker.stop()
+
+    app = FastAPI(title="localspec", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.worker = worker
+
+    def check_key(request: Request) -> None:
+        if options.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = token.strip() if scheme.lower() == "bearer" else ""
+        if not hmac.compare_digest(given.encode(), options.api_key.encode()):
+            raise ApiError(401, "missing or wrong API key", code="invalid_api_key")
+
+    guarded = [Depends(check_key)]
+
+    @app.exception_handler(ApiError)
+    async def on_api_error(request: Request, e: ApiError) -> Response:
+        metrics.observe_request(request.url.path, e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, e: HTTPException) -> Response:
+        return await on_api_error(request, ApiError(e.status_code, str(e.detail)))
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, e: RequestValidationError) -> Response:
+        return await on_api_error(request, ApiError(400, str(e)))
+
+    @app.exception_handler(Exception)
+    async def on_failure(request: Request, e: Exception) -> Response:
+        metrics.observe_request(request.url.path, 500)
+        body = error_body(f"internal error: {type(e).__name__}: {e}", "server_error")
+        return JSONResponse(body, status_code=500)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "model": options.model_id,
+            "draft": options.draft_id,
+            "queue_depth": worker.depth(),
+        }
+
+    @app.get("/v1/models", dependencies=guarded)
+    async def models() -> dict[str, Any]:
+        metrics.observe_request("/v1/models", 200)
+        entry = {
+            "id": options.model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "localspec",
+            "draft": options.draft_id,
+        }
+        return {"object": "list", "data": [entry]}
+
+    @app.get("/metrics", dependencies=guarded)
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def start(
+        request: Request, body: GenerationBody, prepare: Callable[[], Prepared], label: str
+    ) -> tuple[Job, Prepared]:
+        check_model(body.model, options)
+        prepared = await run_in_threadpool(prepare)
+        job = Job(
+            label,
+            prepared.prompt,
+            prepared.config,
+            asyncio.get_running_loop(),
+            prepared.prediction,
+        )
+        worker.submit(job)
+        metrics.observe_request(request.url.path, 200)
+        return job, prepared
+
+    @app.post("/v1/chat/completions", dependencies=guarded)
+    async def chat_completions(request: Request) -> Response:
+        body = parse(ChatRequest, await read_body(request, options.max_body_bytes))
+        job, prepared = await start(
+            request, body, lambda: prepare_chat(body, session), f"chat {short_id()}"
+        )
+        answer = Answer(job, prepared, options.model_id, "chat.completion")
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return sse(answer.stream_chat(usage))
+        return JSONResponse(await answer.collect(request, answer.chat_body))
+
+    @app.post("/v1/completions", dependencies=guarded)
+    async def completions(request: Request) -> Response:
+        body = parse(CompletionRequest, await read_body(request, options.max_body_bytes))
+        job, prepared = await start(
+            request, body, lambda: prepare_completion(body, session), f"completion {short_id()}"
+        )
+        answer = Answer(job, prepared, options.model_id, "text_completion")
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return sse(answer.stream_completion(usage))
+        return JSONResponse(await answer.collect(request, answer.completion_body))
+
+    return app
+
+
+# --- reading and checking a request ------------------------------------------------
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or a 413 past `limit` bytes (checked as it arrives, not only as declared)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the body is over the limit of {limit} bytes", code="too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"the body is over the limit of {limit} bytes", code="too_large")
+    return bytes(body)
+
+
+def check_model(name: str | None, options: ServerOptions) -> None:
+    if name and name not in (options.model_id, *options.aliases):
+        raise ApiError(
+            404,
+            f"model {name!r} is not served here; this server serves {options.model_id!r}",
+            "model",
+            "model_not_found",
+        )
+
+
+def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
+    body.refuse_unsupported()
+    tools = template_tools(body, session.supports_tools)
+    prefill = make_prefill(body) if tools else ""
+    try:
+        text = session.prompt_text(template_messages(body.messages), tools)
+    except ModelError as e:
+        raise ApiError(400, f"{e}; use /v1/completions", "messages") from None
+    except (ValueError, TypeError, jinja2.TemplateError) as e:
+        raise ApiError(400, f"the chat template refused the messages: {e}", "messages") from None
+    prompt = session.tokenize_raw(text + prefill)
+    prediction = None
+    if body.prediction is not None:
+        predicted = content_text(body.prediction.content)
+        prediction = session.target.tokenize(predicted, special=False) or None
+    config = generation_config(body, prompt, session, None, "messages")
+    return Prepared(prompt, config, prediction, prefill, tools is not None)
+
+
+def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
+    body.refuse_unsupported()
+    prompt = session.tokenize_raw(body.prompt_text())
+    if not prompt:
+        raise ApiError(400, "the prompt is empty", "prompt")
+    return Prepared(prompt, generation_config(body, prompt, session, COMPLETION_DEFAULT_TOKENS))
+
+
+def generation_config(
+    body: ChatRequest | CompletionRequest,
+    prompt: list[int],
+    session: Session,
+    default_tokens: int | None,
+    prompt_param: str = "prompt",
+) -> GenerationConfig:
+    """Sampling, stops and the token limit; a 400 where the prompt leaves no room."""
+    n_ctx = session.target.n_ctx
+    room = session.engine.room(len(prompt))
+    if room < 1:
+        raise ApiError(
+            400,
+            f"the prompt has {len(prompt)} tokens; the context holds {n_ctx} with room "
+            "for the answer",
+            prompt_param,
+            "context_length_exceeded",
+        )
+    limit = body.token_limit()
+    param = (
+        "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
+    )
+    if limit is not None and limit > n_ctx:
+        raise ApiError(400, f"{param} must be between 1 and {n_ctx}", param)
+    try:
+        sampling = body.sampling()
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    return GenerationConfig(
+        max_tokens=limit or default_tokens or room, sampling=sampling, stop=body.stops()
+    )
+
+
+# --- answering -------------------------------------------------------------------------
+class Answer:
+    """One request's answer, built from the worker's events: OpenAI's response body, or
+    its stream of chunks."""
+
+    def __init__(self, job: Job, prepared: Prepared, model: str, kind: str) -> None:
+        self.job = job
+        self.model = model
+        self.kind = kind
+        self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{short_id()}"
+        self.created = int(time.time())
+        self.calls = ToolCallStream() if prepared.tools else None
+        if self.calls is not None and prepared.prefill:
+            self.calls.push(prepared.prefill)  # the server's own words are not content
+
+    # --- not streamed ----------------------------------------------------------------
+    async def collect(
+        self, request: Request, build: Callable[[list[Event], Finished], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Wait for the whole answer; a client that leaves meanwhile cancels it."""
+        events: list[Event] = []
+        finished = False
+        try:
+            while True:
+                try:
+                    batch = await asyncio.wait_for(self.job.inbox.get(), timeout=1.0)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        raise ApiError(400, "the client disconnected") from None
+                    continue
+                for event in batch:
+                    if isinstance(event, Failed):
+                        raise failure(event)
+                    events.append(event)
+                    if isinstance(event, Finished):
+                        finished = True
+                        return build(events, event)
+        finally:
+            if not finished:
+                self.job.cancel.set()
+
+    def chat_body(self, events: list[Event], done: Finished) -> dict[str, Any]:
+        text, calls = self.split("".join(e.text for e in events if isinstance(e, Piece)))
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["content"] = text.strip() or None
+            message["tool_calls"] = [call.as_dict() for call in calls]
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": self.finish_reason(done, bool(calls)),
+            "logprobs": None,
+        }
+        return self.envelope("chat.completion", [choice]) | self.figures(done)
+
+    def completion_body(self, events: list[Event], done: Finished) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "text": done.text,
+            "finish_reason": self.finish_reason(done, False),
+            "logprobs": None,
+        }
+        return self.envelope("text_completion", [choice]) | self.figures(done)
+
+    def split(self, text: str) -> tuple[str, list[ToolCall]]:
+        """The whole answer's content and tool calls."""
+        if self.calls is None:
+            return text, []
+        content, calls = self.calls.push(text)
+        rest, more = self.calls.flush()
+        return content + rest, calls + more
+
+    # --- streamed --------------------------------------------------------------------
+    async def stream_chat(self, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+        yield self.chat_chunk({"role": "assistant", "content": ""})
+        called = 0
+        async for event in self.events():
+            if isinstance(event, Piece) and event.text:
+                content, calls = self.calls.push(event.text) if self.calls else (event.text, [])
+                for delta in self.deltas(content, calls, called):
+                    yield self.chat_chunk(delta)
+                called += len(calls)
+            elif isinstance(event, Finished):
+                content, calls = self.calls.flush() if self.calls else ("", [])
+                for delta in self.deltas(content, calls, called):
+                    yield self.chat_chunk(delta)
+                called += len(calls)
+                reason = self.finish_reason(event, called > 0)
+                last = self.chat_chunk({}, reason)
+                if include_usage:
+                    yield last
+                    last = self.envelope("chat.completion.chunk", [])
+                yield last | self.figures(event, include_usage)
+
+    async def stream_completion(self, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+        async for event in self.events():
+            if isinstance(event, Piece) and event.text:
+                yield self.completion_chunk(event.text)
+            elif isinstance(event, Finished):
+                last = self.completion_chunk("", self.finish_reason(event, False))
+                if include_usage:
+                    yield last
+                    last = self.envelope("text_completion", [])
+                yield last | self.figures(event, include_usage)
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The job's events; a client that leaves (the stream is closed) cancels it."""
+        try:
+            async for event in self.job.events():
+                if isinstance(event, Failed):
+                    raise failure(event)
+                yield event
+        finally:
+            self.job.cancel.set()  # over either way; the worker stops within the round
+
+    @staticmethod
+    def deltas(content: str, calls: list[ToolCall], before: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{"content": content}] if content else []
+        out += [{"tool_calls": [call.as_dict(before + i)]} for i, call in enumerate(calls)]
+        return out
+
+    def chat_chunk(self, delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+        return self.envelope("chat.completion.chunk", [choice])
+
+    def completion_chunk(self, text: str, reason: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+        return self.envelope("text_completion", [choice])
+
+    # --- the parts ---------------------------------------------------------------------
+    def envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def finish_reason(self, done: Finished, called: bool) -> str:
+        return "tool_calls" if called else FINISH_REASONS[done.stop_reason]
+
+    def figures(self, done: Finished, usage: bool = True) -> dict[str, Any]:
+        """`usage` (where asked for) and the engine's figures, under `localspec`."""
+        out: dict[str, Any] = {"localspec": stats_object(done.stats)}
+        if usage:
+            out["usage"] = self.usage(done)
+        return out
+
+    def usage(self, done: Finished) -> dict[str, Any]:
+        prompt, completion = len(self.job.prompt), len(done.tokens)
+        accepted, rejected = prediction_counts(self.job)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": accepted,
+                "rejected_prediction_tokens": rejected,
+                "reasoning_tokens": 0,
+            },
+        }
+
+
+def stats_object(s: Stats) -> dict[str, Any]:
+    """The speculation figures every answer carries."""
+    return {
+        "acceptance_rate": round(s.acceptance_rate, 4),
+        "mean_accepted_len": round(s.mean_accepted_len, 4),
+        "tokens_per_s": round(s.tokens_per_s, 3),
+        "ttft_s": round(s.ttft_s, 4),
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "rounds": s.rounds,
+        "gamma": s.gamma,
+        "drafter": s.drafter,
+    }
+
+
+def failure(event: Failed) -> ApiError:
+    return ApiError(500, f"generation failed: {event.message}", code="generation_failed")
+
+
+def sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    """Server-sent events: one `data:` line per chunk, then `data: [DONE]`; a failure
+    mid-stream becomes an error event (the status line is long gone)."""
+
+    async def lines() -> AsyncIterator[str]:
+        try:
+            async for chunk in chunks:
+                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        except ApiError as e:
+            yield f"data: {json.dumps(e.body(), ensure_ascii=False)}\n\n"
+            return
+        yield "data: [DONE]\n\n"
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(lines(), media_type="text/event-stream", headers=headers)
+
+
+def short_id() -> str:
+    return uuid.uuid4().hex[:12]

@@ -1,0 +1,164 @@
+"""OpenAI chat messages and tools to what a chat template reads, and tool calls back.
+
+Templates that support tools (Qwen2.5's, Hermes-style) describe them in the system turn
+and have the model answer a call as `<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>`; `ToolCallStream` splits such calls out of the streamed answer, holding
+back text that may be the start of one, as stop strings are held back.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from localspec.server.errors import ApiError
+from localspec.server.schemas import ChatMessageIn, ChatRequest, content_text
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+def template_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
+    """Messages as chat templates read them: text content; an assistant's tool calls
+    with their arguments as objects (templates write them out with `tojson`)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        message: dict[str, Any] = {
+            "role": "system" if m.role == "developer" else m.role,
+            "content": content_text(m.content),
+        }
+        if m.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": _arguments(call.function.arguments),
+                    },
+                }
+                for call in m.tool_calls
+            ]
+        if m.tool_call_id:
+            message["tool_call_id"] = m.tool_call_id
+        if m.name:
+            message["name"] = m.name
+        out.append(message)
+    return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def template_tools(request: ChatRequest, supports_tools: bool) -> list[dict[str, Any]] | None:
+    """The tools to render, None for none; a 400 where the template has no place for them."""
+    if not request.tools or request.tool_choice == "none":
+        return None
+    if not supports_tools:
+        raise ApiError(400, "this model's chat template does not support tools", "tools")
+    return [tool.model_dump(exclude_none=True) for tool in request.tools]
+
+
+def tool_prefill(request: ChatRequest) -> str:
+    """The start of the answer that makes the model call a tool where it must: the
+    opening of a call, with the function's name where one is named."""
+    choice = request.tool_choice
+    if choice is None or isinstance(choice, str):
+        return f'{OPEN}\n{{"name": "' if choice == "required" and request.tools else ""
+    names = {tool.function.name for tool in request.tools or []}
+    if choice.function.name not in names:
+        raise ApiError(
+            400, f"tool_choice names {choice.function.name!r}, not among the tools", "tool_choice"
+        )
+    return f'{OPEN}\n{{"name": {json.dumps(choice.function.name)}, "arguments": '
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    def as_dict(self, index: int | None = None) -> dict[str, Any]:
+        call: dict[str, Any] = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+        return call if index is None else {"index": index, **call}
+
+
+def parse_call(body: str) -> ToolCall | None:
+    """The call inside `<tool_call>...</tool_call>`, or None where it is not one."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    args = data.get("arguments", data.get("parameters", {}))
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", data["name"], text)
+
+
+@dataclass
+class ToolCallStream:
+    """Feed the answer's text as it streams; get back the content to show and the tool
+    calls completed so far. A call that does not parse is shown as text."""
+
+    _held: str = ""
+    _in_call: bool = False
+    calls: list[ToolCall] = field(default_factory=list)
+
+    def push(self, text: str) -> tuple[str, list[ToolCall]]:
+        self._held += text
+        content, calls = "", list[ToolCall]()
+        while True:
+            if self._in_call:
+                end = self._held.find(CLOSE)
+                if end < 0:
+                    return content, calls
+                body, self._held = self._held[:end], self._held[end + len(CLOSE) :]
+                self._in_call = False
+                call = parse_call(body)
+                if call is None:
+                    content += OPEN + body + CLOSE
+                else:
+                    calls.append(call)
+                    self.calls.append(call)
+                continue
+            start = self._held.find(OPEN)
+            if start >= 0:
+                content += self._held[:start]
+                self._held = self._held[start + len(OPEN) :]
+                self._in_call = True
+                continue
+            keep = _open_prefix(self._held)
+            content += self._held[: len(self._held) - keep]
+            self._held = self._held[len(self._held) - keep :]
+            return content, calls
+
+    def flush(self) -> tuple[str, list[ToolCall]]:
+        """The end of the answer: an unclosed call counts if it parses, else it is text."""
+        held, self._held = self._held, ""
+        if not self._in_call:
+            return held, []
+        self._in_call = False
+        call = parse_call(held)
+        if call is None:
+            return OPEN + held, []
+        self.calls.append(call)
+        return "", [call]
+
+
+def _open_prefix(text: str) -> int:
+    """Length of the longest suffix of `text` that begins `<tool_call>`."""
+    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(OPEN[:n]):
+            return n
+    return 0

@@ -1,0 +1,203 @@
+"""The request bodies the server reads, as OpenAI defines them, and what they ask of the
+engine. Unknown fields are ignored (clients send many); fields the server cannot honour
+(n > 1, penalties, logprobs, ...) are refused with a 400 that names them, never ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from localspec.decoding.sampling import SamplingParams
+from localspec.server.errors import ApiError
+
+T = TypeVar("T", bound=BaseModel)
+MAX_STOPS = 16  # OpenAI allows 4; editors' completion setups send more
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(Body):
+    type: Literal["text"]
+    text: str
+
+
+Content = str | list[TextPart] | None
+
+
+def content_text(content: Content) -> str:
+    """A message's text: a string, or its text parts joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content)
+
+
+class FunctionCall(Body):
+    name: str
+    arguments: str = "{}"  # JSON, as the model wrote it
+
+
+class ToolCallIn(Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessageIn(Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Content = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(Body):
+    model_config = ConfigDict(extra="allow")  # passed to the template as given
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Body):
+    name: str
+
+
+class NamedToolChoice(Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class PredictionIn(Body):
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+
+class StreamOptions(Body):
+    include_usage: bool = False
+
+
+class GenerationBody(Body):
+    """What chat and plain completions share: the model, sampling, stops, streaming."""
+
+    model: str | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    # llama.cpp's own knobs, accepted as llama-server accepts them
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, lt=1)
+    repeat_penalty: float | None = Field(None, gt=0)
+    seed: int | None = Field(None, ge=0)
+    stop: str | list[str] | None = None
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: bool | int | None = None
+    logit_bias: dict[str, float] | None = None
+
+    def sampling(self) -> SamplingParams:
+        """OpenAI's defaults (temperature 1, top_p 1) where the request says nothing;
+        top_k and min_p as localspec's own sampler has them."""
+        defaults = SamplingParams()
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=defaults.top_k if self.top_k is None else self.top_k,
+            min_p=defaults.min_p if self.min_p is None else self.min_p,
+            repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
+            seed=self.seed,
+        )
+
+    def stops(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOPS:
+            raise ApiError(400, f"at most {MAX_STOPS} stop sequences", "stop")
+        return tuple(s for s in stops if s)
+
+    def refuse_unsupported(self) -> None:
+        """A 400 for each field the server cannot honour."""
+        if self.n not in (None, 1):
+            raise ApiError(400, "n must be 1: one answer per request", "n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise ApiError(
+                    400, f"{name} is not supported; use repeat_penalty (llama.cpp's)", name
+                )
+        if self.logprobs:
+            raise ApiError(400, "logprobs are not supported", "logprobs")
+        if self.logit_bias:
+            raise ApiError(400, "logit_bias is not supported", "logit_bias")
+
+
+class ChatRequest(GenerationBody):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    prediction: PredictionIn | None = None
+    response_format: dict[str, Any] | None = None
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        kind = (self.response_format or {}).get("type", "text")
+        if kind != "text":
+            raise ApiError(
+                400, f"response_format {kind!r} is not supported", "response_format.type"
+            )
+
+
+class CompletionRequest(GenerationBody):
+    prompt: str | list[str]
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+    def prompt_text(self) -> str:
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if len(self.prompt) != 1:
+            raise ApiError(400, "prompt must be one string: one answer per request", "prompt")
+        return self.prompt[0]
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.echo:
+            raise ApiError(400, "echo is not supported", "echo")
+        if self.suffix:
+            raise ApiError(400, "suffix (fill in the middle) is not supported", "suffix")
+        if self.best_of not in (None, 1):
+            raise ApiError(400, "best_of must be 1", "best_of")
+
+
+def parse(kind: type[T], body: bytes) -> T:
+    """The request body as `kind`, or a 400 that names the first bad field."""
+    try:
+        return kind.model_validate_json(body)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        if first["type"] == "json_invalid":
+            raise ApiError(400, f"the body is not valid JSON: {first['msg']}") from None
+        param = ".".join(str(part) for part in first["loc"]) or None
+        where = f"{param}: " if param else ""
+        raise ApiError(400, f"{where}{first['msg']}", param) from None

@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""`localspec serve` against llama.cpp's `llama-server`, as an editor sees them.
+
+The same prompts, streamed one at a time through the `openai` SDK, against:
+- `localspec serve` (the pair, `--gamma auto`);
+- `llama-server -m T -md D` (llama.cpp's speculative server) and `llama-server -m T`
+  (plain), built by `scripts/peer_speculative.sh build` from the vendored llama.cpp;
+with the same models, threads and context, prompt for prompt. Client-side figures:
+TTFT (request to first content) and tok/s (tokens after the first over the time after
+it). With `--run`, also `localspec run --json` on each prompt: the server's cost over it.
+The editing suite (`--suite edit`) asks for small changes to a ~150-line file, with and
+without `prediction` (= the original file), against `localspec serve` only.
+
+    scripts/serve_bench.py --target T.gguf --draft D.gguf --threads 4 --prompts 10 \
+        --out docs/bench/serve/results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+ROOT = Path(__file__).resolve().parent.parent
+EDITS = (
+    "Rename the method `area` to `surface_area` everywhere.",
+    "Make `Circle.__init__` raise ValueError for a negative radius.",
+    "Add a `__repr__` to `Rectangle` that shows its width and height.",
+)
+
+
+def edit_file() -> str:
+    """A ~150-line Python module to edit (made here so the suite needs no data file)."""
+    parts = ['"""Shapes and their measures."""', "", "import math", ""]
+    shapes = [
+        ("Circle", ["radius"], "math.pi * self.radius ** 2", "2 * math.pi * self.radius"),
+        (
+            "Rectangle",
+            ["width", "height"],
+            "self.width * self.height",
+            "2 * (self.width + self.height)",
+        ),
+        ("Square", ["side"], "self.side ** 2", "4 * self.side"),
+        (
+            "Triangle",
+            ["a", "b", "c"],
+            "math.sqrt(self.s() * (self.s() - self.a) * (self.s() - self.b) * (self.s() - self.c))",
+            "self.a + self.b + self.c",
+        ),
+        (
+            "Ellipse",
+            ["major", "minor"],
+            "math.pi * self.major * self.minor",
+            "math.pi * (3 * (self.major + self.minor) - math.sqrt((3 * self.major + self.minor)"
+            " * (self.major + 3 * self.minor)))",
+        ),
+    ]
+    for name, fields, area, perimeter in shapes:
+        parts += ["", f"class {name}:", f'    """A {name.lower()}."""', ""]
+        parts += [f"    def __init__(self, {', '.join(fields)}):"]
+        parts += [f"        self.{f} = {f}" for f in fields]
+        if name == "Triangle":
+            parts += ["", "    def s(self):", "        return (self.a + self.b + self.c) / 2"]
+        parts += ["", "    def area(self):", f"        return {area}"]
+        parts += ["", "    def perimeter(self):", f"        return {perimeter}"]
+        parts += ["", "    def scaled(self, k):", f"        return {name}("]
+        parts += [f"            self.{f} * k," for f in fields] + ["        )", ""]
+    parts += ["", "def total_area(shapes):", "    return sum(s.area() for s in shapes)", ""]
+    parts += ["", "def largest(shapes):", "    return max(shapes, key=lambda s: s.area())", ""]
+    return "\n".join(parts) + "\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def server(command: list[str], port: int, log: Path) -> Iterator[str]:
+    """Start a server, wait for /health, yield its base URL, stop it."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if proc.poll() is not None:
+                sys.exit(f"{command[0]} exited: see {log}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                sys.exit(f"{command[0]} did not come up: see {log}")
+            time.sleep(1)
+        yield f"{base}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def stream_one(base: str, messages: list[Any], max_tokens: int, **extra: Any) -> dict:
+    """One streamed greedy request: client-side TTFT, tok/s, tokens, and the text."""
+    client = openai.OpenAI(base_url=base, api_key="bench", max_retries=0, timeout=600)
+    first = last = None
+    text, usage, figures = "", None, None
+    model = client.models.list().data[0].id  # a server may refuse other names
+    started = time.perf_counter()
+    for chunk in client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        **extra,
+    ):
+        now = time.perf_counter()
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first or now
+            last = now
+            text += chunk.choices[0].delta.content
+        if chunk.usage:
+            usage = chunk.usage
+        figures = (chunk.model_extra or {}).get("localspec", figures)
+    tokens = usage.completion_tokens if usage else 0
+    span = (last or started) - (first or started)
+    row = {
+        "tokens": tokens,
+        "ttft_s": (first or started) - started,
+        "tokens_per_s": (tokens - 1) / span if span > 0 else 0.0,
+        "text": text,
+    }
+    details = getattr(usage, "completion_tokens_details", None)
+    if details is not None and details.accepted_prediction_tokens is not None:
+        row["accepted_prediction"] = details.accepted_prediction_tokens
+        row["rejected_prediction"] = details.rejected_prediction_tokens
+    if figures:
+        row["localspec"] = figures
+    return row
+
+
+def warm_up(base: str) -> None:
+    """One short answer first, so no server's first figures include its warm-up."""
+    stream_one(base, [{"role": "user", "content": "Say hello."}], 8)
+
+
+def run_one(args: argparse.Namespace, prompt: str) -> dict:
+    """`localspec run --json` on the same prompt: its own decode speed and TTFT."""
+    cmd = [sys.executable, "-m", "localspec", "run", *model_args(args), "--json"]
+    cmd += ["-n", str(args.max_tokens), "--temperature", "0", prompt]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    result = json.loads(out)
+    return {"tokens": result["tokens"], **result["stats"], "text": result["text"]}
+
+
+def model_args(args: argparse.Namespace) -> list[str]:
+    return [
+        "--target",
+        args.target,
+        "--draft",
+        args.draft,
+        "--threads",
+        str(args.threads),
+        "--ctx",
+        str(args.ctx),
+    ]
+
+
+def llama_server(args: argparse.Namespace, port: int, draft: bool) -> list[str]:
+    threads = str(args.threads)
+    cmd = [str(args.llama_server), "-m", args.target, "-t", threads, "-tb", threads]
+    cmd += ["-c", str(args.ctx), "-np", "1", "--port", str(port)]
+    if not draft:
+        return cmd
+    cmd += ["-md", args.draft, "-td", threads, "--spec-type", "draft-simple"]
+    return [*cmd, "--spec-draft-n-max", str(args.peer_n_max)]
+
+
+def chat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
+    prompts = json.loads((ROOT / "localspec/data/bench_prompts.json").read_text())
+    chosen = list(prompts.items())[: args.prompts]
+    ports = {name: free_port() for name in ("localspec", "llama-spec", "llama-plain")}
+    commands = {
+        "localspec": [
+            sys.executable,
+            "-m",
+            "localspec",
+            "serve",
+            *model_args(args),
+            "--port",
+            str(ports["localspec"]),
+        ],
+        "llama-spec": llama_server(args, ports["llama-spec"], draft=True),
+        "llama-plain": llama_server(args, ports["llama-plain"], draft=False),
+    }
+    rows: list[dict] = []
+    bases: dict[str, str] = {}
+    stack = [server(commands[n], ports[n], logs / f"{n}.log") for n in commands]
+    try:
+        for name, ctx in zip(commands, stack, strict=True):
+            bases[name] = ctx.__enter__()
+            warm_up(bases[name])
+        for pid, spec in chosen:
+            messages = [{"role": "user", "content": spec["prompt"]}]
+            for name, base in bases.items():  # prompt for prompt: the same machine state
+                rows.append(
+                    {
+                        "suite": "chat",
+                        "prompt": pid,
+                        "server": name,
+                        **stream_one(base, messages, args.max_tokens),
+                    }
+                )
+                print(summary(rows[-1]), flush=True)
+            if args.run:
+                rows.append(
+                    {
+                        "suite": "chat",
+                        "prompt": pid,
+                        "server": "localspec-run",
+                        **run_one(args, spec["prompt"]),
+                    }
+                )
+                print(summary(rows[-1]), flush=True)
+    finally:
+        for ctx in reversed(stack[: len(bases)]):
+            ctx.__exit__(None, None, None)
+    return rows
+
+
+def edit_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
+    source = edit_file()
+    port = free_port()
+    command = [sys.executable, "-m", "localspec", "serve", *model_args(args), "--port", str(port)]
+    rows: list[dict] = []
+    with server(command, port, logs / "localspec-edit.log") as base:
+        warm_up(base)
+        for i, change in enumerate(EDITS[: args.prompts]):
+            messages = [
+                {
+                    "role": "system",
+                    "content": "You edit code. Reply with the complete updated file only.",
+                },
+                {"role": "user", "content": f"{change}\n\n```python\n{source}```"},
+            ]
+            budget = args.edit_max_tokens
+            for mode, extra in (
+                ("plain", {}),
+                ("prediction", {"prediction": {"type": "content", "content": source}}),
+            ):
+                rows.append(
+                    {
+                        "suite": "edit",
+                        "prompt": f"edit-{i}",
+                        "server": mode,
+                        **stream_one(base, messages, budget, **extra),
+                    }
+                )
+                print(summary(rows[-1]), flush=True)
+    return rows
+
+
+def summary(row: dict) -> str:
+    extra = ""
+    if "accepted_prediction" in row:
+        extra = f", prediction {row['accepted_prediction']}/{row['rejected_prediction']}"
+    return (
+        f"{row['suite']:5} {row['prompt']:22} {row['server']:14} {row['tokens']:4} tok "
+        f"{row['tokens_per_s']:7.2f} tok/s  TTFT {row['ttft_s']:.2f}s{extra}"
+    )
+
+
+def table(rows: list[dict]) -> str:
+    """Median tok/s and TTFT per suite and server."""
+    lines = ["| suite | server | median tok/s | median TTFT s |", "|---|---|---|---|"]
+    keys = dict.fromkeys((r["suite"], r["server"]) for r in rows)
+    for suite, name in keys:
+        mine = [r for r in rows if (r["suite"], r["server"]) == (suite, name)]
+        rate = statistics.median(r["tokens_per_s"] for r in mine)
+        ttft = statistics.median(r["ttft_s"] for r in mine)
+        lines.append(f"| {suite} | {name} | {rate:.2f} | {ttft:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from localspec.bench.peer import default_bin_dir
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--edit-max-tokens", type=int, default=2048)
+    p.add_argument("--prompts", type=int, default=10, help="prompts (or edits) per suite")
+    p.add_argument("--suite", choices=("chat", "edit", "all"), default="all")
+    p.add_argument("--run", action="store_true", help="also `localspec run` on each prompt")
+    p.add_argument(
+        "--peer-n-max", type=int, default=3, help="llama-server's draft length (its default: 3)"
+    )
+    p.add_argument("--llama-server", type=Path, default=default_bin_dir() / "llama-server")
+    p.add_argument("--out", type=Path, default=ROOT / "docs/bench/serve/results.json")
+    args = p.parse_args()
+    if args.suite != "edit" and not args.llama_server.exists():
+        sys.exit(f"{args.llama_server} not found: run scripts/peer_speculative.sh build")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    logs = args.out.parent / "logs"
+    logs.mkdir(exist_ok=True)
+    rows: list[dict] = []
+    if args.suite in ("chat", "all"):
+        rows += chat_suite(args, logs)
+    if args.suite in ("edit", "all"):
+        rows += edit_suite(args, logs)
+    args.out.write_text(
+        json.dumps(
+            {
+                "args": vars(args) | {"out": str(args.out), "llama_server": str(args.llama_server)},
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""`localspec serve` as an editor meets it: the real `openai` SDK against the real server
+(a subprocess on a free loopback port) with the real default pair, loaded once."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.real
+
+KEY = "sk-localspec-test"
+MODEL = "qwen2.5-coder-1.5b-instruct"
+ASK = [{"role": "user", "content": "Name three prime numbers, separated by commas."}]
+FILE = """import argparse
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description="Serve files over HTTP.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--root", default=".")
+    parser.add_argument("--verbose", action="store_true")
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    print(f"serving {args.root} on {args.host}:{args.port}")
+
+
+if __name__ == "__main__":
+    main()
+"""
+EDIT = [
+    {
+        "role": "system",
+        "content": "You edit code. Reply with the complete updated file in one code block.",
+    },
+    {
+        "role": "user",
+        "content": f"Change the default port to 9090:\n\n```python\n{FILE}```",
+    },
+]
+
+
+RUN_GREEDY = ["--json", "-n", "16", "--temperature", "0", ASK[0]["content"]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def model_args(real_paths: tuple[Path, Path]) -> list[str]:
+    target, draft = real_paths
+    return ["--target", str(target), "--draft", str(draft), "--threads", "2", "--ctx", "2048"]
+
+
+@pytest.fixture(scope="module")
+def server(real_paths: tuple[Path, Path], tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    """(base URL, the server's log file)."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    args = [*model_args(real_paths), "--port", str(port), "--max-queue", "3", "--model-name"]
+    env = {**os.environ, "LOCALSPEC_API_KEY": KEY}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "localspec", "serve", *args, MODEL],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(1)
+        yield base, log
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def client(server: tuple[str, Path]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server[0]}/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+def ask(client: openai.OpenAI, messages=ASK, **extra):
+    return client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, **{"max_tokens": 16, **extra}
+    )
+
+
+def streamed(client: openai.OpenAI, messages=ASK, **extra) -> tuple[str, list]:
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            **{"max_tokens": 16, **extra},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks
+
+
+def test_chat_streamed_and_not_agree_and_count_their_tokens(client: openai.OpenAI):
+    answer = ask(client)
+    text = answer.choices[0].message.content
+    assert text and answer.choices[0].finish_reason in ("stop", "length")
+    if answer.choices[0].finish_reason == "length":
+        assert answer.usage.completion_tokens == 16
+    assert 0 < answer.usage.completion_tokens <= 16
+    figures = answer.model_extra["localspec"]
+    assert figures["rounds"] >= 1 and figures["drafter"]
+
+    again, chunks = streamed(client)
+    assert again == text
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.completion_tokens == answer.usage.completion_tokens
+    assert usage.prompt_tokens == answer.usage.prompt_tokens
+    assert chunks[-1].model_extra["localspec"]["rounds"] >= 1
+
+
+def test_greedy_text_equals_localspec_run(client: openai.OpenAI, real_paths):
+    run = subprocess.run(
+        [sys.executable, "-m", "localspec", "run", *model_args(real_paths), *RUN_GREEDY],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    expected = json.loads(run.stdout)
+    answer = ask(client)
+    assert answer.choices[0].message.content == expected["text"]
+    assert answer.usage.completion_tokens == expected["tokens"]
+
+
+def test_stop_strings(client: openai.OpenAI):
+    full = ask(client).choices[0].message.content
+    assert "," in full
+    stopped = ask(client, stop=[","])
+    assert stopped.choices[0].message.content == full.split(",")[0]
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_predicted_outputs_accept_most_of_an_edit_and_change_nothing(client: openai.OpenAI):
+    ask(client, EDIT, max_tokens=8)  # the same cache state for both answers below
+    prediction = {"type": "content", "content": FILE}
+    predicted = ask(client, EDIT, max_tokens=200, prediction=prediction)
+    plain = ask(client, EDIT, max_tokens=200)
+    assert predicted.choices[0].message.content == plain.choices[0].message.content
+    details = predicted.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > predicted.usage.completion_tokens / 2
+    assert details.accepted_prediction_tokens > 3 * details.rejected_prediction_tokens
+    assert plain.usage.completion_tokens_details.accepted_prediction_tokens == 0
+
+
+def test_a_disconnect_lets_the_next_request_start_at_once(client: openai.OpenAI, server):
+    story = [{"role": "user", "content": "Write a very long story about a lighthouse."}]
+    stream = client.chat.completions.create(
+        model=MODEL, messages=story, temperature=0, max_tokens=1500, stream=True
+    )
+    for _, _chunk in zip(range(4), stream, strict=False):
+        pass
+    stream.close()
+    left = time.monotonic()
+    next_answer, chunks = streamed(client, max_tokens=2)
+    first_chunk_s = time.monotonic() - left
+    assert next_answer and chunks[-1].usage.completion_tokens == 2
+    # the long answer would take a minute or more; a round and a short prefill, seconds
+    assert first_chunk_s < 20, first_chunk_s
+    assert "cancelled: the client left" in server[1].read_text()
+
+
+def test_concurrent_clients_all_get_complete_answers(client: openai.OpenAI):
+    questions = [
+        [{"role": "user", "content": f"What is {a} plus {b}? Answer with the number."}]
+        for a, b in ((2, 3), (10, 5), (7, 8))
+    ]
+    alone = [ask(client, q, max_tokens=8).choices[0].message.content for q in questions]
+    together: list[str | None] = [None] * len(questions)
+
+    def one(i: int) -> None:
+        together[i] = ask(client, questions[i], max_tokens=8).choices[0].message.content
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(questions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert together == alone
+
+
+def test_bad_requests_get_4xx_in_the_error_shape(client: openai.OpenAI, server):
+    base = server[0]
+    auth = {"Authorization": f"Bearer {KEY}"}
+    good = {"model": MODEL, "messages": ASK, "max_tokens": 2}
+    bad = [
+        (b"{", 400),
+        (json.dumps({**good, "messages": 3}).encode(), 400),
+        (json.dumps({**good, "model": "gpt-9"}).encode(), 404),
+        (json.dumps({**good, "max_tokens": 0}).encode(), 400),
+        (json.dumps({**good, "max_tokens": 10**7}).encode(), 400),
+        (json.dumps({**good, "n": 2}).encode(), 400),
+        (
+            json.dumps(
+                {**good, "messages": [{"role": "user", "content": "word " * 3000}]}
+            ).encode(),
+            400,
+        ),
+        (b"x" * (9 << 20), 413),
+    ]
+    for body, status in bad:
+        r = httpx.post(f"{base}/v1/chat/completions", content=body, headers=auth, timeout=120)
+        assert r.status_code == status, (body[:80], r.text)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        assert ask(client, max_tokens=2).choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="n must be 1"):
+        ask(client, n=2)
+
+
+def test_the_api_key_is_enforced(server):
+    no_key = openai.OpenAI(base_url=f"{server[0]}/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        ask(no_key)
+    r = httpx.get(f"{server[0]}/v1/models")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_models_and_metrics(client: openai.OpenAI, server):
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL] and models[0].model_extra["draft"]
+    text = httpx.get(f"{server[0]}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    tokens = families["localspec_completion_tokens"].samples[0].value
+    assert tokens > 0 and "localspec_queue_depth" in families
+    assert families["localspec_ttft_seconds"].samples
+
+
+def test_a_tool_call_round_trips(client: openai.OpenAI):
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    answer = ask(client, messages, tools=tools, tool_choice=named, max_tokens=30)
+    call = answer.choices[0].message.tool_calls[0]
+    assert answer.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+    _, chunks = streamed(client, messages, tools=tools, tool_choice="required", max_tokens=30)
+    deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices]
+    calls = [d[0] for d in deltas if d]
+    assert calls and calls[0].function.name == "get_weather"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+    result = {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 °C"}
+    follow = [*messages, answer.choices[0].message.model_dump(exclude_none=True), result]
+    reply = ask(client, follow, tools=tools, max_tokens=20)
+    assert reply.choices[0].message.content
+
+
+def test_plain_completions(client: openai.OpenAI):
+    answer = client.completions.create(
+        model=MODEL, prompt="def add(a, b):\n", max_tokens=8, temperature=0
+    )
+    assert answer.choices[0].text and answer.usage.completion_tokens <= 8
+
+
+def test_beyond_the_queue_a_429_with_retry_after(client: openai.OpenAI, server):
+    story = [{"role": "user", "content": "Write a very long story about a lighthouse."}]
+    busy = client.chat.completions.create(
+        model=MODEL, messages=story, temperature=0, max_tokens=1500, stream=True
+    )
+    next(iter(busy))  # decoding now
+    waiting = [
+        threading.Thread(target=ask, args=(client,), kwargs={"max_tokens": 1}) for _ in range(3)
+    ]
+    for t in waiting:
+        t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{server[0]}/health").json()["queue_depth"] < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        r = httpx.post(
+            f"{server[0]}/v1/chat/completions",
+            json={"model": MODEL, "messages": ASK, "max_tokens": 1},
+            headers={"Authorization": f"Bearer {KEY}"},
+        )
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+        assert r.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        busy.close()
+        for t in waiting:
+            t.join(timeout=300)
