@@ -39,6 +39,7 @@ class Settings:
     provenance: bool = False  # colour each piece of an answer by who chose it
     target: str = ""  # the pair picked on the models screen; "" = the planner's choice
     draft: str = ""
+    rpc: str = ""  # host:port[,host:port...] of rpc-servers for the target's layers; "" = none
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -80,8 +81,19 @@ def check(key: str, value: Any) -> None:
             need(value in DRAFTERS, " or ".join(repr(d) for d in DRAFTERS))
         case "provenance":
             need(isinstance(value, bool), "true or false")
+        case "rpc":
+            need(isinstance(value, str) and _endpoints_ok(value), "host:port[,host:port...]")
         case _:
             raise SettingsError(f"unknown setting {key!r}")
+
+
+def _endpoints_ok(text: str) -> bool:
+    from localspec.backends.rpc import RpcError, parse_endpoints
+
+    try:
+        return not text or bool(parse_endpoints(text))
+    except RpcError:
+        return False
 
 
 def settings_path() -> Path:

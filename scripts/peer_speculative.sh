@@ -3,7 +3,9 @@
 # sources vendored in the llama-cpp-python sdist (the same llama.cpp localspec runs on),
 # run on the bench prompts next to plain decoding by llama.cpp's own completion tool.
 #
-#   scripts/peer_speculative.sh build
+#   scripts/peer_speculative.sh build [TARGET...]   (default: all, llama-server and
+#       ggml-rpc-server included)
+#   scripts/peer_speculative.sh bindir               (where the binaries are)
 #   scripts/peer_speculative.sh run --target T.gguf --draft D.gguf [--prompts FILE]
 #       [--only name1,name2] [--max-tokens 128] [--threads 2] [--n-max 3] [--repeats 1]
 #       [--out FILE.json]
@@ -20,10 +22,15 @@ PEER_DIR=${LOCALSPEC_PEER_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/localspec/peer}
 SRC="$PEER_DIR/llama_cpp_python-$LLAMA_CPP_VERSION/vendor/llama.cpp"
 BUILD="$PEER_DIR/build-$LLAMA_CPP_VERSION"
 PY=${PYTHON:-$PWD/.venv/bin/python}
-TARGETS=(llama-speculative-simple llama-completion)
+# The bench's peers, llama-server (the server benchmark's peer) and ggml-rpc-server
+# (llama.cpp's rpc-server: a target's layers on this machine, scripts/rpc_server.sh).
+TARGETS=(llama-speculative-simple llama-completion llama-server ggml-rpc-server)
+RUN_TARGETS=(llama-speculative-simple llama-completion)
 log() { printf '[peer] %s\n' "$*" >&2; }
 
-build() {
+build() {  # [target...]
+  local targets=("$@")
+  [ ${#targets[@]} -gt 0 ] || targets=("${TARGETS[@]}")
   mkdir -p "$PEER_DIR"
   if [ ! -f "$SRC/CMakeLists.txt" ]; then
     log "fetching the llama-cpp-python $LLAMA_CPP_VERSION sdist"
@@ -34,7 +41,7 @@ build() {
   # The same CPU rule as scripts/setup.sh: native, except where the CPU advertises AMX,
   # whose matmul crashes on multi-token batches on some virtualised CPUs (llama.cpp#20824).
   local args=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF)
+    -DLLAMA_BUILD_SERVER=ON -DGGML_RPC=ON -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF)
   if [ -r /proc/cpuinfo ] && grep -qw amx_tile /proc/cpuinfo; then
     local flags; flags=$(grep -m1 '^flags' /proc/cpuinfo)
     has() { [[ " $flags " == *" $1 "* ]] && echo ON || echo OFF; }
@@ -50,9 +57,10 @@ build() {
   patch_draft_budget
   log "configuring in $BUILD"
   cmake -S "$SRC" -B "$BUILD" -G Ninja "${args[@]}" >"$PEER_DIR/configure.log" 2>&1
-  log "building ${TARGETS[*]} (minutes; log in $PEER_DIR/build.log)"
+  log "building ${targets[*]} (minutes; log in $PEER_DIR/build.log)"
   nice -n 10 cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" \
-    --target "${TARGETS[@]}" >"$PEER_DIR/build.log" 2>&1
+    --target "${targets[@]}" >"$PEER_DIR/build.log" 2>&1 \
+    || { tail -20 "$PEER_DIR/build.log" >&2; log "build failed (log: $PEER_DIR/build.log)"; exit 1; }
   log "built: $BUILD/bin"
 }
 
@@ -121,7 +129,7 @@ run() {
     esac
   done
   [ -n "$target" ] && [ -n "$draft" ] || { log "run needs --target and --draft"; exit 2; }
-  for t in "${TARGETS[@]}"; do
+  for t in "${RUN_TARGETS[@]}"; do
     [ -x "$BUILD/bin/$t" ] || { log "$t is not built: run '$0 build' first"; exit 1; }
   done
   local work; work=$(mktemp -d)
@@ -179,7 +187,8 @@ print(json.dumps({
 }
 
 case "${1:-}" in
-  build) build ;;
+  build) shift; build "$@" ;;
+  bindir) echo "$BUILD/bin" ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

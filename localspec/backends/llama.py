@@ -16,6 +16,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
+from localspec.backends import rpc
 from localspec.backends.base import ContextFull, LoadFailed, Model, ModelError
 from localspec.backends.gguf import GGUF_MAGIC
 
@@ -45,6 +46,7 @@ class LoadOptions:
     n_gpu_layers: int = -1  # -1 = all that llama.cpp can offload
     n_threads: int = 0  # 0 = physical cores
     n_batch: int = 512
+    rpc: tuple[str, ...] = ()  # host:port of rpc-servers: the layers spread over them too
 
 
 def default_threads() -> int:
@@ -75,6 +77,9 @@ class LlamaModel(Model):
         self.name = path.stem
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 999
+        if options.rpc:  # llama.cpp reads the list while loading: keep it alive till then
+            devices = rpc.target_devices(options.rpc)
+            mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
         self._model = ll.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise LoadFailed(f"llama.cpp could not load {path} (out of memory, or a corrupt file)")
@@ -205,4 +210,7 @@ class LlamaModel(Model):
 
 
 def supports_gpu_offload() -> bool:
-    return bool(ll.llama_supports_gpu_offload())
+    """Whether this machine has a GPU llama.cpp can offload to. Not
+    `llama_supports_gpu_offload()`: with the RPC backend built in, that is true
+    everywhere, and a CPU machine would be planned as a GPU one."""
+    return bool(rpc.local_devices())

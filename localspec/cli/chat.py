@@ -26,6 +26,7 @@ FROM_SETTINGS = {
     "top_p": "top_p",
     "max_tokens": "max_tokens",
     "system": "system_prompt",
+    "rpc": "rpc",
 }
 
 
@@ -71,6 +72,7 @@ def pair_loader(args: argparse.Namespace, settings: Settings) -> tuple[PairLoade
 
     args = argparse.Namespace(**vars(args))
     args.gamma = settings.gamma
+    args.rpc = settings.rpc
     if args.target is None and settings.target:
         args.target, args.draft = settings.target, args.draft or settings.draft or None
     config = session_config(args)  # resolves the planner's pair when there is no target

@@ -60,6 +60,24 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="target layers to offload to the GPU (default: from the plan)",
     )
     add_draft_quant(g)
+    add_rpc_option(g)
+
+
+def add_rpc_option(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--rpc",
+        metavar="HOST:PORT[,...]",
+        default=None,
+        help="llama.cpp rpc-servers (scripts/rpc_server.sh) that hold the target's layers; "
+        "the draft stays on this machine",
+    )
+
+
+def rpc_endpoints(text: str | None) -> tuple[str, ...]:
+    """--rpc's servers, checked; () when it is not given."""
+    from localspec.backends.rpc import parse_endpoints
+
+    return parse_endpoints(text) if text else ()
 
 
 def add_draft_quant(g: argparse._ArgumentGroup) -> None:
@@ -108,19 +126,22 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
 
     target, draft = args.target, args.draft
     n_ctx, n_gpu_layers = args.ctx, args.n_gpu_layers
+    rpc = rpc_endpoints(getattr(args, "rpc", None))
     if target is None:
         from localspec.models.pairing import default_pair
 
         pair = default_pair(draft)
         target, draft = pair.target, pair.draft
         n_ctx = n_ctx or pair.n_ctx
-        n_gpu_layers = pair.n_gpu_layers if n_gpu_layers is None else n_gpu_layers
+        if n_gpu_layers is None and not rpc:  # over RPC every layer goes to the servers
+            n_gpu_layers = pair.n_gpu_layers
     if draft is None:
         draft = "ngram"
     load = LoadOptions(
         n_ctx=n_ctx or 4096,
         n_threads=args.threads,
         n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers,
+        rpc=rpc,  # the target's only: the draft stays local
     )
     return SessionConfig(
         target=target,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from localspec.cli.options import ctx_arg, ranged_int
 
 if TYPE_CHECKING:
+    from localspec.backends.rpc import RemoteDevice
     from localspec.models.hardware import Hardware
     from localspec.models.planner import Plan
 
@@ -61,6 +62,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="only installed models (what `run` and the chat will load)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument(
+        "--rpc",
+        metavar="HOST:PORT[,...]",
+        help="also list these rpc-servers' devices and their free memory",
+    )
     add_hardware_options(p)
     p.set_defaults(func=run)
 
@@ -79,11 +85,42 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_installed(catalog, hw, installed, request)
     else:
         plan = plan_catalog(catalog, hw, request, installed)
+    remote = remote_devices(args.rpc)
     if args.json:
-        print(json.dumps(plan_json(plan), indent=2, ensure_ascii=False))
+        data = plan_json(plan)
+        if args.rpc:
+            data["rpc_devices"] = [
+                {"endpoint": d.endpoint, "name": d.name, "free": d.free, "total": d.total}
+                for d in remote
+            ]
+        print(json.dumps(data, indent=2, ensure_ascii=False))
         return 0
+    if args.rpc:
+        print(describe_remote(remote))
     print(describe(plan))
     return 0
+
+
+def remote_devices(text: str | None) -> list[RemoteDevice]:
+    if not text:
+        return []
+    from localspec.backends import load_llama_library
+    from localspec.backends.rpc import parse_endpoints, remote_devices
+
+    load_llama_library()
+    return remote_devices(parse_endpoints(text))
+
+
+def describe_remote(devices: list[RemoteDevice]) -> str:
+    """The rpc-servers' devices; the plan below is still this machine's alone."""
+    from localspec.models.hardware import fmt_size
+
+    lines = [
+        f"remote   {d.name} at {d.endpoint}: {fmt_size(d.free)} free of {fmt_size(d.total)}"
+        for d in devices
+    ]
+    lines.append("         (`run --rpc` puts the target's layers there; not yet counted below)")
+    return "\n".join(lines) + "\n"
 
 
 def describe(plan: Plan) -> str:

@@ -1,0 +1,259 @@
+"""The target's layers on other machines, through llama.cpp's RPC backend.
+
+`rpc-server` (scripts/rpc_server.sh) serves one machine's device over TCP. `--rpc
+host:port,...` adds each server's devices to the target's device list, the way
+llama.cpp's own `--rpc` does: `ggml_backend_rpc_add_server`, reached through the backend
+registry. The servers are not registered globally (llama.cpp's tools do that), so a
+model loaded without an explicit device list, the draft, never sees them: it stays local.
+
+llama.cpp aborts the whole process when a server cannot be reached, speaks another
+protocol version, or stops answering (GGML_ABORT in ggml-rpc.cpp). So before llama.cpp
+sees a server we connect to it ourselves, with a bounded time, and check its version;
+a server that dies mid-answer still ends the process, with one line saying why
+(`end_process_on_abort`; docs/rpc.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import socket
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+from localspec.errors import LocalspecError
+
+# ggml-rpc.h's RPC_PROTO_MAJOR_VERSION / MINOR for the vendored llama.cpp; a server built
+# from another llama.cpp is refused here rather than aborting the process in ggml.
+PROTO_MAJOR, PROTO_MINOR = 7, 0
+CONNECT_TIMEOUT_S = 5.0
+_CMD_HELLO = 14
+_CONN_CAPS_SIZE = 24  # transport.h: RPC_CONN_CAPS_SIZE
+_HELLO_REPLY = struct.Struct("<BBBB")  # major, minor, patch, padding; then the caps
+
+# enum ggml_backend_dev_type
+_DEV_GPU, _DEV_IGPU = 1, 2
+
+_AddServer = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
+_AbortCallback = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+
+@cache
+def _ggml() -> ctypes.CDLL:
+    """ggml as llama-cpp-python loaded it (the same library llama.cpp runs on), typed;
+    loaded on first use so that parsing endpoints stays free of llama.cpp."""
+    from llama_cpp._ggml import libggml
+
+    lib = ctypes.CDLL(libggml._name)  # the same loaded library; its own typed functions
+    lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+    lib.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_count.argtypes = []
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_name.restype = ctypes.c_char_p
+    lib.ggml_backend_dev_memory.argtypes = [
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
+    lib.ggml_backend_dev_memory.restype = None
+    lib.ggml_set_abort_callback.argtypes = [_AbortCallback]
+    lib.ggml_set_abort_callback.restype = ctypes.c_void_p
+    return lib
+
+
+class RpcError(LocalspecError):
+    """An RPC server that cannot be used: unreachable, refusing, or another version."""
+
+
+@dataclass(frozen=True)
+class RemoteDevice:
+    """One device an rpc-server serves, as llama.cpp's registry sees it."""
+
+    endpoint: str  # host:port
+    name: str  # llama.cpp's name for it: RPC0, RPC1, ...
+    free: int  # bytes
+    total: int
+    handle: int  # ggml_backend_dev_t
+
+
+def parse_endpoints(text: str) -> tuple[str, ...]:
+    """`host:port[,host:port...]` as a tuple of endpoints; a one-line error otherwise."""
+    endpoints = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not endpoints:
+        raise RpcError("--rpc wants host:port[,host:port...]")
+    for endpoint in endpoints:
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise RpcError(f"--rpc wants host:port[,host:port...], not {endpoint!r}")
+    if len(set(endpoints)) < len(endpoints):
+        raise RpcError(f"--rpc names a server twice: {text}")
+    return endpoints
+
+
+def probe(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> tuple[int, int, int]:
+    """Connect and say HELLO as ggml-rpc does; the server's protocol version.
+
+    Raises RpcError, within about `timeout` seconds, for a server that is unreachable,
+    refuses, is busy (rpc-server serves one client at a time), is not an rpc-server,
+    or speaks another protocol version."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(struct.pack("<BQ", _CMD_HELLO, _CONN_CAPS_SIZE) + bytes(_CONN_CAPS_SIZE))
+            size = struct.unpack("<Q", _recv_exactly(sock, 8, endpoint))[0]
+            if size != _HELLO_REPLY.size + _CONN_CAPS_SIZE:
+                raise RpcError(f"{endpoint} does not answer like llama.cpp's rpc-server {_want()}")
+            major, minor, patch, _ = _HELLO_REPLY.unpack(
+                _recv_exactly(sock, _HELLO_REPLY.size, endpoint)
+            )
+    except TimeoutError:
+        raise RpcError(
+            f"the RPC server at {endpoint} did not answer within {timeout:g} s "
+            "(unreachable, or busy with another client)"
+        ) from None
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise RpcError(f"cannot reach the RPC server at {endpoint}: {reason}") from None
+    if major != PROTO_MAJOR or minor > PROTO_MINOR:
+        raise RpcError(
+            f"the RPC server at {endpoint} speaks protocol {major}.{minor}.{patch}, "
+            f"this llama.cpp {_want()}: build both from the same llama.cpp"
+        )
+    return major, minor, patch
+
+
+def _want() -> str:
+    return f"{PROTO_MAJOR}.{PROTO_MINOR}"
+
+
+def _recv_exactly(sock: socket.socket, n: int, endpoint: str) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise RpcError(
+                f"{endpoint} closed the connection: not llama.cpp's rpc-server {_want()}"
+            )
+        data += chunk
+    return data
+
+
+def remote_devices(endpoints: tuple[str, ...]) -> list[RemoteDevice]:
+    """The devices the servers at `endpoints` serve, each server probed first."""
+    for endpoint in endpoints:
+        probe(endpoint)
+    add_server = _add_server_function()
+    devices = []
+    for endpoint in endpoints:
+        reg = add_server(endpoint.encode())
+        if not reg:
+            raise RpcError(f"the RPC server at {endpoint} serves no device")
+        for i in range(_ggml().ggml_backend_reg_dev_count(reg)):
+            dev = _ggml().ggml_backend_reg_dev_get(reg, i)
+            free, total = device_memory(dev)
+            name = (_ggml().ggml_backend_dev_name(dev) or b"").decode()
+            devices.append(RemoteDevice(endpoint, name, free, total, dev))
+    return devices
+
+
+def _add_server_function() -> Callable[[bytes], int | None]:
+    reg = _ggml().ggml_backend_reg_by_name(b"RPC")
+    if not reg:
+        raise RpcError("this llama-cpp-python was built without RPC: rerun scripts/setup.sh")
+    address = _ggml().ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
+    if not address:
+        raise RpcError("llama.cpp's RPC backend has no ggml_backend_rpc_add_server")
+    return _AddServer(address)
+
+
+def device_memory(dev: int) -> tuple[int, int]:
+    """(free, total) bytes of a device; an RPC device asks its server."""
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    _ggml().ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    return free.value, total.value
+
+
+def local_devices() -> list[int]:
+    """The local GPUs llama.cpp would offload to by default (its rule: discrete GPUs,
+    else integrated ones); the CPU is not in the list, llama.cpp adds it itself."""
+    gpus, igpus = [], []
+    for i in range(_ggml().ggml_backend_dev_count()):
+        dev = _ggml().ggml_backend_dev_get(i)
+        reg = _ggml().ggml_backend_dev_backend_reg(dev)
+        if reg and _ggml().ggml_backend_reg_name(reg) == b"RPC":
+            continue
+        kind = _ggml().ggml_backend_dev_type(dev)
+        if kind == _DEV_GPU:
+            gpus.append(dev)
+        elif kind == _DEV_IGPU:
+            igpus.append(dev)
+    return gpus or igpus
+
+
+def device_list(devices: list[int]) -> ctypes.Array[ctypes.c_void_p]:
+    """A NULL-terminated ggml_backend_dev_t array, for llama_model_params.devices."""
+    return (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+
+
+def target_devices(endpoints: tuple[str, ...]) -> ctypes.Array[ctypes.c_void_p]:
+    """The remote devices first (llama.cpp's order: fewer transfers), then the local
+    GPUs; installs the one-line message for an RPC failure llama.cpp aborts on."""
+    remote = remote_devices(endpoints)
+    end_process_on_abort()
+    return device_list([d.handle for d in remote] + local_devices())
+
+
+def _on_abort(message: bytes | None) -> None:
+    text = (message or b"").decode("utf-8", "replace").strip()
+    where, sep, what = text.partition(": ")  # "/long/build/path/ggml-rpc.cpp:566: ..."
+    text = f"{where.replace(chr(92), '/').rsplit('/', 1)[-1]}{sep}{what}"
+    with contextlib.suppress(Exception):  # nothing may stop the message below
+        sys.stdout.flush()  # the answer so far stays on the screen
+        _leave_full_screen()
+    why = "an RPC server stopped answering" if "RPC" in text else "llama.cpp failed"
+    os.write(2, f"\nlocalspec: {why} ({text}); llama.cpp ends the process here\n".encode())
+    os._exit(1)  # llama.cpp calls abort() after this callback: exit as the CLI does instead
+
+
+def _leave_full_screen() -> None:
+    """The chat (Textual) holds the terminal in its alternate screen, raw, with mouse
+    reporting on: undo that, or the message is lost and the shell left unusable."""
+    if "textual" not in sys.modules or not os.isatty(1):
+        return
+    os.write(1, b"\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?2004l\x1b[?25h\x1b[?1049l")
+    import termios
+
+    attrs = termios.tcgetattr(0)
+    attrs[0] |= termios.ICRNL
+    attrs[1] |= termios.OPOST
+    attrs[3] |= termios.ECHO | termios.ICANON | termios.ISIG | termios.IEXTEN
+    termios.tcsetattr(0, termios.TCSANOW, attrs)
+
+
+_ABORT_CALLBACK = _AbortCallback(_on_abort)  # kept alive: ggml holds a raw pointer
+
+
+def end_process_on_abort() -> None:
+    """When llama.cpp aborts (an RPC server gone mid-answer), flush the answer so far,
+    print one `localspec: ...` line and exit 1 instead of abort()'s core dump."""
+    _ggml().ggml_set_abort_callback(_ABORT_CALLBACK)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Serves this machine's device to another machine's `localspec run --rpc HOST:PORT`:
+# llama.cpp's rpc-server (ggml-rpc-server), built from the same vendored llama.cpp as
+# localspec's own (scripts/peer_speculative.sh build; built here when missing).
+#
+#   scripts/rpc_server.sh [--host 127.0.0.1] [--port 50052] [--device CPU]
+#       [--threads N] [--cache]
+#
+# --device: which local device it serves (llama.cpp's names: CPU, CUDA0, Metal, ...);
+# default: llama.cpp's choice. --cache: keep received tensors in llama.cpp's local
+# cache, so the next load of the same model skips the transfer.
+# The RPC protocol has no authentication: bind to 127.0.0.1 or a network you trust.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+host=127.0.0.1 port=50052 device="" threads="" cache=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --host) host=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    --device) device=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --cache) cache=1; shift ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "rpc_server.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+bin="$(scripts/peer_speculative.sh bindir)/ggml-rpc-server"
+if [ ! -x "$bin" ]; then
+  echo "[rpc] building ggml-rpc-server (minutes, once)" >&2
+  scripts/peer_speculative.sh build ggml-rpc-server
+fi
+args=(--host "$host" --port "$port")
+[ -z "$device" ] || args+=(--device "$device")
+[ -z "$threads" ] || args+=(--threads "$threads")
+[ "$cache" = 0 ] || args+=(--cache)
+exec "$bin" "${args[@]}"

@@ -1,0 +1,275 @@
+"""The target over llama.cpp's RPC backend: two real rpc-servers on 127.0.0.1.
+
+The real tests start `ggml-rpc-server` (built by scripts/peer_speculative.sh; a missing
+binary fails them, never skips) on free loopback ports, split the real target across the
+two, and compare greedy answers with local decoding. The fast tests drive the endpoint
+parsing and the handshake against small fake servers.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localspec.backends import rpc
+from localspec.backends.rpc import RpcError, parse_endpoints, probe
+from localspec.settings import Settings, SettingsError
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT = "In two paragraphs: why do cats purr?"  # a chat answer: the draft is often wrong
+N_TOKENS = 32
+
+
+# --- fast: parsing and the handshake -------------------------------------------------
+
+
+def test_endpoints_are_parsed_and_checked():
+    assert parse_endpoints("127.0.0.1:50052, host.lan:1") == ("127.0.0.1:50052", "host.lan:1")
+    for bad in ("", "host", "host:", ":50052", "host:port", "host:0", "host:70000", "a:1,a:1"):
+        with pytest.raises(RpcError):
+            parse_endpoints(bad)
+
+
+def test_the_rpc_setting_takes_endpoints_or_nothing():
+    assert Settings(rpc="10.0.0.2:50052").rpc == "10.0.0.2:50052"
+    assert Settings().rpc == ""
+    with pytest.raises(SettingsError, match="host:port"):
+        Settings(rpc="10.0.0.2")
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fake_server(reply: bytes | None) -> tuple[str, threading.Event]:
+    """A TCP server on 127.0.0.1 that reads one HELLO and sends `reply` (None: nothing)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn, srv:
+            conn.recv(1 + 8 + 24)
+            if reply is not None:
+                conn.sendall(reply)
+            done.wait(10)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"127.0.0.1:{srv.getsockname()[1]}", done
+
+
+def hello_reply(major: int, minor: int) -> bytes:
+    return struct.pack("<Q", 28) + bytes([major, minor, 0, 0]) + bytes(24)
+
+
+def test_probe_refused_port_is_one_line():
+    with pytest.raises(RpcError, match=r"cannot reach the RPC server at 127\.0\.0\.1:\d+"):
+        probe(f"127.0.0.1:{closed_port()}")
+
+
+def test_probe_is_bounded_when_the_server_never_answers():
+    endpoint, done = fake_server(None)
+    start = time.monotonic()
+    with pytest.raises(RpcError, match=r"did not answer within 0\.5 s"):
+        probe(endpoint, timeout=0.5)
+    done.set()
+    assert time.monotonic() - start < 5
+
+
+def test_probe_refuses_another_protocol_version():
+    endpoint, done = fake_server(hello_reply(rpc.PROTO_MAJOR - 1, 0))
+    with pytest.raises(RpcError, match=r"speaks protocol 6\.0\.0"):
+        probe(endpoint, timeout=5)
+    done.set()
+
+
+def test_probe_refuses_what_is_not_an_rpc_server():
+    endpoint, done = fake_server(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    with pytest.raises(RpcError, match="does not answer like"):
+        probe(endpoint, timeout=5)
+    done.set()
+
+
+def test_probe_accepts_this_protocol():
+    endpoint, done = fake_server(hello_reply(rpc.PROTO_MAJOR, rpc.PROTO_MINOR))
+    assert probe(endpoint, timeout=5)[:2] == (rpc.PROTO_MAJOR, rpc.PROTO_MINOR)
+    done.set()
+
+
+# --- real: two rpc-servers, the target split across them -------------------------------
+
+
+def rpc_server_binary() -> Path:
+    bindir = subprocess.run(
+        [str(ROOT / "scripts/peer_speculative.sh"), "bindir"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    binary = Path(bindir) / "ggml-rpc-server"
+    if not binary.is_file():
+        pytest.fail(f"{binary} is not built: run scripts/peer_speculative.sh build ggml-rpc-server")
+    return binary
+
+
+class RpcServer:
+    """One ggml-rpc-server process serving this machine's CPU on a free loopback port."""
+
+    def __init__(self, binary: Path) -> None:
+        self.binary = binary
+        self.port = closed_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RpcServer:
+        args = [str(self.binary), "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*args, "--device", "CPU", "--threads", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while True:  # ready when it answers the handshake
+            try:
+                probe(self.endpoint, timeout=2)
+                return self
+            except RpcError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[RpcServer, RpcServer]]:
+    binary = rpc_server_binary()
+    pair = RpcServer(binary), RpcServer(binary)
+    try:
+        yield pair[0].start(), pair[1].start()
+    finally:
+        for server in pair:
+            server.kill()
+
+
+@pytest.fixture(scope="module")
+def remote_target(real_paths, servers):
+    from localspec.backends.llama import LlamaModel, LoadOptions
+
+    endpoints = tuple(s.endpoint for s in servers)
+    target = LlamaModel(real_paths[0], LoadOptions(n_ctx=2048, n_threads=2, rpc=endpoints))
+    yield target
+    target.close()
+
+
+def greedy(target, draft, gamma: int):
+    from localspec.decoding.drafters import DraftModel, NoDrafter
+    from localspec.decoding.engine import Engine, GenerationConfig
+    from localspec.decoding.events import Piece
+    from localspec.session import Session
+
+    drafter = NoDrafter() if draft is None else DraftModel(draft)
+    session = Session(Engine(target, drafter, gamma))
+    messages = [{"role": "user", "content": PROMPT}]
+    config = GenerationConfig(max_tokens=N_TOKENS, trace=True)
+    events = list(session.chat(messages, config))  # type: ignore[arg-type]
+    return events[-1], [e for e in events if isinstance(e, Piece)]
+
+
+@pytest.mark.real
+def test_remote_devices_report_their_memory_and_stay_out_of_the_registry(servers):
+    before = rpc._ggml().ggml_backend_dev_count()
+    devices = rpc.remote_devices(tuple(s.endpoint for s in servers))
+    assert [d.endpoint for d in devices] == [s.endpoint for s in servers]
+    assert all(d.name.startswith("RPC") and 0 < d.free <= d.total for d in devices)
+    # not registered: a model loaded without a device list (the draft) stays local
+    assert rpc._ggml().ggml_backend_dev_count() == before
+    assert not any(d.handle in rpc.local_devices() for d in devices)
+
+
+@pytest.mark.real
+def test_greedy_over_rpc_equals_local_plain_and_speculative(real_models, remote_target):
+    """The rpc-servers run llama.cpp's plain CPU kernels where the local target runs
+    repacked ones, so the logits differ in the last bits: at a near-tie the answers may
+    part, and only there (test_real_engine's rule, NEAR_TIE)."""
+    from decoding.test_real_engine import assert_lossless
+
+    target, draft = real_models
+    local_plain, local_plain_pieces = greedy(target, None, 0)
+    local_spec, _ = greedy(target, draft, 4)
+    remote_plain, remote_plain_pieces = greedy(remote_target, None, 0)
+    remote_spec, _ = greedy(remote_target, draft, 4)
+    assert len(local_plain.tokens) == N_TOKENS
+    assert_lossless(remote_plain, local_plain_pieces, local_plain)
+    assert_lossless(local_spec, local_plain_pieces, local_plain)
+    # the remote target's cache is rolled back after every rejection, like the local one
+    assert remote_spec.stats.drafted > remote_spec.stats.accepted > 0
+    assert_lossless(remote_spec, remote_plain_pieces, remote_plain)
+    assert_lossless(remote_spec, local_plain_pieces, local_plain)
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "localspec", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.real
+def test_closed_port_is_one_line_error(real_paths):
+    out = run_cli(
+        "--target", str(real_paths[0]), "--draft", "none", "--rpc", f"127.0.0.1:{closed_port()}",
+        "-n", "4", "hi",
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert out.stderr.startswith("localspec: cannot reach the RPC server at 127.0.0.1:")
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert out.stdout == ""
+
+
+@pytest.mark.real
+def test_server_killed_mid_answer_ends_it_with_one_line(real_paths):
+    """llama.cpp aborts the process on an RPC failure; localspec turns the abort into
+    `localspec: ...` and exit 1 after the answer so far (docs/rpc.md)."""
+    server = RpcServer(rpc_server_binary()).start()
+    try:
+        pair = ["--target", str(real_paths[0]), "--draft", str(real_paths[1]), "--ctx", "1024"]
+        pair += ["--rpc", server.endpoint, "--threads", "2"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "localspec", "run", *pair, "-n", "400", "Write a long story."],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+        )
+        assert proc.stdout is not None
+        first = proc.stdout.read(1)  # the answer has started: the target is remote
+        assert first, proc.stderr.read() if proc.stderr else ""
+        server.kill()
+        stdout, stderr = proc.communicate(timeout=60)
+        lines = stderr.decode().strip().splitlines()
+        assert proc.returncode == 1
+        assert lines[-1].startswith("localspec: an RPC server stopped answering (ggml-rpc.cpp:")
+        assert "Traceback" not in stderr.decode()
+        assert len(first + stdout) > 0
+        server.start()  # back on the same port: the next run uses it again
+        again = run_cli(*pair, "-n", "4", "hi")
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.strip()
+    finally:
+        server.kill()
