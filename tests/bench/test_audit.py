@@ -66,9 +66,10 @@ class UncutCache(ToyModel):
         rows = [self.logits_fn(context[: end - n_logits + i + 1]) for i in range(n_logits)]
         return np.asarray(rows, dtype=np.float32)
 
-    def _remove_from(self, pos: int) -> None:
-        if pos == 0:  # a whole clear works; a partial one does not
+    def _remove_from(self, pos: int) -> bool:
+        if pos == 0:  # a whole clear works; a partial one does nothing, and says it worked
             self.kv = []
+        return True
 
     def kv_len(self) -> int:
         return len(self.kv)
