@@ -21,6 +21,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("real") is not None)
 
 
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """localspec's home (settings, conversations, installed models) in an empty tmp dir."""
+    path = tmp_path / "home"
+    path.mkdir()
+    monkeypatch.setenv("LOCALSPEC_HOME", str(path))
+    return path
+
+
 def installed(model_id: str) -> Path:
     from localspec.models.resolve import resolve_installed
 

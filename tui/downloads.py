@@ -10,9 +10,10 @@ import time
 
 from textual import work
 
+from localspec.models.inventory import PairStatus
 from tui.advice import advice
 from tui.base import ChatBase
-from tui.listing import PairRow, download_files, downloaded_bytes, pull_pair
+from tui.listing import download_files, downloaded_bytes, pull_pair
 from tui.messages import Download, DownloadUpdate
 
 PROGRESS_EVERY_S = 0.5  # between readings of the bytes on disk, while a pair downloads
@@ -21,7 +22,7 @@ PROGRESS_EVERY_S = 0.5  # between readings of the bytes on disk, while a pair do
 class Downloads(ChatBase):
     """Pull a pair in a worker; read its progress off the disk meanwhile."""
 
-    def start_download(self, pair: PairRow) -> None:
+    def start_download(self, pair: PairStatus) -> None:
         if self.download is not None and not self.download.finished:
             self.notify(
                 f"{self.download.pair_id} is downloading; one at a time.", severity="warning"
@@ -31,7 +32,7 @@ class Downloads(ChatBase):
         self.pull(pair)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="download")
-    def pull(self, pair: PairRow) -> None:
+    def pull(self, pair: PairStatus) -> None:
         """Download a pair; progress is read off the disk twice a second meanwhile."""
         since = time.time() - 1
         line = ["starting…"]

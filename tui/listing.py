@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localspec.models.inventory import PairStatus
 from localspec.models.pairing import PairSpec
 
 
@@ -23,30 +24,10 @@ class ModelRow:
 
 
 @dataclass(frozen=True)
-class PairRow:
-    id: str
-    target: str
-    draft: str
-    quant: str
-    size: int  # both files, bytes
-    missing: int  # bytes still to download
-    fits: str  # the target's fit
-
-    @property
-    def installed(self) -> bool:
-        return self.missing == 0
-
-    @property
-    def spec(self) -> PairSpec:
-        """Catalog ids: the session resolves them to the installed files."""
-        return PairSpec(f"{self.target}:{self.quant}", f"{self.draft}:{self.quant}")
-
-
-@dataclass(frozen=True)
 class Listing:
     machine: str
     models: list[ModelRow] = field(default_factory=list)
-    pairs: list[PairRow] = field(default_factory=list)
+    pairs: list[PairStatus] = field(default_factory=list)
     planned: PairSpec | None = None  # the planner's pair for this machine, if one fits
     plan_note: str = ""
 
@@ -68,10 +49,7 @@ def gather() -> Listing:
         # one row per model unless another quantization is installed
         if f.model is not None and (f.installed is not None or f.is_default_quant)
     ]
-    pairs = [
-        PairRow(p.id, p.target, p.draft, p.quant, p.size, p.missing, p.fits)
-        for p in inventory.pairs
-    ]
+    pairs = list(inventory.pairs)
     planned, note = None, ""
     try:
         planned = default_pair(hw=hw)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from localspec.models.catalog import DEFAULT_QUANT, Catalog, ModelEntry
 from localspec.models.hardware import Hardware
 from localspec.models.memory import Budget, Weights, fit, memory_budget
+from localspec.models.pairing import PairSpec
 from localspec.models.planner import MIN_CTX
 from localspec.models.store import Installed
 
@@ -44,6 +45,15 @@ class PairStatus:
     size: int  # both files, bytes
     missing: int  # bytes still to download
     fits: str  # the target's
+
+    @property
+    def installed(self) -> bool:
+        return self.missing == 0
+
+    @property
+    def spec(self) -> PairSpec:
+        """Catalog ids: the session resolves them to the installed files."""
+        return PairSpec(f"{self.target}:{self.quant}", f"{self.draft}:{self.quant}")
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,7 @@ from localspec.backends import quantize
 from localspec.backends.gguf import gguf_info
 from localspec.backends.quantize import Q4_0, cpu_draft, cpu_draft_path, draft_to_load
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")
 
 
 @pytest.fixture

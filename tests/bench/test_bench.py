@@ -4,11 +4,10 @@ short run on the real pair."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import assert_one_line_error, localspec
 
 from localspec.backends.toy import ToyModel, scripted
 from localspec.bench import costs, modes, peer, runner, suite
@@ -457,12 +456,6 @@ def test_missing_peer_binaries(tmp_path):
 
 
 # --- the command ------------------------------------------------------------------------
-def localspec(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "localspec", *args], capture_output=True, text=True, timeout=120
-    )
-
-
 @pytest.mark.parametrize(
     ("args", "words"),
     [
@@ -481,9 +474,7 @@ def test_command_errors_are_one_line(tmp_path, args, words):
         (tmp_path / "a-file").write_text("")
         args = ["--out", str(tmp_path / args[1])]
     r = localspec("bench", "--target", str(tmp_path / "t.gguf"), *args)
-    assert r.returncode == 1 and "Traceback" not in r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and words in lines[0], r.stderr
+    assert_one_line_error(r.returncode, r.stderr, words)
 
 
 # --- the real pair -----------------------------------------------------------------------

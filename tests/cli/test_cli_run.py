@@ -4,47 +4,34 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import assert_one_line_error, localspec
 
 
-def localspec(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "localspec", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess, words: str) -> None:
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and words in lines[0], result.stderr
+def assert_error(result: subprocess.CompletedProcess, words: str) -> None:
+    assert_one_line_error(result.returncode, result.stderr, words)
 
 
 def test_missing_model_file(tmp_path: Path):
     r = localspec("run", "hi", "--target", str(tmp_path / "nope.gguf"), "--draft", "none")
-    assert_one_line_error(r, "not found")
+    assert_error(r, "not found")
 
 
 def test_not_a_gguf(tmp_path: Path):
     fake = tmp_path / "fake.gguf"
     fake.write_text("hello")
-    assert_one_line_error(localspec("run", "hi", "--target", str(fake)), "not a GGUF")
+    assert_error(localspec("run", "hi", "--target", str(fake)), "not a GGUF")
 
 
 def test_empty_prompt(tmp_path: Path):
-    assert_one_line_error(localspec("run", "  ", "--target", "x.gguf"), "empty")
-    assert_one_line_error(localspec("run", "--target", "x.gguf", stdin=""), "empty")
+    assert_error(localspec("run", "  ", "--target", "x.gguf"), "empty")
+    assert_error(localspec("run", "--target", "x.gguf", stdin=""), "empty")
 
 
 def test_bad_sampling_value():
-    assert_one_line_error(localspec("run", "hi", "--target", "x.gguf", "--top-p", "0"), "top-p")
+    assert_error(localspec("run", "hi", "--target", "x.gguf", "--top-p", "0"), "top-p")
 
 
 @pytest.mark.parametrize(
@@ -68,7 +55,7 @@ def test_a_bad_gamma_is_refused_and_auto_named(value: str, why: str):
 @pytest.mark.real
 def test_incompatible_draft(real_paths, gemma_path):
     r = localspec("run", "hi", "--target", str(real_paths[0]), "--draft", str(gemma_path))
-    assert_one_line_error(r, "cannot be paired")
+    assert_error(r, "cannot be paired")
 
 
 @pytest.mark.real
@@ -76,7 +63,7 @@ def test_prompt_longer_than_the_context(real_paths):
     r = localspec(
         "run", "word " * 600, "--target", str(real_paths[0]), "--draft", "none", "--ctx", "256"
     )
-    assert_one_line_error(r, "context")
+    assert_error(r, "context")
 
 
 @pytest.mark.real

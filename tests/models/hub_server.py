@@ -240,19 +240,6 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
         s.server_close()
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """localspec's home and the Hugging Face cache in tmp; the hub off unless a test
-    starts the fake one (which sets HF_ENDPOINT and clears HF_HUB_OFFLINE)."""
-    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_TOKEN", "")
-    monkeypatch.setenv("LOCALSPEC_HUB_TIMEOUT", "2")
-    return tmp_path / "home"
-
-
 # --- tiny GGUF files -----------------------------------------------------------------
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hub_server import home
 
 from localspec.models import store
 from localspec.models.catalog import UnknownModel, split_spec
@@ -17,8 +16,6 @@ from localspec.models.catalog_file import (
     parse_catalog,
 )
 from localspec.models.resolve import NotInstalled, resolve_installed
-
-__all__ = ["home"]
 
 CATALOG = default_catalog()
 

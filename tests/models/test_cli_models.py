@@ -9,25 +9,19 @@ import subprocess
 import sys
 
 import pytest
-from hub_server import home, make_gguf
+from helpers import assert_one_line_error
+from hub_server import make_gguf
 
 from localspec.cli import main
 from localspec.models.catalog_file import default_catalog
 from localspec.models.download import resolve_pull
 from localspec.models.resolve import resolve_installed
 
-__all__ = ["home"]
-
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def one_line_error(code: int, err: str, text: str) -> None:
-    assert code == 1
-    assert err.count("\n") == 1 and err.startswith("localspec: ") and text in err, err
 
 
 def test_plan_json_for_a_what_if_machine(home, capsys):
@@ -58,9 +52,11 @@ def test_plan_text_says_why_and_how_to_get_it(home, capsys):
 
 
 def test_plan_errors_are_one_line(home, capsys):
-    one_line_error(*run(capsys, "plan", "--family", "nope")[::2], "no family 'nope'")
-    one_line_error(*run(capsys, "plan", "--installed")[::2], "run `localspec pull default`")
-    one_line_error(*run(capsys, "plan", "--gpu", "none", "--ram", "1GiB")[::2], "nothing fits")
+    assert_one_line_error(*run(capsys, "plan", "--family", "nope")[::2], "no family 'nope'")
+    assert_one_line_error(*run(capsys, "plan", "--installed")[::2], "run `localspec pull default`")
+    assert_one_line_error(
+        *run(capsys, "plan", "--gpu", "none", "--ram", "1GiB")[::2], "nothing fits"
+    )
 
 
 @pytest.mark.parametrize(
@@ -113,30 +109,34 @@ def test_add_defaults_and_errors(home, tmp_path, capsys):
     code, out, _ = run(capsys, "add", str(path))
     assert code == 0 and out.startswith("added odd-model:") and "as a draft" in out
     assert "matches no catalog family" in out
-    one_line_error(*run(capsys, "add", str(tmp_path / "nope.gguf"))[::2], "model file not found")
+    assert_one_line_error(
+        *run(capsys, "add", str(tmp_path / "nope.gguf"))[::2], "model file not found"
+    )
     text = tmp_path / "notes.gguf"
     text.write_text("hello")
-    one_line_error(*run(capsys, "add", str(text))[::2], "not a GGUF model file")
-    one_line_error(*run(capsys, "add", str(path), "--id", "qwen3-8b")[::2], "is a catalog id")
-    one_line_error(*run(capsys, "add", str(path), "--id", "Bad Id")[::2], "--id")
+    assert_one_line_error(*run(capsys, "add", str(text))[::2], "not a GGUF model file")
+    assert_one_line_error(
+        *run(capsys, "add", str(path), "--id", "qwen3-8b")[::2], "is a catalog id"
+    )
+    assert_one_line_error(*run(capsys, "add", str(path), "--id", "Bad Id")[::2], "--id")
 
 
 def test_add_a_split_gguf_needs_every_part(home, tmp_path, capsys):
     first = tmp_path / "big-00001-of-00002.gguf"
     make_gguf(first)
-    one_line_error(*run(capsys, "add", str(first))[::2], "missing big-00002-of-00002.gguf")
+    assert_one_line_error(*run(capsys, "add", str(first))[::2], "missing big-00002-of-00002.gguf")
 
 
 def test_pull_errors_are_one_line(home, capsys):
-    one_line_error(
+    assert_one_line_error(
         *run(capsys, "pull", "qwen2.5-coder-7b-instrct")[::2],
         "did you mean qwen2.5-coder-7b-instruct",
     )
-    one_line_error(
+    assert_one_line_error(
         *run(capsys, "pull", "qwen3-8b", "--source", "mirror")[::2],
         "qwen3-8b:Q4_K_M has no mirror; try --source auto",
     )
-    one_line_error(
+    assert_one_line_error(
         *run(capsys, "pull", "qwen3-8b")[::2],
         "offline mode (HF_HUB_OFFLINE is set) (and it has no mirror)",
     )

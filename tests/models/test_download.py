@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hub_server import COMMIT, FakeHub, fake_hub, home, make_chunk_wheels, make_gguf
+from hub_server import COMMIT, FakeHub, fake_hub, make_chunk_wheels, make_gguf
 
 from localspec.models import hub, store
 from localspec.models.catalog import Catalog
@@ -19,7 +19,7 @@ from localspec.models.download import pull
 from localspec.models.hub import ChecksumMismatch, DownloadError, HubUnreachable, NotOnHub
 from localspec.models.resolve import find_installed
 
-__all__ = ["fake_hub", "home"]  # fixtures, used by name
+__all__ = ["fake_hub"]  # a fixture, used by name
 
 VOCAB = 300
 CHUNK = 64 << 10  # the hub client's read size, shrunk from 10 MiB for small test files

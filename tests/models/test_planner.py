@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hub_server import home, make_gguf
+from hub_server import make_gguf
 
 from localspec.backends.gguf import GgufInfo, gguf_info
 from localspec.models import store
@@ -44,8 +44,6 @@ from localspec.models.planner import (
 )
 from localspec.models.resolve import NotInstalled
 from localspec.models.store import FileRecord, Installed
-
-__all__ = ["home"]
 
 # Three families: one with a draft and targets from 1.5B to 32B (real Qwen2.5-Coder
 # shapes and file sizes, so the placements are the ones users see), one without a draft,

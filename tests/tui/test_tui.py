@@ -29,12 +29,6 @@ GiB = 1 << 30
 FAKE_MEMORY = MemoryUse(process=GiB // 2, used=GiB, total=2 * GiB)
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
-    return tmp_path
-
-
 def make_app(
     reply: object = REPLY, token_s: float = 0.0, settings: Settings | None = None, **loader_args
 ) -> ChatApp:
@@ -393,7 +387,8 @@ async def test_one_short_exchange_with_the_real_pair(real_paths, home: Path):
 
 
 def fake_listing():
-    from tui.listing import Listing, ModelRow, PairRow
+    from localspec.models.inventory import PairStatus
+    from tui.listing import Listing, ModelRow
 
     return Listing(
         "no GPU, 8.0 GiB RAM available, 2 CPU cores",
@@ -402,8 +397,8 @@ def fake_listing():
             ModelRow("toy-7b", "toy", "target", "Q4_K_M", 4 * GiB, False, "CPU"),
         ],
         pairs=[
-            PairRow("small", "toy-1b", "toy-draft", "Q4_K_M", GiB, 0, "CPU"),
-            PairRow("big", "toy-7b", "toy-draft", "Q4_K_M", 4 * GiB, 4000, "CPU"),
+            PairStatus("small", "toy-1b", "toy-draft", "Q4_K_M", GiB, 0, "CPU"),
+            PairStatus("big", "toy-7b", "toy-draft", "Q4_K_M", 4 * GiB, 4000, "CPU"),
         ],
         planned=PairSpec("toy-1b:Q4_K_M", "toy-draft:Q4_K_M", 2048, 0),
         plan_note="Target: toy-1b, the largest that fits.",

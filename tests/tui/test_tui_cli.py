@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import assert_one_line_error, localspec
 
 import tui.app
 from localspec.cli import build_parser, main
@@ -15,12 +15,6 @@ from localspec.settings import Settings, save_settings
 from tui.pair import PairSpec
 
 pytestmark = pytest.mark.tui
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
-    return tmp_path
 
 
 @pytest.fixture
@@ -58,14 +52,8 @@ def test_settings_problems_are_passed_to_the_app(home: Path, started: list):
 
 
 def test_a_bad_option_is_one_line_before_any_screen():
-    r = subprocess.run(
-        [sys.executable, "-m", "localspec", "chat", "--demo", "--top-p", "2"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.strip().count("\n") == 0 and "top_p" in r.stderr
+    r = localspec("chat", "--demo", "--top-p", "2", timeout=60)
+    assert_one_line_error(r.returncode, r.stderr, "top_p")
 
 
 def test_the_pair_opened_first():

@@ -34,11 +34,6 @@ def conversation(turns: int) -> Conversation:
     return Conversation("c", "a long chat", 0.0, tuple(messages))
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
-
-
 async def settle(pilot) -> None:
     for _ in range(4):  # a fold pass runs after a refresh, and may unfold for another
         await pilot.pause()

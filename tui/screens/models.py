@@ -15,7 +15,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, ProgressBar, Static
 
 from localspec.models.hardware import fmt_size
-from tui.listing import Listing, PairRow, gather
+from localspec.models.inventory import PairStatus
+from tui.listing import Listing, gather
 from tui.messages import Download, Listed
 from tui.pair import PairSpec
 
@@ -114,7 +115,7 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
             f"{download.pair_id}: {line}" if line else download.pair_id
         )
 
-    def highlighted_pair(self) -> PairRow | None:
+    def highlighted_pair(self) -> PairStatus | None:
         if self.listing is None or not self.listing.pairs:
             return None
         table = self.query_one("#models-pairs", DataTable)
