@@ -244,12 +244,35 @@ def chat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
 
 
 def edit_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
+    """Each edit three ways: `localspec serve` with the file as the prediction, without
+    it (auto: draft model and n-grams), and plain decoding (llama-server, no draft)."""
     source = edit_file()
-    port = free_port()
-    command = [sys.executable, "-m", "localspec", "serve", *model_args(args), "--port", str(port)]
+    ports = {name: free_port() for name in ("localspec", "llama-plain")}
+    commands = {
+        "localspec": [
+            sys.executable,
+            "-m",
+            "localspec",
+            "serve",
+            *model_args(args),
+            "--port",
+            str(ports["localspec"]),
+        ],
+        "llama-plain": llama_server(args, ports["llama-plain"], draft=False),
+    }
+    prediction = {"prediction": {"type": "content", "content": source}}
+    modes: list[tuple[str, str, dict[str, Any]]] = [
+        ("prediction", "localspec", prediction),
+        ("no-prediction", "localspec", {}),
+        ("llama-plain", "llama-plain", {}),
+    ]
     rows: list[dict] = []
-    with server(command, port, logs / "localspec-edit.log") as base:
-        warm_up(base)
+    bases: dict[str, str] = {}
+    stack = [server(commands[n], ports[n], logs / f"{n}-edit.log") for n in commands]
+    try:
+        for name, ctx in zip(commands, stack, strict=True):
+            bases[name] = ctx.__enter__()
+            warm_up(bases[name])
         for i, change in enumerate(EDITS[: args.prompts]):
             messages = [
                 {
@@ -258,20 +281,13 @@ def edit_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
                 },
                 {"role": "user", "content": f"{change}\n\n```python\n{source}```"},
             ]
-            budget = args.edit_max_tokens
-            for mode, extra in (
-                ("plain", {}),
-                ("prediction", {"prediction": {"type": "content", "content": source}}),
-            ):
-                rows.append(
-                    {
-                        "suite": "edit",
-                        "prompt": f"edit-{i}",
-                        "server": mode,
-                        **stream_one(base, messages, budget, **extra),
-                    }
-                )
+            for mode, name, extra in modes:
+                row = stream_one(bases[name], messages, args.edit_max_tokens, **extra)
+                rows.append({"suite": "edit", "prompt": f"edit-{i}", "server": mode, **row})
                 print(summary(rows[-1]), flush=True)
+    finally:
+        for ctx in reversed(stack[: len(bases)]):
+            ctx.__exit__(None, None, None)
     return rows
 
 
@@ -283,6 +299,35 @@ def summary(row: dict) -> str:
         f"{row['suite']:5} {row['prompt']:22} {row['server']:14} {row['tokens']:4} tok "
         f"{row['tokens_per_s']:7.2f} tok/s  TTFT {row['ttft_s']:.2f}s{extra}"
     )
+
+
+RATIOS = (  # (suite, server, over server): the medians of prompt-for-prompt tok/s ratios
+    ("chat", "localspec", "llama-spec"),
+    ("chat", "localspec", "llama-plain"),
+    ("chat", "llama-spec", "llama-plain"),
+    ("chat", "localspec", "localspec-run"),
+    ("edit", "prediction", "llama-plain"),
+    ("edit", "prediction", "no-prediction"),
+    ("edit", "no-prediction", "llama-plain"),
+)
+
+
+def ratios(rows: list[dict]) -> str:
+    """Prompt-for-prompt tok/s ratios: the median, and the smallest."""
+    lines = ["| suite | tok/s of | over | median | min | prompts |", "|---|---|---|---|---|---|"]
+    rate = {(r["suite"], r["prompt"], r["server"]): r["tokens_per_s"] for r in rows}
+    for suite, a, b in RATIOS:
+        found = [
+            rate[s, p, a] / rate[s, p, b]
+            for (s, p, name) in rate
+            if s == suite and name == a and rate.get((s, p, b), 0) > 0
+        ]
+        if found:
+            lines.append(
+                f"| {suite} | {a} | {b} | {statistics.median(found):.2f}x | "
+                f"{min(found):.2f}x | {len(found)} |"
+            )
+    return "\n".join(lines)
 
 
 def table(rows: list[dict]) -> str:
@@ -335,7 +380,9 @@ def main() -> None:
             indent=1,
         )
     )
-    print(table(rows))
+    text = f"{table(rows)}\n\n{ratios(rows)}\n"
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":
