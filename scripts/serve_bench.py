@@ -181,13 +181,23 @@ def model_args(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def peer_draft(args: argparse.Namespace) -> Path:
+    """The file localspec drafts with on this machine (its Q4_0 CPU copy of a draft on
+    the CPU): llama-server gets the same one, so the two differ only in how they draft."""
+    from localspec.backends import load_llama_library
+    from localspec.backends.quantize import draft_to_load
+
+    load_llama_library()
+    return draft_to_load(Path(args.draft), on_gpu=False, target=Path(args.target))
+
+
 def llama_server(args: argparse.Namespace, port: int, draft: bool) -> list[str]:
     threads = str(args.threads)
     cmd = [str(args.llama_server), "-m", args.target, "-t", threads, "-tb", threads]
     cmd += ["-c", str(args.ctx), "-np", "1", "--port", str(port)]
     if not draft:
         return cmd
-    cmd += ["-md", args.draft, "-td", threads, "--spec-type", "draft-simple"]
+    cmd += ["-md", str(peer_draft(args)), "-td", threads, "--spec-type", "draft-simple"]
     return [*cmd, "--spec-draft-n-max", str(args.peer_n_max)]
 
 
