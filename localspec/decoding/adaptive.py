@@ -21,6 +21,13 @@ since its last use would have paid for the probe PROBE_SHARE times over, so prob
 costs at most that share. Hybrid drafting: a prompt-lookup match is free, so it goes
 first; the draft model drafts when there is none, or extends it when that pays.
 
+The draft model's catch-up (reading what it has not seen: at the start of an answer, the
+whole prompt) is charged to the tokens the answer is still expected to make, taken as
+many as it has made so far (the answer's own length is the best guess of how much is
+left, as in ski rental): so n-grams and plain decoding carry the opening, and the draft
+model starts once the answer has run long enough that as long a run again would repay
+its read of the prompt. A short answer ends before it ever pays for that read.
+
 A request may bring a prediction of its answer (Predicted Outputs, see prediction.py):
 another free source, weighed like the n-grams with its own α (per alignment length,
 measured afresh for each request) and drafted deeper (up to PREDICTION_GAMMA_MAX): where
@@ -48,9 +55,9 @@ from localspec.drafting import GAMMA_MAX
 
 PREDICTION_GAMMA_MAX = 16  # a prediction that keeps matching is drafted this deep
 EMA_WEIGHT = 0.15
+EXPECTED_ANSWER = 32  # tokens an answer is expected to make at least, before it shows more
 PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
 PROBE_SHARE = 0.02  # at most this share of the time goes to probing idle sources
-CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
 RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
 SOURCES = ("ngram", "draft", "prediction")
@@ -187,6 +194,9 @@ class AdaptiveDrafter:
         self.idle_s = dict.fromkeys(SOURCES, 0.0)  # decode time since each was last used
         self._last: Choice | None = None
         self._draft_s = 0.0
+        self.answered = 0  # tokens of the current answer so far (its first included)
+        self._answer_start = 0  # where the current answer starts in the context
+        self._context_len = -1  # the context's length after the last round
 
     @property
     def busy_s(self) -> float:
@@ -214,6 +224,7 @@ class AdaptiveDrafter:
         self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
     ) -> Draft:
         deep, gamma = min(gamma, PREDICTION_GAMMA_MAX), min(gamma, GAMMA_MAX)
+        self.follow_answer(context)
         lag = self.model.unread(context) if self.model else 0
         n, match = self.ngrams.match(context, gamma)
         free = [("ngram", n, match, self.choose(len(match), gamma, lag, n))]
@@ -241,7 +252,15 @@ class AdaptiveDrafter:
         self._draft_s = self.busy_s - busy
         return Draft(tokens, q, by=choice.source, planned=choice.k, why=self.explain(choice))
 
+    def follow_answer(self, context: Sequence[int]) -> None:
+        """Count the answer's tokens: a context that is not the last round's text is a
+        new answer (its first token came from the prompt's prefill)."""
+        if len(context) != self._context_len:
+            self._answer_start = len(context) - 1
+        self.answered = len(context) - self._answer_start
+
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
+        self._context_len = len(tokens)
         if self.model is not None:
             self.model.accept(tokens, outcome)
         choice = self._last
@@ -273,6 +292,11 @@ class AdaptiveDrafter:
             return 0.0
         return (lag - 1) * (self.model.catchup_s or self.draft_cost / 2)
 
+    def catchup_per_token(self, lag: int) -> float:
+        """The catch-up, charged to each token the answer is still expected to make: as
+        many as it has made (see the module docstring)."""
+        return self.catchup_cost(lag) / max(self.answered, EXPECTED_ANSWER)
+
     def choose(
         self, matched: int, gamma: int, lag: int = 0, n: int = 4, free: str = "ngram"
     ) -> Choice:
@@ -286,7 +310,7 @@ class AdaptiveDrafter:
         # deep prediction draft times, can tilt the line and make every draft look dear)
         a = float(self.verify.batch(np.array([1]))[0])
         ng = self.alpha[free_key(free, n)] if matched else None
-        catchup = self.catchup_cost(lag) / CATCHUP_ROUNDS
+        catchup = self.catchup_per_token(lag)  # times the tokens a round yields
         options = [Choice("none", 0, 1.0)]
         ks = np.arange(1, gamma + 1)
         # A source not yet seen is judged at its prior, at every depth: on a CPU a 2-token
@@ -302,7 +326,8 @@ class AdaptiveDrafter:
             # Its first try pays the catch-up of the whole prompt, so it has to pay by the
             # priors, not just time a batch size (on a CPU the dearest one, T(2)).
             batch = self.verify.batch if dm.seen[0] else self.verify.prior_line
-            gains = (1 + dm.expected(gamma)) * a / (catchup + ks * c + batch(ks + 1))
+            tokens = 1 + dm.expected(gamma)
+            gains = tokens * a / (catchup * tokens + ks * c + batch(ks + 1))
             options += [Choice("draft", int(k), g) for k, g in zip(ks, gains, strict=True)]
             if ng and m < gamma:
                 # the whole n-gram match, then the draft model goes on after it
@@ -310,7 +335,7 @@ class AdaptiveDrafter:
                 ng_expected = ng.expected(m)[-1]
                 reach = ng.all_accepted(m)
                 tokens = 1 + ng_expected + reach * dm.expected(gamma - m)
-                cost = catchup + (rest + 1) * c + batch(m + rest + 1)
+                cost = catchup * tokens + (rest + 1) * c + batch(m + rest + 1)
                 gains = tokens * a / cost
                 options += [
                     Choice(f"{free}+draft", m + int(j), g, m)

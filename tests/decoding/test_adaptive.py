@@ -8,7 +8,9 @@ import pytest
 from localspec.backends.toy import ToyModel, scripted
 from localspec.decoding.adaptive import Acceptance, AdaptiveDrafter, Choice, VerifyCost, auto_engine
 from localspec.decoding.drafters import Outcome
+from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import RoundEnd
+from localspec.decoding.sampling import SamplingParams
 
 
 def test_expected_tokens_match_the_closed_form_for_constant_alpha():
@@ -275,3 +277,67 @@ def test_a_draft_model_left_off_through_a_long_chat_is_still_probed_again():
     near, far = (rounds_until_the_draft_model_is_probed(n) for n in (2_000, 50_000))
     assert far == near < 20_000
     assert near == pytest.approx(WINDOW * 0.003 / 0.034 / 0.02, rel=0.1)  # PROBE_SHARE
+
+
+# --- short answers: the draft model's read of the prompt -------------------------------
+def prompt_read_drafter(answered: int) -> AdaptiveDrafter:
+    """The F16 pair's costs with the Q4_0 CPU draft (T(1) 92 ms, c 11 ms, 3.6 ms a
+    token to read the prompt), its α at the prior, `answered` tokens into an answer
+    whose rounds so far were plain (T(1) alone timed)."""
+    d = drafter_with(a=0.092, b=0.0, c=0.011, alpha=0.7)
+    d.verify = VerifyCost()
+    d.verify.observe(1, 0.092)
+    d.alpha["draft"] = Acceptance.prior(0.7)
+    d.model.catchup_s = 0.0036  # type: ignore[union-attr]
+    d.answered = answered
+    return d
+
+
+def test_the_draft_model_reads_a_long_prompt_only_once_the_answer_can_repay_it():
+    """A 170-token prompt costs the draft model 0.6 s to read, more than it saves on a
+    13-token answer (the Spec-Bench extraction prompt `auto` lost at 0.75×): n-grams and
+    plain decoding carry the opening, and the draft model comes in once the answer has
+    run long enough that as long a run again repays the read."""
+    for answered in (2, 13):
+        early = prompt_read_drafter(answered).choose(matched=0, gamma=8, lag=171)
+        assert "draft" not in early.source
+    late = prompt_read_drafter(answered=120).choose(matched=0, gamma=8, lag=171)
+    assert late.source == "draft" and late.gain > 1
+    # a short prompt is repaid at once: the draft model drafts from the start
+    assert prompt_read_drafter(answered=2).choose(matched=0, gamma=8, lag=30).source == "draft"
+
+
+def test_the_answer_is_counted_from_its_first_token_and_afresh_for_the_next():
+    d = AdaptiveDrafter(None)
+    params, rng = SamplingParams(temperature=0), np.random.default_rng(0)
+    prompt = list(range(40))
+    d.draft([*prompt, 1], 4, params, rng)  # the first round: prefill gave one token
+    assert d.answered == 1
+    d.accept([*prompt, 1, 2, 3], Outcome(1, 1, 0.1))
+    d.draft([*prompt, 1, 2, 3], 4, params, rng)
+    assert d.answered == 3
+    d.accept([*prompt, 1, 2, 3, 4], Outcome(0, 0, 0.1))
+    d.draft([*prompt, 1, 2, 3, 4, 9, 9, 5], 4, params, rng)  # the next turn of the chat
+    assert d.answered == 1
+
+
+def long_prompt_pair(reply: str) -> tuple[ToyModel, ToyModel]:
+    """A target and an accurate draft whose costs are booked, not slept: T(k) = 92 ms +
+    6 ms a token, the draft 11 ms a step and 3.6 ms a token of a batch read."""
+    target = ToyModel(scripted(reply), pass_s=0.086, token_s=0.006, sleep=False)
+    draft = ToyModel(scripted(reply), pass_s=0.0074, token_s=0.0036, sleep=False)
+    return target, draft
+
+
+LONG_PROMPT = "Extract the names from this text. " + "lorem ipsum dolor sit amet " * 5
+
+
+def test_a_short_answer_to_a_long_prompt_never_pays_for_the_draft_models_read():
+    short, long = "Alice, Bob.", "".join(f"{w} number {i}; " for i, w in enumerate(["x"] * 40))
+    for reply, drafted in ((short, False), (long, True)):
+        target, draft = long_prompt_pair(reply)
+        prompt = target.tokenize(LONG_PROMPT + "<|assistant|>")
+        engine = Engine(target, AdaptiveDrafter(draft, cost_ratio=0.1), 16)
+        done = list(engine.generate(prompt, GenerationConfig(max_tokens=1000)))[-1]
+        assert done.text == reply  # greedy: the target's own answer, either way
+        assert (draft.decode_calls > 0) == drafted, (reply, draft.decode_calls)
