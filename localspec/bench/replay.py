@@ -187,7 +187,6 @@ def replay(rec: Recording, costs: Costs, policy: str) -> Replayed:
         match: list[int] = []
         if auto:
             drafter._match_n, match = drafter.ngrams.match(context, gamma)
-            drafter.answered = t
             choice = drafter.choose(len(match), gamma, len(context) - cached, drafter._match_n)
             drafter._last, k, n_ngram, p_min = choice, choice.k, choice.ngram, drafter.p_min(choice)
         accepted = next((j for j in range(n_ngram) if match[j] != y[t + j]), n_ngram)

@@ -21,12 +21,12 @@ since its last use would have paid for the probe PROBE_SHARE times over, so prob
 costs at most that share. Hybrid drafting: a prompt-lookup match is free, so it goes
 first; the draft model drafts when there is none, or extends it when that pays.
 
-The draft model's catch-up (reading what it has not seen: at the start of an answer, the
-whole prompt) is charged to the tokens the answer is still expected to make, taken as
-many as it has made so far (the answer's own length is the best guess of how much is
-left, as in ski rental): so n-grams and plain decoding carry the opening, and the draft
-model starts once the answer has run long enough that as long a run again would repay
-its read of the prompt. A short answer ends before it ever pays for that read.
+An answer's opening reads little: the draft model's first read of a long prompt is paid
+inside decoding and can cost more than a short answer gains, so until the answer has
+made OPENING tokens the draft model reads at most OPENING_WINDOW tokens it has not seen
+(the prompt's first SINKS tokens and its end, where the question usually is; see
+`DraftModel`). A draft decides only how fast the answer comes: the cut can cost
+acceptance, never output.
 
 A request may bring a prediction of its answer (Predicted Outputs, see prediction.py):
 another free source, weighed like the n-grams with its own α (per alignment length,
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from localspec.backends.base import Model
-from localspec.decoding.drafters import Draft, DraftModel, NgramIndex, Outcome
+from localspec.decoding.drafters import WINDOW, Draft, DraftModel, NgramIndex, Outcome
 from localspec.decoding.engine import Engine
 from localspec.decoding.prediction import Prediction
 from localspec.decoding.sampling import Probs, SamplingParams
@@ -55,9 +55,11 @@ from localspec.drafting import GAMMA_MAX
 
 PREDICTION_GAMMA_MAX = 16  # a prediction that keeps matching is drafted this deep
 EMA_WEIGHT = 0.15
-EXPECTED_ANSWER = 32  # tokens an answer is expected to make at least, before it shows more
 PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
 PROBE_SHARE = 0.02  # at most this share of the time goes to probing idle sources
+CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
+OPENING = 32  # tokens: an answer this short may end before a long read of its prompt pays
+OPENING_WINDOW = 64  # the most unread tokens the draft model reads in an answer's opening
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
 RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
 SOURCES = ("ngram", "draft", "prediction")
@@ -225,6 +227,8 @@ class AdaptiveDrafter:
     ) -> Draft:
         deep, gamma = min(gamma, PREDICTION_GAMMA_MAX), min(gamma, GAMMA_MAX)
         self.follow_answer(context)
+        if self.model is not None:
+            self.model.window = OPENING_WINDOW if self.answered < OPENING else WINDOW
         lag = self.model.unread(context) if self.model else 0
         n, match = self.ngrams.match(context, gamma)
         free = [("ngram", n, match, self.choose(len(match), gamma, lag, n))]
@@ -292,11 +296,6 @@ class AdaptiveDrafter:
             return 0.0
         return (lag - 1) * (self.model.catchup_s or self.draft_cost / 2)
 
-    def catchup_per_token(self, lag: int) -> float:
-        """The catch-up, charged to each token the answer is still expected to make: as
-        many as it has made (see the module docstring)."""
-        return self.catchup_cost(lag) / max(self.answered, EXPECTED_ANSWER)
-
     def choose(
         self, matched: int, gamma: int, lag: int = 0, n: int = 4, free: str = "ngram"
     ) -> Choice:
@@ -310,7 +309,7 @@ class AdaptiveDrafter:
         # deep prediction draft times, can tilt the line and make every draft look dear)
         a = float(self.verify.batch(np.array([1]))[0])
         ng = self.alpha[free_key(free, n)] if matched else None
-        catchup = self.catchup_per_token(lag)  # times the tokens a round yields
+        catchup = self.catchup_cost(lag) / CATCHUP_ROUNDS
         options = [Choice("none", 0, 1.0)]
         ks = np.arange(1, gamma + 1)
         # A source not yet seen is judged at its prior, at every depth: on a CPU a 2-token
@@ -326,8 +325,7 @@ class AdaptiveDrafter:
             # Its first try pays the catch-up of the whole prompt, so it has to pay by the
             # priors, not just time a batch size (on a CPU the dearest one, T(2)).
             batch = self.verify.batch if dm.seen[0] else self.verify.prior_line
-            tokens = 1 + dm.expected(gamma)
-            gains = tokens * a / (catchup * tokens + ks * c + batch(ks + 1))
+            gains = (1 + dm.expected(gamma)) * a / (catchup + ks * c + batch(ks + 1))
             options += [Choice("draft", int(k), g) for k, g in zip(ks, gains, strict=True)]
             if ng and m < gamma:
                 # the whole n-gram match, then the draft model goes on after it
@@ -335,7 +333,7 @@ class AdaptiveDrafter:
                 ng_expected = ng.expected(m)[-1]
                 reach = ng.all_accepted(m)
                 tokens = 1 + ng_expected + reach * dm.expected(gamma - m)
-                cost = catchup * tokens + (rest + 1) * c + batch(m + rest + 1)
+                cost = catchup + (rest + 1) * c + batch(m + rest + 1)
                 gains = tokens * a / cost
                 options += [
                     Choice(f"{free}+draft", m + int(j), g, m)
