@@ -21,13 +21,6 @@ since its last use would have paid for the probe PROBE_SHARE times over, so prob
 costs at most that share. Hybrid drafting: a prompt-lookup match is free, so it goes
 first; the draft model drafts when there is none, or extends it when that pays.
 
-An answer's opening reads little: the draft model's first read of a long prompt is paid
-inside decoding and can cost more than a short answer gains, so until the answer has
-made OPENING tokens the draft model reads at most OPENING_WINDOW tokens it has not seen
-(the prompt's first SINKS tokens and its end, where the question usually is; see
-`DraftModel`). A draft decides only how fast the answer comes: the cut can cost
-acceptance, never output.
-
 A request may bring a prediction of its answer (Predicted Outputs, see prediction.py):
 another free source, weighed like the n-grams with its own α (per alignment length,
 measured afresh for each request) and drafted deeper (up to PREDICTION_GAMMA_MAX): where
@@ -47,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from localspec.backends.base import Model
-from localspec.decoding.drafters import WINDOW, Draft, DraftModel, NgramIndex, Outcome
+from localspec.decoding.drafters import Draft, DraftModel, NgramIndex, Outcome
 from localspec.decoding.engine import Engine
 from localspec.decoding.prediction import Prediction
 from localspec.decoding.sampling import Probs, SamplingParams
@@ -58,8 +51,6 @@ EMA_WEIGHT = 0.15
 PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
 PROBE_SHARE = 0.02  # at most this share of the time goes to probing idle sources
 CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
-OPENING = 32  # tokens: an answer this short may end before a long read of its prompt pays
-OPENING_WINDOW = 64  # the most unread tokens the draft model reads in an answer's opening
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
 RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
 SOURCES = ("ngram", "draft", "prediction")
@@ -196,9 +187,6 @@ class AdaptiveDrafter:
         self.idle_s = dict.fromkeys(SOURCES, 0.0)  # decode time since each was last used
         self._last: Choice | None = None
         self._draft_s = 0.0
-        self.answered = 0  # tokens of the current answer so far (its first included)
-        self._answer_start = 0  # where the current answer starts in the context
-        self._context_len = -1  # the context's length after the last round
 
     @property
     def busy_s(self) -> float:
@@ -226,9 +214,6 @@ class AdaptiveDrafter:
         self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
     ) -> Draft:
         deep, gamma = min(gamma, PREDICTION_GAMMA_MAX), min(gamma, GAMMA_MAX)
-        self.follow_answer(context)
-        if self.model is not None:
-            self.model.window = OPENING_WINDOW if self.answered < OPENING else WINDOW
         lag = self.model.unread(context) if self.model else 0
         n, match = self.ngrams.match(context, gamma)
         free = [("ngram", n, match, self.choose(len(match), gamma, lag, n))]
@@ -256,15 +241,7 @@ class AdaptiveDrafter:
         self._draft_s = self.busy_s - busy
         return Draft(tokens, q, by=choice.source, planned=choice.k, why=self.explain(choice))
 
-    def follow_answer(self, context: Sequence[int]) -> None:
-        """Count the answer's tokens: a context that is not the last round's text is a
-        new answer (its first token came from the prompt's prefill)."""
-        if len(context) != self._context_len:
-            self._answer_start = len(context) - 1
-        self.answered = len(context) - self._answer_start
-
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
-        self._context_len = len(tokens)
         if self.model is not None:
             self.model.accept(tokens, outcome)
         choice = self._last
