@@ -1,6 +1,7 @@
 """`localspec bench`: modes run side by side on a prompt suite, and the policy replay.
 
-From the bottom up: `suite` (the prompts), `modes` (what is compared, and the engine each
+From the bottom up: `suite` (the prompts), `specbench` (Spec-Bench's questions as a
+suite: a seeded sample per category), `modes` (what is compared, and the engine each
 runs), `costs` (T(k) and the draft's step), `machine` (the CPU, its load, each run's share
 of it), `peer` (llama.cpp's own binaries), `audit` (where an answer differs from plain
 decoding: numerics or a defect), `results` (the report as data and its versioned JSON),

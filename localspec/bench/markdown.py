@@ -9,7 +9,9 @@ from collections.abc import Sequence
 
 from localspec.bench.costs import Costs
 from localspec.bench.machine import CONTENDED
-from localspec.bench.results import Report, Result
+from localspec.bench.results import SHORT_ANSWER, Report, Result
+
+WIDE = 5  # with more categories than this, they get their own table
 
 
 def fmt_ratio(value: float) -> str:
@@ -40,7 +42,9 @@ def to_markdown(report: Report) -> str:
             else []
         ),
         f"Greedy, {info.max_tokens} new tokens, {info.threads or 'default'} threads, "
-        f"{info.repeats} repeat(s), {len(report.prompts)} prompts; {info.caches}. "
+        f"{info.repeats} repeat(s), {len(report.prompts)} prompts"
+        + (f" ({info.suite})" if info.suite else "")
+        + f"; {info.caches}. "
         f"{info.machine} (load {info.load[0]:.1f} at the start, {info.load[1]:.1f} at the "
         f"end); {info.llama_cpp}; {info.started}, {info.duration_s / 60:.1f} min.",
         "",
@@ -65,12 +69,16 @@ def to_markdown(report: Report) -> str:
     parts = [
         "\n".join(head),
         summary_table(report),
+        *category_section(report),
+        *short_section(report),
         *costs_section(info.costs),
         "## By prompt (speedup over baseline)",
         by_prompt_table(report),
         "## Every figure",
         table(detail_header, [detail_row(r) for r in report.results], left=(0, 1, 11)),
-        "Speedup: decode tokens/s over the baseline run's, median over repeats. Accept: "
+        "Speedup: decode tokens/s over the baseline run's, median over repeats; for an "
+        f"answer under {SHORT_ANSWER} tokens the slowest prompt is judged by its time to "
+        "the last token (TTFT and decoding), marked TTLT. Accept: "
         "accepted / drafted. Mean len: tokens per round, the target's own included. "
         "Outside llama.cpp: the share of round time spent in Python, sampling and "
         "bookkeeping. CPU: the least CPU time a run got, over what its threads asked for "
@@ -87,9 +95,12 @@ def to_markdown(report: Report) -> str:
 
 def summary_table(report: Report) -> str:
     cats, peer = report.categories, report.info.peer is not None
+    wide = len(cats) > WIDE
+    shown = () if wide else cats  # many categories: in their own table
     header = [
         "mode",
-        *cats,
+        *shown,
+        *(["categories"] if wide else []),
         "all",
         "slowest prompt",
         "accept",
@@ -99,11 +110,14 @@ def summary_table(report: Report) -> str:
     rows = []
     for s in report.summary():
         identical = f"{s.identical}/{s.prompts}" + (f", {s.defects} DEFECT" if s.defects else "")
+        worst = report.result(s.worst_prompt, s.mode)
+        short = worst.short and worst.latency_speedup is not None
         row = [
             s.mode,
-            *(fmt_ratio(v) for _, v in s.by_category),
+            *(fmt_ratio(v) for _, v in (() if wide else s.by_category)),
+            *([fmt_ratio(s.over_categories)] if wide else []),
             fmt_ratio(s.median),
-            f"{fmt_ratio(s.worst)} {s.worst_prompt}",
+            f"{fmt_ratio(s.worst)}{' TTLT' if short else ''} {s.worst_prompt}",
             fmt_percent(s.acceptance_rate) if s.mode != "peer-plain" else "-",
             f"{fmt_percent(s.overhead_share)} (max {fmt_percent(s.max_overhead_share)})"
             if not s.external
@@ -113,19 +127,61 @@ def summary_table(report: Report) -> str:
         if peer:
             row.append(fmt_ratio(s.vs_peer) if s.vs_peer is not None else "-")
         rows.append(row)
-    return table(header, rows, left=(0, len(cats) + 2))
+    return table(header, rows, left=(0, len(header) - 4 - peer))
+
+
+def category_section(report: Report) -> list[str]:
+    """Many categories (Spec-Bench's 13): one row each, and their median."""
+    cats, summary = report.categories, report.summary()
+    if len(cats) <= WIDE:
+        return []
+    modes = [s.mode for s in summary]
+    counts = {
+        c: sum(report.result(p, "baseline").category == c for p in report.prompts) for c in cats
+    }
+    rows = [
+        [c, str(counts[c]), *(fmt_ratio(dict(s.by_category)[c]) for s in summary)] for c in cats
+    ]
+    rows.append(["median over categories", "", *(fmt_ratio(s.over_categories) for s in summary)])
+    return [
+        "## By category (median speedup over the category's prompts)",
+        table(["category", "prompts", *modes], rows),
+    ]
+
+
+def short_section(report: Report) -> list[str]:
+    """Short answers: there the draft model's first read of the prompt weighs most, so
+    they are judged by the time to their last token, TTFT included."""
+    short = [p for p in report.prompts if report.result(p, "baseline").short]
+    if not short:
+        return []
+    modes = report.info.modes[1:]
+    rows = []
+    for p in short:
+        base = report.result(p, "baseline")
+        cells = []
+        for m in modes:
+            r = report.result(p, m)
+            cells.append(fmt_ratio(r.latency_speedup) if r.latency_speedup is not None else "-")
+        rows.append([p, str(base.tokens), f"{base.runs[0].last_token_s:.2f}", *cells])
+    return [
+        f"## Short answers (under {SHORT_ANSWER} tokens): time to the last token",
+        "Baseline's time to its last token (TTFT and decoding) over each mode's, median "
+        "over repeats.",
+        table(["prompt", "tokens", "baseline s", *modes], rows),
+    ]
 
 
 def by_prompt_table(report: Report) -> str:
     modes, peer = report.info.modes, report.info.peer is not None
-    header = ["prompt", "category", "baseline tok/s", *modes[1:]]
+    header = ["prompt", "category", "tokens", "baseline tok/s", *modes[1:]]
     if peer:
         header += ["peer plain/spec tok/s", "best mode vs peer"]
     lines = []
     for p in report.prompts:
         base = report.result(p, "baseline")
         rows = [report.result(p, m) for m in modes[1:]]
-        line = [p, base.category, f"{base.tokens_per_s:.2f}"]
+        line = [p, base.category, str(base.tokens), f"{base.tokens_per_s:.2f}"]
         line += [fmt_ratio(r.speedup) for r in rows]
         if peer:
             ratios = [r.vs_peer for r in rows if r.vs_peer is not None and not r.external]

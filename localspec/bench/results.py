@@ -18,6 +18,7 @@ from localspec.bench.machine import CONTENDED
 from localspec.bench.suite import BenchError
 
 REPORT_VERSION = 2  # 1: the unversioned reports, whose agreement was a logit gap
+SHORT_ANSWER = 32  # tokens: below this, a prompt is judged by its time to the last token
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,12 @@ class RunFigures:
             outside_s=s.overhead_s,
         )
 
+    @property
+    def last_token_s(self) -> float:
+        """Time to the last token: the TTFT and the rounds after it (for the peer, its
+        prompt evaluation and its decoding)."""
+        return self.ttft_s + self.round_s
+
 
 @dataclass(frozen=True)
 class Agreement:
@@ -134,6 +141,20 @@ class Result:
     peer_tokens_per_s: float | None = None  # llama.cpp's speculative example, same prompt
     peer_plain_tokens_per_s: float | None = None  # llama.cpp's plain decoding, same prompt
     vs_peer: float | None = None  # tokens/s ÷ the peer's (side by side when run live)
+    # median over repeats of the baseline's time to the last token ÷ this run's
+    latency_speedup: float | None = None
+
+    @property
+    def short(self) -> bool:
+        return self.tokens < SHORT_ANSWER
+
+    @property
+    def measure(self) -> float:
+        """The prompt's figure: the decode speedup, or for a short answer (where the
+        draft model's first read of the prompt weighs most) the time to its last token."""
+        if self.short and self.latency_speedup is not None:
+            return self.latency_speedup
+        return self.speedup
 
 
 @dataclass(frozen=True)
@@ -143,7 +164,7 @@ class ModeSummary:
     mode: str
     by_category: tuple[tuple[str, float], ...]
     median: float
-    worst: float
+    worst: float  # the least `Result.measure`: time to the last token for short answers
     worst_prompt: str
     acceptance_rate: float  # median over prompts
     overhead_share: float  # median over prompts
@@ -153,6 +174,7 @@ class ModeSummary:
     vs_peer: float | None = None  # median over prompts the peer ran
     external: bool = False  # the peer itself: no overhead or agreement figures
     defects: int = 0  # prompts whose divergence from the baseline the audit did not prove
+    over_categories: float = 0.0  # median of the category medians
 
 
 @dataclass(frozen=True)
@@ -172,6 +194,7 @@ class BenchInfo:
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at the start and end
     interrupted: bool = False  # stopped early: the prompts that completed
     costs: Costs | None = None
+    suite: str | None = None  # None: the prompts file, else e.g. the Spec-Bench sample
 
 
 @dataclass(frozen=True)
@@ -207,17 +230,18 @@ class Report:
         out = []
         for mode in self.info.modes[1:]:
             rows = [r for r in self.results if r.mode == mode]
-            worst = min(rows, key=lambda r: r.speedup)
+            worst = min(rows, key=lambda r: r.measure)
             peers = [r.vs_peer for r in rows if r.vs_peer is not None]
+            by_category = tuple(
+                (c, median([r.speedup for r in rows if r.category == c])) for c in self.categories
+            )
             out.append(
                 ModeSummary(
                     mode=mode,
-                    by_category=tuple(
-                        (c, median([r.speedup for r in rows if r.category == c]))
-                        for c in self.categories
-                    ),
+                    by_category=by_category,
                     median=median([r.speedup for r in rows]),
-                    worst=worst.speedup,
+                    over_categories=median([v for _, v in by_category]),
+                    worst=worst.measure,
                     worst_prompt=worst.prompt,
                     acceptance_rate=median([r.acceptance_rate for r in rows]),
                     overhead_share=median([r.overhead_share for r in rows]),

@@ -98,8 +98,10 @@ def run_bench(
     peer: Peer | None = None,
     threads: int = 0,
     peer_bin: LlamaCppPeer | None = None,
+    suite: str | None = None,
 ) -> Report:
-    """Run every mode on every prompt, `config.repeats` times, interleaved."""
+    """Run every mode on every prompt, `config.repeats` times, interleaved; `suite`
+    names the prompts in the report (None: a prompts file)."""
     if not prompts:
         raise BenchError("no prompts to run")
     if not modes or modes[0].kind != "baseline":
@@ -154,6 +156,7 @@ def run_bench(
         load=(load, machine_load()),
         interrupted=interrupted,
         costs=costs,
+        suite=suite,
     )
     return Report(info, results)
 
@@ -264,6 +267,7 @@ def collect_results(
     for p in prompts:
         base = runs.finished[(p.name, "baseline")]
         base_tps = [r.figures.tokens_per_s for r in base]
+        base_latency = [r.figures.last_token_s for r in base]
         peer_tps = (
             [r.figures.tokens_per_s for r in runs.finished[(p.name, live_peer)]]
             if live_peer
@@ -307,6 +311,8 @@ def collect_results(
                     peer_tokens_per_s=peer_figures[0],
                     peer_plain_tokens_per_s=peer_figures[1],
                     vs_peer=vs_peer,
+                    # a time, so the ratio is inverted: the baseline's ÷ this run's
+                    latency_speedup=median_ratio(base_latency, [f.last_token_s for f in figures]),
                 )
             )
     return tuple(out)

@@ -47,6 +47,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         help='prompts file {"name": {"category": ..., "prompt": ...}} '
         "(default: the suite shipped with localspec)",
     )
+    b.add_argument(
+        "--suite",
+        choices=("localspec", "specbench"),
+        default="localspec",
+        help="localspec: the prompts file (--prompts); specbench: a seeded sample of "
+        "Spec-Bench's questions, first turns (default: %(default)s)",
+    )
+    b.add_argument(
+        "--specbench",
+        type=Path,
+        metavar="QUESTION_JSONL",
+        help="Spec-Bench's question.jsonl (default: $LOCALSPEC_SPECBENCH, else "
+        "shared/specbench/question.jsonl beside the repository)",
+    )
+    b.add_argument(
+        "--per-category",
+        type=int,
+        default=2,
+        help="Spec-Bench questions per category (default %(default)s)",
+    )
+    b.add_argument("--seed", type=int, default=0, help="seed of the Spec-Bench sample (default 0)")
+    b.add_argument(
+        "--list-prompts",
+        action="store_true",
+        help="run nothing: print the prompts a run would use, as a prompts file (--prompts)",
+    )
     b.add_argument("--only", help="comma-separated prompt names or categories to run")
     b.add_argument(
         "--modes",
@@ -105,7 +131,6 @@ def run(args: argparse.Namespace) -> int:
     from localspec.bench.peer import load_peer
     from localspec.bench.report import render, write_report
     from localspec.bench.runner import BenchConfig, run_bench
-    from localspec.bench.suite import load_prompts, select_prompts
 
     if args.render is not None:
         md, *_ = render(args.render, chart=not args.no_chart)
@@ -115,7 +140,12 @@ def run(args: argparse.Namespace) -> int:
         raise LocalspecError("--max-tokens must be at least 1")
     if args.repeats < 1:
         raise LocalspecError("--repeats must be at least 1")
-    prompts = select_prompts(load_prompts(args.prompts), args.only)
+    prompts, suite = choose_prompts(args)
+    if args.list_prompts:
+        from localspec.bench.specbench import as_prompts_file
+
+        print(as_prompts_file(prompts), end="")
+        return 0
     out = output_dir(args.out)
     target_path, draft_path = resolve_pair(args.target, args.draft)
     if draft_path is not None:  # the file both localspec and the peer draft with
@@ -151,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
             peer=peer,
             threads=args.threads or default_threads(),
             peer_bin=peer_bin,
+            suite=suite,
         )
     finally:
         target.close()
@@ -168,6 +199,23 @@ def run(args: argparse.Namespace) -> int:
     if report.info.interrupted:
         raise KeyboardInterrupt  # reported, but still an interrupted run (exit 130)
     return 0
+
+
+def choose_prompts(args: argparse.Namespace):  # -> (tuple[BenchPrompt, ...], str | None)
+    """The prompts to run, `--only` applied, and the suite's name for the report (None:
+    a prompts file)."""
+    from localspec.bench import specbench
+    from localspec.bench.suite import load_prompts, select_prompts
+
+    if args.suite == "localspec":
+        if args.specbench is not None:
+            raise LocalspecError("--specbench needs --suite specbench")
+        return select_prompts(load_prompts(args.prompts), args.only), None
+    if args.prompts is not None:
+        raise LocalspecError("--prompts and --suite specbench name two suites; pick one")
+    sample = specbench.Sample(args.per_category, args.seed)
+    prompts = select_prompts(specbench.load_sample(args.specbench, sample), args.only)
+    return prompts, specbench.describe(sample, len(prompts))
 
 
 def resolve_pair(target: str | None, draft: str | None) -> tuple[Path, Path | None]:
