@@ -240,7 +240,7 @@ class AdaptiveDrafter:
             run = self.suffix.match(context, deep)
             depth = deep if run.run >= DEEP_RUN else gamma  # deep along a long run
             if tokens := run.tokens[:depth]:
-                if tokens[:1] == match[:1]:
+                if tokens[:1] == match[:1] and run.run > self.ngrams.n_max:
                     # the lookup's match is the end of this longer run: the suffix drafts
                     # it, on its own α (else the one measured first would keep it)
                     free = [f for f in free if f[0] != "ngram"]
