@@ -25,7 +25,9 @@ A request may bring a prediction of its answer (Predicted Outputs, see predictio
 another free source, weighed like the n-grams with its own α (per alignment length,
 measured afresh for each request) and drafted deeper (up to PREDICTION_GAMMA_MAX): where
 the answer keeps to it, deep drafts pay; where it departs, the other sources take over
-until it re-joins.
+until it re-joins. The suffix index (suffix.py) is a third: the longest earlier run of the
+context's tail, in this conversation or an earlier one, and what most often followed it,
+with α per run length, drafted as deep along a long run.
 
 The draft model stops early (p_min, per position) at a token too unsure to pay for what
 drafting on from it costs: its verify slot and the steps after it, against the tokens it
@@ -44,6 +46,7 @@ from localspec.decoding.drafters import Draft, DraftModel, NgramIndex, Outcome
 from localspec.decoding.engine import Engine
 from localspec.decoding.prediction import Prediction
 from localspec.decoding.sampling import Probs, SamplingParams
+from localspec.decoding.suffix import DEEP_RUN, SUFFIX_PRIOR, SuffixIndex, suffix_key
 from localspec.drafting import GAMMA_MAX
 
 PREDICTION_GAMMA_MAX = 16  # a prediction that keeps matching is drafted this deep
@@ -53,7 +56,7 @@ PROBE_SHARE = 0.02  # at most this share of the time goes to probing idle source
 CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
 RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
-SOURCES = ("ngram", "draft", "prediction")
+SOURCES = ("ngram", "draft", "prediction", "suffix")
 RECOVER = 0.02  # per token made without the draft model, its low α closes this share of
 # the gap to its prior
 NGRAM_PRIOR = {2: 0.35, 3: 0.5, 4: 0.65}  # α before any measurement, by matched length n
@@ -161,7 +164,7 @@ class VerifyCost:
 
 @dataclass(frozen=True)
 class Choice:
-    source: str  # "none", "ngram", "draft", "ngram+draft", "prediction", "prediction+draft"
+    source: str  # "none", "draft", or a free source ("ngram", "prediction", "suffix") [+draft]
     k: int  # tokens to draft in all
     gain: float  # expected tokens/s relative to plain decoding (0 for a probe)
     ngram: int = 0  # of which from the free match (n-gram lookup or the prediction)
@@ -181,8 +184,13 @@ class AdaptiveDrafter:
             ngram_key(n): Acceptance.prior(a) for n, a in NGRAM_PRIOR.items()
         }
         self.prediction: Prediction | None = None
+        self.suffix: SuffixIndex | None = SuffixIndex()  # None: without it (to measure it)
+        self.alpha |= {
+            suffix_key(n): Acceptance.prior(a, PREDICTION_GAMMA_MAX)
+            for n, a in SUFFIX_PRIOR.items()
+        }
         self._match_n = 0  # the length of this round's free match
-        self._free = "ngram"  # this round's free source: "ngram" or "prediction"
+        self._free = "ngram"  # this round's free source: "ngram", "prediction" or "suffix"
         self.verify = VerifyCost()
         self.idle_s = dict.fromkeys(SOURCES, 0.0)  # decode time since each was last used
         self._last: Choice | None = None
@@ -228,6 +236,16 @@ class AdaptiveDrafter:
                     # the prompt too): the prediction drafts it, deeper, on this request's α
                     free.clear()
                 free.append(("prediction", n, found, choice))
+        if self.suffix is not None:
+            run = self.suffix.match(context, deep)
+            depth = deep if run.run >= DEEP_RUN else gamma  # deep along a long run
+            if tokens := run.tokens[:depth]:
+                if tokens[:1] == match[:1] and run.run > self.ngrams.n_max:
+                    # the lookup's match is the end of this longer run: the suffix drafts
+                    # it, on its own α (else the one measured first would keep it)
+                    free = [f for f in free if f[0] != "ngram"]
+                choice = self.choose(len(tokens), depth, lag, run.run, free="suffix")
+                free.append(("suffix", run.run, tokens, choice))
         # the free source whose round pays best (a probe counts as plain decoding)
         self._free, self._match_n, match, choice = max(free, key=lambda f: f[3].gain or 1.0)
         self._last = choice
@@ -277,8 +295,8 @@ class AdaptiveDrafter:
         self, matched: int, gamma: int, lag: int = 0, n: int = 4, free: str = "ngram"
     ) -> Choice:
         """The source and k with the best expected tokens/s (see the module docstring);
-        `matched` tokens from a match of length `n` by the free source `free` ("ngram" or
-        "prediction"). The draft model drafts at most GAMMA_MAX tokens in a round."""
+        `matched` tokens from a match of length `n` by the free source `free` ("ngram",
+        "prediction" or "suffix"). The draft model drafts at most GAMMA_MAX tokens in a round."""
         if gamma == 0 or not self.verify.seconds:
             return Choice("none", 0, 1.0)  # time one plain round first: T(1)
         c = self.draft_cost
@@ -379,8 +397,8 @@ class AdaptiveDrafter:
 
     def _free_alpha(self) -> str:
         """α of this round's free match, or of every n-gram length without a match."""
-        if self._free == "prediction":
-            return f"prediction {self.alpha[self.free_key()].alpha[0]:.2f}"
+        if self._free != "ngram":
+            return f"{self._free} {self.alpha[self.free_key()].alpha[0]:.2f}"
         ns = [self._match_n] if self._match_n else sorted(NGRAM_PRIOR)
         return " ".join(f"{n}-gram {self.alpha[ngram_key(n)].alpha[0]:.2f}" for n in ns)
 
@@ -398,8 +416,9 @@ def prediction_key(n: int) -> str:
 
 
 def free_key(source: str, n: int) -> str:
-    """The acceptance key of a free match: `source` "ngram" or "prediction", length n."""
-    return prediction_key(n) if source == "prediction" else ngram_key(n)
+    """The acceptance key of a free match of length n by `source`."""
+    keys = {"prediction": prediction_key, "suffix": suffix_key}
+    return keys.get(source, ngram_key)(n)
 
 
 def auto_engine(target: Model, draft: Model | None) -> Engine:
