@@ -45,7 +45,8 @@ def to_markdown(report: Report) -> str:
         f"{info.repeats} repeat(s), {len(report.prompts)} prompts"
         + (f" ({info.suite})" if info.suite else "")
         + f"; {info.caches}. "
-        f"{info.machine} (load {info.load[0]:.1f} at the start, {info.load[1]:.1f} at the "
+        + (f"{info.placement}. " if info.placement else "")
+        + f"{info.machine} (load {info.load[0]:.1f} at the start, {info.load[1]:.1f} at the "
         f"end); {info.llama_cpp}; {info.started}, {info.duration_s / 60:.1f} min.",
         "",
         *defects_note(report),

@@ -77,6 +77,7 @@ class LlamaCppPeer:
     threads: int
     n_ctx: int = 4096
     n_gpu_layers: int = -1  # -1: all
+    rpc: tuple[str, ...] = ()  # rpc-servers that hold the target's layers (the draft's stay here)
 
     def check(self, speculative: bool) -> None:
         names = [PLAIN_BIN] + ([SPEC_BIN] if speculative else [])
@@ -112,7 +113,7 @@ class LlamaCppPeer:
             "-td",
             str(self.threads),
             "-ngld",
-            self._ngl(),
+            "0" if self.rpc else self._ngl(),  # --rpc would offer the servers to the draft too
             "--spec-type",
             "draft-simple",
             "--spec-draft-n-max",
@@ -165,6 +166,7 @@ class LlamaCppPeer:
             "1",
             "-ngl",
             self._ngl(),
+            *(["--rpc", ",".join(self.rpc)] if self.rpc else []),
             *extra,
         ]
 

@@ -195,6 +195,7 @@ class BenchInfo:
     interrupted: bool = False  # stopped early: the prompts that completed
     costs: Costs | None = None
     suite: str | None = None  # None: the prompts file, else e.g. the Spec-Bench sample
+    placement: str | None = None  # where the target ran when not here: RPC servers, latency
 
 
 @dataclass(frozen=True)

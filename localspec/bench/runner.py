@@ -99,9 +99,11 @@ def run_bench(
     threads: int = 0,
     peer_bin: LlamaCppPeer | None = None,
     suite: str | None = None,
+    placement: str | None = None,
 ) -> Report:
     """Run every mode on every prompt, `config.repeats` times, interleaved; `suite`
-    names the prompts in the report (None: a prompts file)."""
+    names the prompts in the report (None: a prompts file), `placement` where the target
+    ran when not all on this machine."""
     if not prompts:
         raise BenchError("no prompts to run")
     if not modes or modes[0].kind != "baseline":
@@ -157,6 +159,7 @@ def run_bench(
         interrupted=interrupted,
         costs=costs,
         suite=suite,
+        placement=placement,
     )
     return Report(info, results)
 

@@ -8,7 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-from localspec.cli.options import add_draft_quant, ctx_arg, threads_arg
+from localspec.cli.options import (
+    add_draft_quant,
+    add_rpc_option,
+    ctx_arg,
+    rpc_endpoints,
+    threads_arg,
+)
 from localspec.errors import LocalspecError
 
 
@@ -40,6 +46,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="target layers to offload to a GPU (default: all that fit)",
     )
     add_draft_quant(g)
+    add_rpc_option(g)
+    g.add_argument(
+        "--rpc-rtt-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="with --rpc: add this round-trip time to every server, through a relay on "
+        "127.0.0.1 (localspec and the peer alike; default 0)",
+    )
     b = p.add_argument_group("bench")
     b.add_argument(
         "--prompts",
@@ -124,13 +139,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localspec.backends.llama import default_threads
-    from localspec.bench.machine import machine_load
-    from localspec.bench.markdown import to_markdown
-    from localspec.bench.modes import parse_modes
-    from localspec.bench.peer import load_peer
-    from localspec.bench.report import render, write_report
-    from localspec.bench.runner import BenchConfig, run_bench
+    from localspec.bench.delay import delayed
+    from localspec.bench.report import render
 
     if args.render is not None:
         md, *_ = render(args.render, chart=not args.no_chart)
@@ -146,7 +156,26 @@ def run(args: argparse.Namespace) -> int:
 
         print(as_prompts_file(prompts), end="")
         return 0
+    rpc = rpc_endpoints(args.rpc)
+    if args.rpc_rtt_ms and not rpc:
+        raise LocalspecError("--rpc-rtt-ms adds latency to RPC servers: pass them with --rpc")
+    if not 0 <= args.rpc_rtt_ms <= 1000:
+        raise LocalspecError("--rpc-rtt-ms must be between 0 and 1000")
     out = output_dir(args.out)
+    with delayed(rpc, args.rpc_rtt_ms / 1e3) as endpoints:
+        return bench(args, prompts, suite, out, endpoints, placement(rpc, args.rpc_rtt_ms))
+
+
+def bench(args, prompts, suite, out: Path, rpc: tuple[str, ...], where: str | None) -> int:
+    """Run the bench on the resolved prompts; `rpc`: the servers as the models reach them."""
+    from localspec.backends.llama import default_threads
+    from localspec.bench.machine import machine_load
+    from localspec.bench.markdown import to_markdown
+    from localspec.bench.modes import parse_modes
+    from localspec.bench.peer import load_peer
+    from localspec.bench.report import write_report
+    from localspec.bench.runner import BenchConfig, run_bench
+
     target_path, draft_path = resolve_pair(args.target, args.draft)
     if draft_path is not None:  # the file both localspec and the peer draft with
         draft_path = draft_file(draft_path, target_path, args)
@@ -156,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     if any(m.is_peer for m in modes):
         if peer is not None:
             raise LocalspecError("--peer FILE and the peer modes do the same; pick one")
-        peer_bin = peer_binaries(args, target_path, draft_path, modes)
+        peer_bin = peer_binaries(args, target_path, draft_path, modes, rpc)
 
     if (load := machine_load()) > 0.5 * (os.cpu_count() or 1):
         print(
@@ -164,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
             "timings will be noisy",
             file=sys.stderr,
         )
-    target, draft = load_models(target_path, draft_path, args)
+    target, draft = load_models(target_path, draft_path, args, rpc)
     try:
         print(
             f"bench: {len(prompts)} prompts × {len(modes)} modes × {args.repeats} "
@@ -182,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
             threads=args.threads or default_threads(),
             peer_bin=peer_bin,
             suite=suite,
+            placement=where,
         )
     finally:
         target.close()
@@ -238,7 +268,17 @@ def resolve_pair(target: str | None, draft: str | None) -> tuple[Path, Path | No
     return resolve_model(target), resolve_model(draft)
 
 
-def peer_binaries(args: argparse.Namespace, target: Path, draft: Path | None, modes):
+def placement(rpc: tuple[str, ...], rtt_ms: float) -> str | None:
+    """Where the target runs, for the report (None: all on this machine)."""
+    if not rpc:
+        return None
+    added = f", {rtt_ms:g} ms round-trip time added to each (a relay)" if rtt_ms else ""
+    return f"The target's layers on {len(rpc)} rpc-server(s) ({', '.join(rpc)}){added}"
+
+
+def peer_binaries(
+    args: argparse.Namespace, target: Path, draft: Path | None, modes, rpc: tuple[str, ...]
+):
     """llama.cpp's binaries for the peer modes, checked before any model loads."""
     from localspec.backends.llama import default_threads
     from localspec.bench.peer import LlamaCppPeer, default_bin_dir
@@ -250,6 +290,7 @@ def peer_binaries(args: argparse.Namespace, target: Path, draft: Path | None, mo
         threads=args.threads or default_threads(),
         n_ctx=args.ctx,
         n_gpu_layers=args.n_gpu_layers,
+        rpc=rpc,
     )
     runner.check(speculative=any(m.kind == "peer" for m in modes))
     return runner
@@ -275,12 +316,14 @@ def draft_options(args: argparse.Namespace):  # -> LoadOptions
     return LoadOptions(n_ctx=args.ctx, n_threads=args.threads)
 
 
-def load_models(target_path: Path, draft_path: Path | None, args: argparse.Namespace):
+def load_models(
+    target_path: Path, draft_path: Path | None, args: argparse.Namespace, rpc: tuple[str, ...]
+):
     from localspec.backends.llama import LoadOptions
     from localspec.session import load_pair
 
     target_load = LoadOptions(
-        n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers
+        n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, rpc=rpc
     )
     return load_pair(target_path, target_load, draft_path, draft_options(args))
 

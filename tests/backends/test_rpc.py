@@ -8,6 +8,7 @@ parsing and the handshake against small fake servers.
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import subprocess
@@ -273,3 +274,34 @@ def test_server_killed_mid_answer_ends_it_with_one_line(real_paths):
         assert again.stdout.strip()
     finally:
         server.kill()
+
+
+@pytest.mark.real
+def test_the_bench_runs_over_rpc_through_the_latency_relay(real_paths, servers, tmp_path):
+    """`localspec bench --rpc ... --rpc-rtt-ms`: the target's layers on both servers,
+    each behind a relay; auto's answer is plain decoding's, and the report says where
+    the target ran."""
+    endpoints = ",".join(s.endpoint for s in servers)
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "localspec", "bench",
+            "--target", str(real_paths[0]), "--draft", str(real_paths[1]),
+            "--draft-quant", "keep", "--threads", "2", "--ctx", "2048",
+            "--rpc", endpoints, "--rpc-rtt-ms", "2",
+            "--only", "code-lru-cache", "--modes", "baseline,auto", "-n", "24",
+            "--no-chart", "--out", str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "bench.json").read_text(encoding="utf-8"))
+    placement = report["info"]["placement"]
+    assert "on 2 rpc-server(s)" in placement and "2 ms round-trip time added" in placement
+    assert all(e in placement for e in endpoints.split(","))  # the servers, not the relays
+    assert report["defects"] == []
+    (auto,) = [r for r in report["results"] if r["mode"] == "auto"]
+    assert auto["tokens"] == 24 and auto["runs"][0]["drafted"] > 0
+    assert placement in (tmp_path / "bench.md").read_text(encoding="utf-8")
