@@ -155,8 +155,7 @@ class RpcServer:
             self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-def servers() -> Iterator[tuple[RpcServer, RpcServer]]:
+def two_servers() -> Iterator[tuple[RpcServer, RpcServer]]:
     binary = rpc_server_binary()
     pair = RpcServer(binary), RpcServer(binary)
     try:
@@ -164,6 +163,12 @@ def servers() -> Iterator[tuple[RpcServer, RpcServer]]:
     finally:
         for server in pair:
             server.kill()
+
+
+# An rpc-server serves one client at a time, and `remote_target` holds these two for the
+# whole module: a test that runs another process against rpc-servers starts its own.
+servers = pytest.fixture(scope="module")(two_servers)
+own_servers = pytest.fixture(scope="function")(two_servers)
 
 
 @pytest.fixture(scope="module")
@@ -277,11 +282,11 @@ def test_server_killed_mid_answer_ends_it_with_one_line(real_paths):
 
 
 @pytest.mark.real
-def test_the_bench_runs_over_rpc_through_the_latency_relay(real_paths, servers, tmp_path):
+def test_the_bench_runs_over_rpc_through_the_latency_relay(real_paths, own_servers, tmp_path):
     """`localspec bench --rpc ... --rpc-rtt-ms`: the target's layers on both servers,
     each behind a relay; auto's answer is plain decoding's, and the report says where
     the target ran."""
-    endpoints = ",".join(s.endpoint for s in servers)
+    endpoints = ",".join(s.endpoint for s in own_servers)
     out = subprocess.run(
         [
             sys.executable, "-m", "localspec", "bench",
