@@ -3,7 +3,9 @@
 # target's layers (half each), the draft stays in localspec's process, and
 # `localspec bench --rpc` runs plain decoding, auto and llama.cpp's speculative example
 # on that split once per added round-trip time (a relay on 127.0.0.1, see
-# localspec/bench/delay.py). Servers are stopped on exit, however it ends.
+# localspec/bench/delay.py). An rpc-server serves one client at a time, so llama.cpp's
+# binaries get a second pair set up alike (--peer-rpc); runs take turns, so the pairs
+# never compete. Servers are stopped on exit, however it ends.
 #
 #   scripts/rpc_bench.sh [--rtt-ms 0,1,5] [--out DIR] [--server-threads N] [BENCH ARGS...]
 #
@@ -31,7 +33,7 @@ free_port() { .venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("12
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 endpoints=()
-for _ in 1 2; do
+for _ in 1 2 3 4; do
   port=$(free_port)
   # The servers take turns (a pass runs through the layers in order), so each may use
   # every core.
@@ -46,12 +48,13 @@ for e in "${endpoints[@]}"; do  # up when it accepts a connection
     sleep 0.1
   done
 done
-rpc=$(IFS=,; echo "${endpoints[*]}")
-echo "[rpc-bench] servers at $rpc; reports under $out" >&2
+rpc="${endpoints[0]},${endpoints[1]}" peer_rpc="${endpoints[2]},${endpoints[3]}"
+echo "[rpc-bench] servers at $rpc (the peer's at $peer_rpc); reports under $out" >&2
 IFS=, read -ra rtt_list <<<"$rtts"
 for rtt in "${rtt_list[@]}"; do
   echo "[rpc-bench] +$rtt ms round trip" >&2
-  .venv/bin/localspec bench --rpc "$rpc" --rpc-rtt-ms "$rtt" --out "$out/rtt-${rtt}ms" \
+  .venv/bin/localspec bench --rpc "$rpc" --peer-rpc "$peer_rpc" --rpc-rtt-ms "$rtt" \
+    --out "$out/rtt-${rtt}ms" \
     "${bench_args[@]}" >/dev/null
 done
 echo "[rpc-bench] done: $out/rtt-*ms/bench.md" >&2

@@ -133,9 +133,13 @@ def run_bench(
 
     interrupted = False
     try:
+        # the CPU share says whether a run had the CPU to itself; with the target on
+        # rpc-servers its work is in their processes, which it cannot see
+        clock_threads = threads if placement is None else 0
         measure(
-            target, draft, prompts, modes, config, runs, engine_factory, progress, peer_bin, threads
-        )
+            target, draft, prompts, modes, config, runs, engine_factory, progress, peer_bin,
+            clock_threads,
+        )  # fmt: skip
     except KeyboardInterrupt:
         # keep what is complete: a long run stopped early still reports
         interrupted = True

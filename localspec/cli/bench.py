@@ -55,6 +55,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --rpc: add this round-trip time to every server, through a relay on "
         "127.0.0.1 (localspec and the peer alike; default 0)",
     )
+    g.add_argument(
+        "--peer-rpc",
+        metavar="HOST:PORT[,...]",
+        help="with --rpc and the peer modes: the rpc-servers llama.cpp's binaries use, as "
+        "many as --rpc's and set up alike (an rpc-server serves one client at a time, and "
+        "localspec holds its own; scripts/rpc_bench.sh starts both sets)",
+    )
     b = p.add_argument_group("bench")
     b.add_argument(
         "--prompts",
@@ -156,18 +163,45 @@ def run(args: argparse.Namespace) -> int:
 
         print(as_prompts_file(prompts), end="")
         return 0
-    rpc = rpc_endpoints(args.rpc)
-    if args.rpc_rtt_ms and not rpc:
-        raise LocalspecError("--rpc-rtt-ms adds latency to RPC servers: pass them with --rpc")
-    if not 0 <= args.rpc_rtt_ms <= 1000:
-        raise LocalspecError("--rpc-rtt-ms must be between 0 and 1000")
+    rpc, peer_rpc = rpc_endpoints(args.rpc), rpc_endpoints(args.peer_rpc)
+    check_rpc(rpc, peer_rpc, args.rpc_rtt_ms)
     out = output_dir(args.out)
-    with delayed(rpc, args.rpc_rtt_ms / 1e3) as endpoints:
-        return bench(args, prompts, suite, out, endpoints, placement(rpc, args.rpc_rtt_ms))
+    with delayed(rpc + peer_rpc, args.rpc_rtt_ms / 1e3) as endpoints:
+        ours, peers = endpoints[: len(rpc)], endpoints[len(rpc) :]
+        where = placement(rpc, peer_rpc, args.rpc_rtt_ms)
+        return bench(args, prompts, suite, out, ours, peers, where)
 
 
-def bench(args, prompts, suite, out: Path, rpc: tuple[str, ...], where: str | None) -> int:
-    """Run the bench on the resolved prompts; `rpc`: the servers as the models reach them."""
+def check_rpc(rpc: tuple[str, ...], peer_rpc: tuple[str, ...], rtt_ms: float) -> None:
+    if rtt_ms and not rpc:
+        raise LocalspecError("--rpc-rtt-ms adds latency to RPC servers: pass them with --rpc")
+    if not 0 <= rtt_ms <= 1000:
+        raise LocalspecError("--rpc-rtt-ms must be between 0 and 1000")
+    if peer_rpc and not rpc:
+        raise LocalspecError("--peer-rpc is the peer's copy of --rpc's servers: pass both")
+    if peer_rpc and len(peer_rpc) != len(rpc):
+        raise LocalspecError(
+            f"--peer-rpc names {len(peer_rpc)} server(s) and --rpc {len(rpc)}: "
+            "the peer's split must be the same as localspec's"
+        )
+    if shared := set(rpc) & set(peer_rpc):
+        raise LocalspecError(
+            f"{', '.join(sorted(shared))} is in both --rpc and --peer-rpc: an rpc-server "
+            "serves one client at a time, so the peer needs servers of its own"
+        )
+
+
+def bench(
+    args,
+    prompts,
+    suite,
+    out: Path,
+    rpc: tuple[str, ...],
+    peer_rpc: tuple[str, ...],
+    where: str | None,
+) -> int:
+    """Run the bench on the resolved prompts; `rpc` and `peer_rpc`: localspec's and the
+    peer's servers as they reach them."""
     from localspec.backends.llama import default_threads
     from localspec.bench.machine import machine_load
     from localspec.bench.markdown import to_markdown
@@ -185,7 +219,12 @@ def bench(args, prompts, suite, out: Path, rpc: tuple[str, ...], where: str | No
     if any(m.is_peer for m in modes):
         if peer is not None:
             raise LocalspecError("--peer FILE and the peer modes do the same; pick one")
-        peer_bin = peer_binaries(args, target_path, draft_path, modes, rpc)
+        if rpc and not peer_rpc:
+            raise LocalspecError(
+                "the peer modes with --rpc need servers of their own (--peer-rpc): an "
+                "rpc-server serves one client at a time, and localspec holds --rpc's"
+            )
+        peer_bin = peer_binaries(args, target_path, draft_path, modes, peer_rpc)
 
     if (load := machine_load()) > 0.5 * (os.cpu_count() or 1):
         print(
@@ -268,12 +307,13 @@ def resolve_pair(target: str | None, draft: str | None) -> tuple[Path, Path | No
     return resolve_model(target), resolve_model(draft)
 
 
-def placement(rpc: tuple[str, ...], rtt_ms: float) -> str | None:
+def placement(rpc: tuple[str, ...], peer_rpc: tuple[str, ...], rtt_ms: float) -> str | None:
     """Where the target runs, for the report (None: all on this machine)."""
     if not rpc:
         return None
     added = f", {rtt_ms:g} ms round-trip time added to each (a relay)" if rtt_ms else ""
-    return f"The target's layers on {len(rpc)} rpc-server(s) ({', '.join(rpc)}){added}"
+    peer = f"; the peer's on its own, set up alike ({', '.join(peer_rpc)})" if peer_rpc else ""
+    return f"The target's layers on {len(rpc)} rpc-server(s) ({', '.join(rpc)}){added}{peer}"
 
 
 def peer_binaries(

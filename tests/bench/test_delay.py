@@ -80,8 +80,25 @@ def test_a_refused_upstream_closes_the_client_and_zero_adds_nothing():
         (["--rpc-rtt-ms", "1"], "--rpc-rtt-ms adds latency to RPC servers: pass them with --rpc"),
         (["--rpc", "127.0.0.1:1", "--rpc-rtt-ms", "-1"], "--rpc-rtt-ms must be between 0 and 1000"),
         (["--rpc", "127.0.0.1"], "host:port"),
+        (["--peer-rpc", "127.0.0.1:2"], "--peer-rpc is the peer's copy of --rpc's servers"),
+        (
+            ["--rpc", "127.0.0.1:1", "--peer-rpc", "127.0.0.1:2,127.0.0.1:3"],
+            "--peer-rpc names 2 server(s) and --rpc 1",
+        ),
+        (["--rpc", "127.0.0.1:1", "--peer-rpc", "127.0.0.1:1"], "is in both --rpc and --peer-rpc"),
     ],
 )
 def test_bad_rpc_bench_options_are_one_line(args, error):
     out = localspec("bench", *args)
     assert_one_line_error(out.returncode, out.stderr, error)
+
+
+@pytest.mark.real
+def test_the_peer_over_rpc_needs_servers_of_its_own(real_paths, tmp_path):
+    """An rpc-server serves one client at a time and localspec holds --rpc's: the peer
+    on the same servers would wait forever, so it is refused before anything loads."""
+    out = localspec(
+        "bench", "--target", str(real_paths[0]), "--draft", str(real_paths[1]),
+        "--rpc", "127.0.0.1:1", "--modes", "baseline,peer", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert_one_line_error(out.returncode, out.stderr, "need servers of their own (--peer-rpc)")
