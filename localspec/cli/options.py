@@ -73,6 +73,23 @@ def add_rpc_option(g: argparse._ArgumentGroup) -> None:
     )
 
 
+def with_servers(hw, endpoints: tuple[str, ...]):  # (Hardware | None, ...) -> Hardware | None
+    """`hw` (None: this machine, probed) with the devices of the rpc-servers at
+    `endpoints`, whose free memory the plan counts for the target; `hw` as it is without
+    servers."""
+    if not endpoints:
+        return hw
+    from dataclasses import replace
+
+    from localspec.backends import load_llama_library
+    from localspec.backends.rpc import remote_devices
+    from localspec.models.hardware import Remote, probe
+
+    load_llama_library()
+    remote = tuple(Remote(d.endpoint, d.free, d.total) for d in remote_devices(endpoints))
+    return replace(hw or probe(), remote=remote)
+
+
 def rpc_endpoints(text: str | None) -> tuple[str, ...]:
     """--rpc's servers, checked; () when it is not given."""
     from localspec.backends.rpc import parse_endpoints
@@ -130,7 +147,7 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
     if target is None:
         from localspec.models.pairing import default_pair
 
-        pair = default_pair(draft)
+        pair = default_pair(draft, with_servers(None, rpc))
         target, draft = pair.target, pair.draft
         n_ctx = n_ctx or pair.n_ctx
         if n_gpu_layers is None and not rpc:  # over RPC every layer goes to the servers

@@ -6,11 +6,10 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from localspec.cli.options import ctx_arg, ranged_int
+from localspec.cli.options import ctx_arg, ranged_int, rpc_endpoints, with_servers
 
 if TYPE_CHECKING:
-    from localspec.backends.rpc import RemoteDevice
-    from localspec.models.hardware import Hardware
+    from localspec.models.hardware import Hardware, Remote
     from localspec.models.planner import Plan
 
 
@@ -65,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rpc",
         metavar="HOST:PORT[,...]",
-        help="also list these rpc-servers' devices and their free memory",
+        help="rpc-servers that would hold the target's layers: their free memory counts",
     )
     add_hardware_options(p)
     p.set_defaults(func=run)
@@ -78,49 +77,34 @@ def run(args: argparse.Namespace) -> int:
     from localspec.models.planner import Request, plan_catalog, plan_installed
 
     catalog = default_catalog()
-    hw = hardware_from(args)
+    hw = with_servers(hardware_from(args), rpc_endpoints(args.rpc))
     installed = store.all_installed()
     request = Request(family=args.family, n_ctx=args.ctx, min_speed=args.min_speed)
     if args.installed:
         plan = plan_installed(catalog, hw, installed, request)
     else:
         plan = plan_catalog(catalog, hw, request, installed)
-    remote = remote_devices(args.rpc)
     if args.json:
         data = plan_json(plan)
-        if args.rpc:
+        if hw.remote:
             data["rpc_devices"] = [
-                {"endpoint": d.endpoint, "name": d.name, "free": d.free, "total": d.total}
-                for d in remote
+                {"endpoint": r.endpoint, "free": r.free, "total": r.total} for r in hw.remote
             ]
         print(json.dumps(data, indent=2, ensure_ascii=False))
         return 0
-    if args.rpc:
-        print(describe_remote(remote))
+    if hw.remote:
+        print(describe_remote(hw.remote))
     print(describe(plan))
     return 0
 
 
-def remote_devices(text: str | None) -> list[RemoteDevice]:
-    if not text:
-        return []
-    from localspec.backends import load_llama_library
-    from localspec.backends.rpc import parse_endpoints, remote_devices
-
-    load_llama_library()
-    return remote_devices(parse_endpoints(text))
-
-
-def describe_remote(devices: list[RemoteDevice]) -> str:
-    """The rpc-servers' devices; the plan below is still this machine's alone."""
+def describe_remote(devices: tuple[Remote, ...]) -> str:
+    """The rpc-servers' devices, which the plan below counts for the target."""
     from localspec.models.hardware import fmt_size
 
-    lines = [
-        f"remote   {d.name} at {d.endpoint}: {fmt_size(d.free)} free of {fmt_size(d.total)}"
-        for d in devices
-    ]
-    lines.append("         (`run --rpc` puts the target's layers there; not yet counted below)")
-    return "\n".join(lines) + "\n"
+    return "".join(
+        f"remote   {d.endpoint}: {fmt_size(d.free)} free of {fmt_size(d.total)}\n" for d in devices
+    )
 
 
 def describe(plan: Plan) -> str:
@@ -130,6 +114,8 @@ def describe(plan: Plan) -> str:
 
     t, d = plan.target, plan.draft
     where = f"{t.n_gpu_layers} layers on the GPU" if t.n_gpu_layers else "on the CPU"
+    if plan.why.placement.remote:
+        where = f"{t.n_gpu_layers} layers on the rpc-servers"
     lines = [
         f"target   {t.id} {t.quant}, {where}, context {t.n_ctx}"
         + ("" if t.path else "  (not installed)")
@@ -145,6 +131,8 @@ def describe(plan: Plan) -> str:
     memory = f"{fmt_size(plan.ram_estimate)} of {fmt_size(plan.ram_budget)} RAM"
     if plan.vram_budget:
         memory = f"{fmt_size(plan.vram_estimate)} of {fmt_size(plan.vram_budget)} GPU, " + memory
+    if remote := plan.why.placement.remote:
+        memory = f"{fmt_size(remote)} of {fmt_size(plan.why.budget.remote)} remote, " + memory
     lines.append(f"memory   {memory}")
     lines.append("")
     lines.extend(f"- {r}" for r in reasons(plan))

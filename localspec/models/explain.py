@@ -23,7 +23,7 @@ def reasons(plan: Plan) -> tuple[str, ...]:
     why = plan.why
     said = [f"This machine: {why.machine}."]
     said.extend(f"Note: {note.rstrip('.')}." for note in why.notes)
-    said.append(target_sentence(why.target, why.gpu_usable))
+    said.append(target_sentence(why.target, why.gpu_usable, remote=why.placement.remote > 0))
     said.append(drafter_sentence(why.drafter, why.gpu_usable))
     said.append(context_sentence(why.n_ctx, why.asked_ctx))
     said.append(memory_sentence(why))
@@ -37,14 +37,19 @@ def reasons(plan: Plan) -> tuple[str, ...]:
     return tuple(said)
 
 
-def target_sentence(target: TargetChoice, gpu_usable: bool) -> str:
-    if not gpu_usable:
+def target_sentence(target: TargetChoice, gpu_usable: bool, remote: bool = False) -> str:
+    if remote:
+        also = " and this machine's GPU" if gpu_usable else ""
+        where = f"all {target.gpu_layers} layers on the rpc-servers{also}"
+    elif not gpu_usable:
         where = "on the CPU"
     elif target.gpu_layers > target.layers:
         where = f"all {target.gpu_layers} layers on the GPU"
     else:
         where = f"{target.gpu_layers} of {target.layers + 1} layers on the GPU, the rest on the CPU"
     why = _STAGE_WHY[target.stage].format(quant=target.quant)
+    if remote:
+        why = why.replace("on a CPU ", "on the servers ")
     return f"Target: {target.name} {target.quant}, {where}: the largest target that fits" + (
         f"; {why}." if target.had_choice else "."
     )
@@ -99,8 +104,15 @@ def memory_sentence(why: Rationale) -> str:
     gpu = (
         f"{fmt_size(placed.vram)} of {fmt_size(budget.vram)} GPU budget, " if why.gpu_usable else ""
     )
+    remote = ""
+    if placed.remote:
+        remote = (
+            f"{fmt_size(placed.remote)} of {fmt_size(budget.remote)} on the rpc-servers "
+            "(llama.cpp splits the layers by free memory; speeds assume the servers read "
+            "no faster than this CPU), "
+        )
     return (
-        f"Memory: {gpu}{fmt_size(placed.ram)} of {fmt_size(budget.ram)} RAM budget "
+        f"Memory: {remote}{gpu}{fmt_size(placed.ram)} of {fmt_size(budget.ram)} RAM budget "
         f"(weights, KV cache and compute buffers; headroom kept for the system)."
     )
 
@@ -127,6 +139,8 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             "vram_estimate": plan.vram_estimate,
             "ram_budget": plan.ram_budget,
             "ram_estimate": plan.ram_estimate,
+            "remote_budget": plan.why.budget.remote,
+            "remote_estimate": plan.why.placement.remote,
         },
         "reasons": list(reasons(plan)),
     }

@@ -64,6 +64,15 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class Remote:
+    """One device of an rpc-server (`--rpc`): the target's layers may go there."""
+
+    endpoint: str  # host:port
+    free: int  # bytes, as the server reports them
+    total: int
+
+
+@dataclass(frozen=True)
 class Hardware:
     gpus: tuple[Gpu, ...]
     ram_total: int
@@ -72,6 +81,7 @@ class Hardware:
     offload: bool  # llama.cpp was built with a GPU backend
     unified: bool = False  # Apple Silicon: GPU memory is system RAM
     notes: tuple[str, ...] = ()
+    remote: tuple[Remote, ...] = ()  # rpc-servers' devices, for the target only
 
     @property
     def gpu_usable(self) -> bool:
@@ -88,6 +98,10 @@ class Hardware:
         ] or ["no GPU"]
         parts.append(f"{fmt_size(self.ram_available)} RAM available")
         parts.append(f"{self.cores} CPU cores")
+        if self.remote:
+            free = fmt_size(sum(r.free for r in self.remote))
+            servers = len({r.endpoint for r in self.remote})
+            parts.append(f"{servers} rpc-server(s) with {free} free")
         return ", ".join(parts)
 
 

@@ -8,7 +8,9 @@ all are offloaded, the output head; the token embeddings always stay in RAM.
 
 Placement puts the draft wholly on the GPU first (a partly offloaded draft is slower than
 the time it saves), then as many target layers as fit. On Apple Silicon GPU and CPU
-share one budget.
+share one budget. With rpc-servers (`--rpc`) every target layer and the output head go to
+the devices, the servers' and this machine's GPUs, which llama.cpp fills in proportion to
+their free memory; the draft stays here.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class Budget:
     vram: int  # bytes the GPU(s) may take; 0 without a usable GPU
     ram: int
     unified: bool  # Apple: vram + ram together must fit in ram
+    remote: int = 0  # bytes the rpc-servers' devices may take (the target's layers only)
 
     def holds(self, vram: int, ram: int) -> bool:
         """Whether `vram` bytes on the GPU and `ram` in RAM fit this budget."""
@@ -93,6 +96,7 @@ class Placement:
     draft_on_gpu: bool
     vram: int
     ram: int
+    remote: int = 0  # the target's bytes on the rpc-servers
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,10 @@ def memory_budget(hw: Hardware) -> Budget:
                 continue
             reserve = max(VRAM_RESERVE, int(VRAM_RESERVE_SHARE * (gpu.total or usable)))
             vram += max(0, usable - reserve)
-    return Budget(vram=vram, ram=max(ram, 0), unified=hw.unified)
+    remote = sum(
+        max(0, r.free - max(VRAM_RESERVE, int(VRAM_RESERVE_SHARE * r.total))) for r in hw.remote
+    )
+    return Budget(vram=vram, ram=max(ram, 0), unified=hw.unified, remote=remote)
 
 
 def compute_bytes(weights: Weights, n_ctx: int) -> int:
@@ -181,6 +188,8 @@ def place(
             draft_on_gpu = True
         else:
             draft_vram, draft_ram = footprint(draft, n_ctx, 0)
+    if budget.remote:
+        return _place_on_servers(target, n_ctx, budget, hw, draft_on_gpu, draft_vram, draft_ram)
     top = len(target.layers) + 1 if hw.gpu_usable else 0
     for layers in range(top, -1, -1):
         target_vram, target_ram = footprint(target, n_ctx, layers)
@@ -188,6 +197,27 @@ def place(
         if budget.holds(vram, ram):
             return Placement(n_ctx, layers, draft_on_gpu, vram, ram)
     return None
+
+
+def _place_on_servers(
+    target: Weights,
+    n_ctx: int,
+    budget: Budget,
+    hw: Hardware,
+    draft_on_gpu: bool,
+    draft_vram: int,
+    draft_ram: int,
+) -> Placement | None:
+    """Every target layer and the head on the devices: the servers' and the local GPUs'
+    share in proportion to what each has free (llama.cpp's split)."""
+    layers = len(target.layers) + 1
+    on_devices, ram = footprint(target, n_ctx, layers)
+    gpu_free = max(0, budget.vram - draft_vram) if hw.gpu_usable else 0
+    local = on_devices * gpu_free // (gpu_free + budget.remote)
+    remote = on_devices - local
+    if remote > budget.remote or not budget.holds(draft_vram + local, draft_ram + ram):
+        return None
+    return Placement(n_ctx, layers, draft_on_gpu, draft_vram + local, draft_ram + ram, remote)
 
 
 def requirement(weights: Weights, n_ctx: int, budget: Budget, hw: Hardware) -> Requirement:

@@ -165,7 +165,7 @@ def _speed_at_floor(candidate: Candidate, hw: Hardware, budget: Budget, request:
     placement = place(candidate.weights, None, n_ctx, budget, hw)
     if placement is None:
         return 0.0
-    return 1 / step_seconds(candidate.weights, placement.target_layers, hw)
+    return 1 / step_seconds(candidate.weights, placement.target_layers, hw, placement.remote > 0)
 
 
 def _plan_target(
@@ -298,12 +298,13 @@ def _option(
     placement = place(target.weights, draft.weights if draft else None, ctx, budget, hw)
     if placement is None:
         return None
-    t_target = step_seconds(target.weights, placement.target_layers, hw)
+    on_servers = placement.remote > 0
+    t_target = step_seconds(target.weights, placement.target_layers, hw, on_servers)
     if draft is None:
         return _Option(placement, None, 1 / t_target, NGRAM_GAMMA, 1.0)
     draft_layers = draft.n_layers + 1 if placement.draft_on_gpu else 0
     t_draft = step_seconds(draft.weights, draft_layers, hw)
-    mostly_gpu = placement.target_layers > target.n_layers // 2
+    mostly_gpu = not on_servers and placement.target_layers > target.n_layers // 2
     gamma, speedup = speculation(t_target, t_draft, VERIFY_SLOPE["gpu" if mostly_gpu else "cpu"])
     return _Option(placement, draft, 1 / t_target, gamma, speedup)
 

@@ -24,18 +24,29 @@ GPU_BANDWIDTH = {
     "apple": ((16 * GiB, 100e9), (36 * GiB, 150e9), (1 << 50, 300e9)),
 }
 GPU_STEP_OVERHEAD = 0.004
+RPC_PASS_SECONDS = 0.001  # per rpc-server and pass: a LAN round trip and its dispatch
 ACCEPTANCE = 0.85  # the Qwen-Coder pair accepts 0.85-0.95 on code (measured)
 VERIFY_SLOPE = {"cpu": 0.15, "gpu": 0.02}  # a k-token verify costs 1 + slope(k-1) steps
 
 
-def step_seconds(weights: Weights, gpu_layers: int, hw: Hardware) -> float:
-    """Estimated time of one decode step: every weight byte is read once per token."""
+def step_seconds(
+    weights: Weights, gpu_layers: int, hw: Hardware, on_servers: bool = False
+) -> float:
+    """Estimated time of one decode step: every weight byte is read once per token.
+    `on_servers`: the layers are on hw's rpc-servers (the target with --rpc)."""
     n = len(weights.layers)
     on_gpu = max(0, min(gpu_layers, n))
     gpu_bytes = sum(weights.layers[n - on_gpu :]) + (weights.head if gpu_layers > n else 0)
     all_bytes = sum(weights.layers) + weights.head
     cpu_bytes = all_bytes - gpu_bytes
     cpu_bw = min(CPU_BANDWIDTH_PER_CORE * hw.cores, CPU_BANDWIDTH_MAX)
+    if on_servers:
+        # The RPC backend reports a server's memory, not what kind of device it is: its
+        # layers are costed at this machine's CPU speed, a floor (a GPU server is faster),
+        # and each pass goes through every server once.
+        servers = len({r.endpoint for r in hw.remote})
+        overhead = CPU_STEP_OVERHEAD / max(hw.cores, 1) + servers * RPC_PASS_SECONDS
+        return overhead + all_bytes / cpu_bw
     gpu_bw = gpu_bandwidth(hw)
     overhead = GPU_STEP_OVERHEAD if gpu_layers > 0 else CPU_STEP_OVERHEAD / max(hw.cores, 1)
     return overhead + gpu_bytes / gpu_bw + cpu_bytes / cpu_bw

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import localspec
 
 from localspec.backends import rpc
 from localspec.backends.rpc import RpcError, parse_endpoints, probe
@@ -310,3 +311,25 @@ def test_the_bench_runs_over_rpc_through_the_latency_relay(real_paths, own_serve
     (auto,) = [r for r in report["results"] if r["mode"] == "auto"]
     assert auto["tokens"] == 24 and auto["runs"][0]["drafted"] > 0
     assert placement in (tmp_path / "bench.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.real
+def test_plan_counts_the_servers_memory_for_the_target(own_servers):
+    """`plan --rpc`: the servers' free memory (as they report it) holds the target's
+    layers, so a machine with little RAM is planned a bigger target than alone."""
+    from localspec.models.catalog_file import default_catalog
+
+    endpoints = ",".join(s.endpoint for s in own_servers)
+    what_if = ["plan", "--json", "--gpu", "none", "--ram", "8GiB", "--min-speed", "0"]
+    alone, split = localspec(*what_if), localspec(*what_if, "--rpc", endpoints)
+    assert alone.returncode == 0 and split.returncode == 0, alone.stderr + split.stderr
+    alone_plan, split_plan = json.loads(alone.stdout), json.loads(split.stdout)
+    assert [d["endpoint"] for d in split_plan["rpc_devices"]] == endpoints.split(",")
+    assert all(0 < d["free"] <= d["total"] for d in split_plan["rpc_devices"])
+    memory = split_plan["memory"]
+    assert 0 < memory["remote_estimate"] <= memory["remote_budget"]
+    assert alone_plan["memory"]["remote_estimate"] == 0
+    catalog = default_catalog()
+    params = [catalog.model(p["target"]["id"]).params for p in (alone_plan, split_plan)]
+    assert params[1] > params[0]
+    assert any("layers on the rpc-servers" in r for r in split_plan["reasons"])

@@ -16,7 +16,7 @@ from localspec.backends.gguf import GgufInfo, gguf_info
 from localspec.models import store
 from localspec.models.catalog_file import default_catalog, parse_catalog
 from localspec.models.explain import plan_json, reasons
-from localspec.models.hardware import GiB, Gpu, Hardware, Overrides, apply
+from localspec.models.hardware import GiB, Gpu, Hardware, Overrides, Remote, apply, fmt_size
 from localspec.models.memory import (
     Budget,
     Placement,
@@ -43,6 +43,7 @@ from localspec.models.planner import (
     plan_installed,
 )
 from localspec.models.resolve import NotInstalled
+from localspec.models.speed import step_seconds
 from localspec.models.store import FileRecord, Installed
 
 # Three families: one with a draft and targets from 1.5B to 32B (real Qwen2.5-Coder
@@ -284,6 +285,46 @@ def test_the_table_reads_right_for_the_coder_family():
 def test_speed_floor_can_be_lifted():
     slow = MACHINES["2 cores, 24 GiB"]
     assert plan_or_none(slow, "coder", min_speed=0).target.id == "coder-32b"
+
+
+SERVERS = tuple(Remote(f"10.0.0.{i}:50052", 40 * GiB, 48 * GiB) for i in (2, 3))
+
+
+def test_rpc_servers_hold_a_target_this_machine_cannot():
+    laptop = Hardware((), 8 * GiB, 6 * GiB, 8, offload=False)
+    alone = plan_or_none(laptop, "coder", min_speed=0)
+    split = plan_or_none(replace(laptop, remote=SERVERS), "coder", min_speed=0)
+    assert alone is not None and split is not None
+    assert params(split) > params(alone)
+    target = CATALOG.model(split.target.id)
+    assert split.target.n_gpu_layers == target.shape.layers + 1  # every layer and the head
+    placed, budget = split.why.placement, split.why.budget
+    weights = weights_of(split.target.id, split.target.quant)
+    assert sum(weights.layers) < placed.remote <= budget.remote
+    assert placed.vram == 0 and placed.ram <= budget.ram  # embeddings and the draft, here
+    assert split.draft is None or split.draft.n_gpu_layers == 0  # the draft stays local
+    said = reasons(split)
+    assert "2 rpc-server(s) with 80.0 GiB free" in said[0]
+    assert any("layers on the rpc-servers" in r for r in said)
+    assert any(f"{fmt_size(placed.remote)} of {fmt_size(budget.remote)} on the" in r for r in said)
+    assert plan_json(split)["memory"]["remote_estimate"] == placed.remote
+
+
+def test_rpc_servers_share_the_target_with_a_local_gpu_by_free_memory():
+    gpu = replace(nvidia(8), remote=SERVERS[:1])
+    placed = place(weights_of("coder-32b", "Q4_K_M"), None, MIN_CTX, memory_budget(gpu), gpu)
+    assert placed is not None and placed.remote > 0 and placed.vram > 0
+    budget = memory_budget(gpu)
+    assert placed.vram / placed.remote == pytest.approx(budget.vram / budget.remote, rel=0.01)
+
+
+def test_the_speed_floor_counts_remote_layers_at_this_cpus_speed():
+    """The RPC backend does not say what a server's device is: slower than local GPUs."""
+    weights = weights_of("coder-7b", "Q4_K_M")
+    here = Hardware((), 64 * GiB, 60 * GiB, 8, offload=False, remote=SERVERS)
+    local = step_seconds(weights, 0, here)
+    remote = step_seconds(weights, len(weights.layers) + 1, here, on_servers=True)
+    assert remote > local  # the same bytes at the same speed, plus a round trip per server
 
 
 def test_a_slow_machine_gets_the_smallest_target_and_says_so():
