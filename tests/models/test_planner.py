@@ -426,7 +426,11 @@ def test_json_shape():
     data = plan_json(plan_catalog(CATALOG, nvidia(12)))
     assert set(data) == {"target", "draft", "drafter", "gamma", "memory", "reasons"}
     assert set(data["target"]) == {"id", "quant", "path", "n_gpu_layers", "n_ctx"}
-    assert set(data["memory"]) == {"vram_budget", "vram_estimate", "ram_budget", "ram_estimate"}
+    assert set(data["memory"]) == {
+        *("vram_budget", "vram_estimate", "ram_budget", "ram_estimate"),
+        *("remote_budget", "remote_estimate"),  # the rpc-servers' (0 without --rpc)
+    }
+    assert data["memory"]["remote_budget"] == data["memory"]["remote_estimate"] == 0
     assert isinstance(data["reasons"], list) and data["gamma"] >= 1
 
 
