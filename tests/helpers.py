@@ -1,10 +1,12 @@
-"""Helpers shared by the test areas: the `localspec` command as a user runs it, and what
-its errors must look like."""
+"""Helpers shared by the test areas: the `localspec` command as a user runs it, what
+its errors must look like, and the chat in tmux."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 
 
 def localspec(
@@ -25,3 +27,20 @@ def assert_one_line_error(code: int, stderr: str, words: str) -> None:
     assert code == 1, (code, stderr)
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("localspec: ") and words in lines[0], stderr
+
+
+def tmux(*args: str) -> str:
+    """A tmux command's output (the chat's real-terminal tests)."""
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+
+
+def wait_for(screen: Callable[[], str], ok: Callable[[str], bool], timeout: float) -> str:
+    """The screen once `ok` holds for it; an assertion with the screen after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = screen()
+        if ok(text):
+            return text
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out; the screen reads:\n{text}")
+        time.sleep(0.5)

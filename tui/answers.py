@@ -36,7 +36,9 @@ class Answers(ChatBase):
             return
         if self.pair_state == "failed":
             self.notify(
-                "No models are loaded: pick a pair on the models screen (Ctrl+L).", severity="error"
+                "No models are loaded: pick a pair on the models screen (Ctrl+L), or load "
+                "this one again (Ctrl+R).",
+                severity="error",
             )
             return
         if self.current is not None:

@@ -29,6 +29,7 @@ from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from localspec.settings import Settings
+from tui import recovery
 from tui.advice import advice
 from tui.answers import Answers
 from tui.conversations import Conversations
@@ -56,6 +57,7 @@ class ChatApp(Answers, Loading, Downloads, Conversations):
         Binding("ctrl+t", "toggle_provenance", "Provenance"),
         Binding("ctrl+s", "settings", "Settings"),
         Binding("ctrl+l", "models", "Models"),
+        Binding("ctrl+r", "reload_models", "Reload", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
@@ -77,6 +79,26 @@ class ChatApp(Answers, Loading, Downloads, Conversations):
             self.notify(problem, title="Settings", severity="warning", timeout=10)
         self.switch_pair(self.spec)
         self.read_memory()
+        if self.settings.rpc:  # llama.cpp ends the process when a server fails: restart
+            recovery.install(self)
+        self.say_why_restarted()
+
+    def say_why_restarted(self) -> None:
+        conversation_id, reason = recovery.take_reopen()
+        if conversation_id and self.store.exists(conversation_id):
+            self.open_conversation(conversation_id)
+        if reason:
+            self.notify(
+                f"{reason[0].upper()}{reason[1:]}. The chat started again; the answer so far "
+                "is saved. If the models do not load, press Ctrl+R once the server is back.",
+                title="The chat restarted",
+                severity="error",
+                timeout=60,
+            )
+
+    def action_reload_models(self) -> None:
+        """Load the pair again (after a server came back, or a failed load)."""
+        self.switch_pair(self.spec)
 
     def on_unmount(self) -> None:
         self._stopping.set()
@@ -157,6 +179,10 @@ class ChatApp(Answers, Loading, Downloads, Conversations):
             "Settings", "System prompt, sampling, γ, drafter (Ctrl+S)", self.action_settings
         )
         yield SystemCommand("Models", "Switch or download a pair (Ctrl+L)", self.action_models)
+        yield SystemCommand(
+            "Reload models", "Load the pair again, e.g. once a server is back (Ctrl+R)",
+            self.action_reload_models,
+        )  # fmt: skip
         if self.generating:
             yield SystemCommand(
                 "Stop the answer", "Keep what has been said (Esc)", self.action_stop

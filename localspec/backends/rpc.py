@@ -223,19 +223,35 @@ def target_devices(endpoints: tuple[str, ...]) -> ctypes.Array[ctypes.c_void_p]:
     return device_list([d.handle for d in remote] + local_devices())
 
 
+# Called with the one-line reason before the process ends; the chat sets one that
+# starts it again (tui/recovery.py). It may not return (exec); if it does, the process
+# ends as without it.
+_abort_handler: Callable[[str], None] | None = None
+
+
+def set_abort_handler(handler: Callable[[str], None] | None) -> None:
+    """What to do, before the process ends, when llama.cpp aborts (see end_process_on_abort)."""
+    global _abort_handler
+    _abort_handler = handler
+
+
 def _on_abort(message: bytes | None) -> None:
     text = (message or b"").decode("utf-8", "replace").strip()
     where, sep, what = text.partition(": ")  # "/long/build/path/ggml-rpc.cpp:566: ..."
     text = f"{where.replace(chr(92), '/').rsplit('/', 1)[-1]}{sep}{what}"
     with contextlib.suppress(Exception):  # nothing may stop the message below
         sys.stdout.flush()  # the answer so far stays on the screen
-        _leave_full_screen()
+        leave_full_screen()
     why = "an RPC server stopped answering" if "RPC" in text else "llama.cpp failed"
-    os.write(2, f"\nlocalspec: {why} ({text}); llama.cpp ends the process here\n".encode())
+    line = f"{why} ({text})"
+    if _abort_handler is not None:
+        with contextlib.suppress(Exception):
+            _abort_handler(line)
+    os.write(2, f"\nlocalspec: {line}; llama.cpp ends the process here\n".encode())
     os._exit(1)  # llama.cpp calls abort() after this callback: exit as the CLI does instead
 
 
-def _leave_full_screen() -> None:
+def leave_full_screen() -> None:
     """The chat (Textual) holds the terminal in its alternate screen, raw, with mouse
     reporting on: undo that, or the message is lost and the shell left unusable."""
     if "textual" not in sys.modules or not os.isatty(1):

@@ -9,17 +9,21 @@ parsing and the handshake against small fake servers.
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import shutil
 import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import localspec
+from helpers import localspec, tmux, wait_for
 
 from localspec.backends import rpc
 from localspec.backends.rpc import RpcError, parse_endpoints, probe
@@ -333,3 +337,75 @@ def test_plan_counts_the_servers_memory_for_the_target(own_servers):
     params = [catalog.model(p["target"]["id"]).params for p in (alone_plan, split_plan)]
     assert params[1] > params[0]
     assert any("layers on the rpc-servers" in r for r in split_plan["reasons"])
+
+
+@pytest.mark.real
+@pytest.mark.tui
+def test_the_chat_survives_a_server_killed_mid_answer(real_paths, tmp_path):
+    """llama.cpp ends the process; the chat starts itself again on the same
+    conversation (the answer so far kept), says why, and answers again once the server
+    is back and Ctrl+R has reloaded the pair (tui/recovery.py)."""
+    from localspec.conversations import ConversationStore
+
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is not installed (apt-get install tmux)")
+    target, draft = real_paths
+    server = RpcServer(rpc_server_binary()).start()
+    exe = Path(sys.executable).with_name("localspec")
+    command = shlex.join([
+        str(exe), "chat", "--target", str(target), "--draft", str(draft), "--rpc",
+        server.endpoint, "--ctx", "1024", "--threads", "2", "--max-tokens", "400",
+    ])  # fmt: skip
+    name = f"localspec-rpc-{uuid.uuid4().hex[:8]}"
+    tmux(
+        "new-session", "-d", "-s", name, "-x", "140", "-y", "45",
+        "-e", f"LOCALSPEC_HOME={tmp_path}", "-e", "TERM=xterm-256color",
+        f"{command}; echo EXITED $?; sleep 60",
+    )  # fmt: skip
+
+    def screen() -> str:
+        return tmux("capture-pane", "-p", "-t", name)
+
+    def loaded(s: str) -> bool:  # the stats panel names the pair once it is loaded
+        return "target " in s and "loading" not in s and "not loaded" not in s
+
+    store = ConversationStore(tmp_path / "conversations")
+    try:
+        wait_for(screen, loaded, timeout=120)
+        tmux("send-keys", "-t", name, "-l", "Write a long story about a lighthouse.")
+        tmux("send-keys", "-t", name, "Enter")
+        wait_for(lambda: answer_so_far(store), lambda a: len(a) > 40, timeout=120)
+        server.kill()
+        # restarted on the same conversation; the pair cannot load while the server is down
+        text = wait_for(
+            screen, lambda s: "The chat restarted" in s and "not loaded" in s, timeout=120
+        )
+        assert "EXITED" not in text and "Traceback" not in text, text
+        said = answer_so_far(store)
+        assert "Write a long story" in text and said.split()[0] in text, text
+        server.start()  # back on the same port
+        tmux("send-keys", "-t", name, "C-r")
+        wait_for(screen, loaded, timeout=120)
+        tmux("send-keys", "-t", name, "-l", "Now say hi.")
+        tmux("send-keys", "-t", name, "Enter")
+        wait_for(screen, lambda s: re.search(r"(done|max tokens) · \d+ tokens", s), timeout=180)
+        tmux("send-keys", "-t", name, "C-q")
+        text = wait_for(screen, lambda s: "EXITED" in s, timeout=30)
+        assert "EXITED 0" in text and "Traceback" not in text, text
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+        server.kill()
+    (info,) = store.list()
+    messages = store.load(info.id).messages
+    assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert messages[1].content.startswith(said)  # the answer so far, kept
+    assert messages[3].content.strip()
+
+
+def answer_so_far(store) -> str:
+    """The first answer's text as saved so far ('' before there is one)."""
+    conversations = store.list()
+    if not conversations:
+        return ""
+    messages = store.load(conversations[0].id).messages
+    return messages[1].content if len(messages) > 1 else ""

@@ -7,33 +7,17 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import tmux, wait_for
 
 from localspec.conversations import ConversationStore
 
 pytestmark = [pytest.mark.real, pytest.mark.tui]
 
 PROMPT = "Write a Python function add(a, b) that returns a + b."
-
-
-def tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
-
-
-def wait_for(screen: Callable[[], str], ok: Callable[[str], bool], timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        text = screen()
-        if ok(text):
-            return text
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out; the screen reads:\n{text}")
-        time.sleep(0.5)
 
 
 def test_chat_answers_in_a_real_terminal(real_paths: tuple[Path, Path], tmp_path: Path):
