@@ -111,6 +111,13 @@ class Requirement:
     def describe(self) -> str:
         """In words, for an error or a reason: '12.0 GiB of RAM (you have ...)'."""
         have = self.budget
+        if self.on_gpu and have.remote:
+            devices = have.remote + have.vram
+            return (
+                f"{fmt_size(self.vram)} on the rpc-servers{' and GPU' if have.vram else ''} "
+                f"(they have {fmt_size(devices)} to spare) and {fmt_size(self.ram)} of RAM "
+                f"(you have {fmt_size(have.ram)})"
+            )
         if self.on_gpu and have.unified:
             return (
                 f"{fmt_size(self.vram + self.ram)} of memory, {fmt_size(self.vram)} of it for "
@@ -221,8 +228,9 @@ def _place_on_servers(
 
 
 def requirement(weights: Weights, n_ctx: int, budget: Budget, hw: Hardware) -> Requirement:
-    """What `weights` need at `n_ctx`: wholly on the GPU where there is one, else in RAM."""
-    if hw.gpu_usable:
+    """What `weights` need at `n_ctx`: wholly on the devices (rpc-servers, GPU) where there
+    are some, else in RAM."""
+    if hw.gpu_usable or budget.remote:
         vram, ram = footprint(weights, n_ctx, len(weights.layers) + 1)
         return Requirement(True, vram, ram, budget)
     _, ram = footprint(weights, n_ctx, 0)

@@ -310,6 +310,13 @@ def test_rpc_servers_hold_a_target_this_machine_cannot():
     assert plan_json(split)["memory"]["remote_estimate"] == placed.remote
 
 
+def test_nothing_fits_over_rpc_says_what_the_servers_lack():
+    small = (Remote("10.0.0.2:50052", 1 * GiB, 4 * GiB),)  # 512 MiB kept back
+    tiny = Hardware((), 4 * GiB, 2 * GiB, 8, offload=False, remote=small)
+    with pytest.raises(NothingFits, match=r"on the rpc-servers \(they have 512 MiB to spare\)"):
+        plan_catalog(CATALOG, tiny, Request(family="coder"))
+
+
 def test_rpc_servers_share_the_target_with_a_local_gpu_by_free_memory():
     gpu = replace(nvidia(8), remote=SERVERS[:1])
     placed = place(weights_of("coder-32b", "Q4_K_M"), None, MIN_CTX, memory_budget(gpu), gpu)
