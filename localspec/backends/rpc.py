@@ -241,7 +241,7 @@ def _on_abort(message: bytes | None) -> None:
     text = f"{where.replace(chr(92), '/').rsplit('/', 1)[-1]}{sep}{what}"
     with contextlib.suppress(Exception):  # nothing may stop the message below
         sys.stdout.flush()  # the answer so far stays on the screen
-        leave_full_screen()
+        _leave_full_screen()
     why = "an RPC server stopped answering" if "RPC" in text else "llama.cpp failed"
     line = f"{why} ({text})"
     if _abort_handler is not None:
@@ -251,7 +251,7 @@ def _on_abort(message: bytes | None) -> None:
     os._exit(1)  # llama.cpp calls abort() after this callback: exit as the CLI does instead
 
 
-def leave_full_screen() -> None:
+def _leave_full_screen() -> None:
     """The chat (Textual) holds the terminal in its alternate screen, raw, with mouse
     reporting on: undo that, or the message is lost and the shell left unusable."""
     if "textual" not in sys.modules or not os.isatty(1):

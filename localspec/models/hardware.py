@@ -84,6 +84,10 @@ class Hardware:
     remote: tuple[Remote, ...] = ()  # rpc-servers' devices, for the target only
 
     @property
+    def rpc_servers(self) -> int:
+        return len({r.endpoint for r in self.remote})
+
+    @property
     def gpu_usable(self) -> bool:
         """A GPU is present and llama.cpp can put layers on it."""
         return bool(self.gpus) and self.offload
@@ -100,8 +104,7 @@ class Hardware:
         parts.append(f"{self.cores} CPU cores")
         if self.remote:
             free = fmt_size(sum(r.free for r in self.remote))
-            servers = len({r.endpoint for r in self.remote})
-            parts.append(f"{servers} rpc-server(s) with {free} free")
+            parts.append(f"{self.rpc_servers} rpc-server(s) with {free} free")
         return ", ".join(parts)
 
 

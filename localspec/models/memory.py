@@ -140,12 +140,14 @@ def memory_budget(hw: Hardware) -> Budget:
             usable = gpu.usable
             if usable is None:
                 continue
-            reserve = max(VRAM_RESERVE, int(VRAM_RESERVE_SHARE * (gpu.total or usable)))
-            vram += max(0, usable - reserve)
-    remote = sum(
-        max(0, r.free - max(VRAM_RESERVE, int(VRAM_RESERVE_SHARE * r.total))) for r in hw.remote
-    )
+            vram += _spare(usable, gpu.total or usable)
+    remote = sum(_spare(r.free, r.total) for r in hw.remote)  # reported like a GPU's
     return Budget(vram=vram, ram=max(ram, 0), unified=hw.unified, remote=remote)
+
+
+def _spare(free: int, total: int) -> int:
+    """What a device's plan may take of its `free` bytes: a reserve kept back."""
+    return max(0, free - max(VRAM_RESERVE, int(VRAM_RESERVE_SHARE * total)))
 
 
 def compute_bytes(weights: Weights, n_ctx: int) -> int:

@@ -44,8 +44,7 @@ def step_seconds(
         # The RPC backend reports a server's memory, not what kind of device it is: its
         # layers are costed at this machine's CPU speed, a floor (a GPU server is faster),
         # and each pass goes through every server once.
-        servers = len({r.endpoint for r in hw.remote})
-        overhead = CPU_STEP_OVERHEAD / max(hw.cores, 1) + servers * RPC_PASS_SECONDS
+        overhead = CPU_STEP_OVERHEAD / max(hw.cores, 1) + hw.rpc_servers * RPC_PASS_SECONDS
         return overhead + all_bytes / cpu_bw
     gpu_bw = gpu_bandwidth(hw)
     overhead = GPU_STEP_OVERHEAD if gpu_layers > 0 else CPU_STEP_OVERHEAD / max(hw.cores, 1)
