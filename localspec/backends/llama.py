@@ -100,6 +100,8 @@ class LlamaModel(Model):
             raise LoadFailed(
                 f"not enough memory for a context of {cparams.n_ctx} tokens", cparams.n_ctx
             )
+        if options.rpc:  # the connections are open now: have them notice a vanished server
+            rpc.keep_alive(options.rpc)
         self.n_ctx = ll.llama_n_ctx(self._ctx)
         self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps it at the context
         self._mem = ll.llama_get_memory(self._ctx)

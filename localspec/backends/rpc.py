@@ -10,7 +10,10 @@ llama.cpp aborts the whole process when a server cannot be reached, speaks anoth
 protocol version, or stops answering (GGML_ABORT in ggml-rpc.cpp). So before llama.cpp
 sees a server we connect to it ourselves, with a bounded time, and check its version;
 a server that dies mid-answer still ends the process, with one line saying why
-(`end_process_on_abort`; docs/rpc.md).
+(`end_process_on_abort`; docs/rpc.md). A server whose machine vanishes (power, cable,
+Wi-Fi) closes nothing, and llama.cpp's sockets would wait for its answer forever:
+`keep_alive` has the kernel give up on it within DEAD_AFTER_S, which llama.cpp then
+reports as any other failed server.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import ctypes
 import os
 import socket
+import stat
 import struct
 import sys
 from collections.abc import Callable
@@ -31,6 +35,11 @@ from localspec.errors import LocalspecError
 # from another llama.cpp is refused here rather than aborting the process in ggml.
 PROTO_MAJOR, PROTO_MINOR = 7, 0
 CONNECT_TIMEOUT_S = 5.0
+# A server that has not acknowledged anything for this long is gone: TCP keepalive
+# probes (answered by a live machine's kernel, however busy its rpc-server) and a limit
+# on unacknowledged data both say so within it.
+DEAD_AFTER_S = 15
+_KEEPALIVE_IDLE_S, _KEEPALIVE_PROBES = 5, 5  # then a probe every 2 s
 _CMD_HELLO = 14
 _CONN_CAPS_SIZE = 24  # transport.h: RPC_CONN_CAPS_SIZE
 _HELLO_REPLY = struct.Struct("<BBBB")  # major, minor, patch, padding; then the caps
@@ -221,6 +230,63 @@ def target_devices(endpoints: tuple[str, ...]) -> ctypes.Array[ctypes.c_void_p]:
     remote = remote_devices(endpoints)
     end_process_on_abort()
     return device_list([d.handle for d in remote] + local_devices())
+
+
+def keep_alive(endpoints: tuple[str, ...]) -> int:
+    """Have the kernel notice, within DEAD_AFTER_S, a server on llama.cpp's connections
+    to `endpoints` that vanished without closing them; llama.cpp's next read or write
+    then fails, and it aborts as for a killed server (a line, or the chat's restart).
+    The connections are llama.cpp's own sockets, found among this process's open files;
+    returns how many were set."""
+    peers = {addr for endpoint in endpoints for addr in _addresses(endpoint)}
+    count = 0
+    for fd in _open_sockets():
+        with socket.socket(fileno=os.dup(fd)) as sock:  # a duplicate: closing it is ours
+            try:
+                peer = sock.getpeername()
+            except OSError:
+                continue
+            if sock.type == socket.SOCK_STREAM and tuple(peer[:2]) in peers:
+                _set_dead_peer_timeouts(sock)
+                count += 1
+    return count
+
+
+def _addresses(endpoint: str) -> set[tuple[str, int]]:
+    host, _, port = endpoint.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), int(port), proto=socket.IPPROTO_TCP)
+    except OSError:
+        return set()
+    return {(str(info[4][0]), int(info[4][1])) for info in infos}
+
+
+def _open_sockets() -> list[int]:
+    """This process's open file descriptors that are sockets (Linux and macOS)."""
+    fds = []
+    for name in os.listdir("/dev/fd"):
+        try:
+            if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                fds.append(int(name))
+        except (OSError, ValueError):
+            continue  # the listing's own descriptor, closed by now
+    return fds
+
+
+def _set_dead_peer_timeouts(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    interval = (DEAD_AFTER_S - _KEEPALIVE_IDLE_S) // _KEEPALIVE_PROBES
+    options = {  # each where this platform has it (macOS names the idle time KEEPALIVE)
+        "TCP_KEEPIDLE": _KEEPALIVE_IDLE_S,
+        "TCP_KEEPALIVE": _KEEPALIVE_IDLE_S,
+        "TCP_KEEPINTVL": interval,
+        "TCP_KEEPCNT": _KEEPALIVE_PROBES,
+        "TCP_USER_TIMEOUT": DEAD_AFTER_S * 1000,  # Linux: unacknowledged data, in ms
+    }
+    for name, value in options.items():
+        if hasattr(socket, name):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 # Called with the one-line reason before the process ends; the chat sets one that

@@ -112,6 +112,20 @@ def test_probe_accepts_this_protocol():
     done.set()
 
 
+def test_keep_alive_sets_dead_peer_timeouts_on_connections_to_the_servers_only():
+    srv, other = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+    ours = socket.create_connection(srv.getsockname())
+    theirs = socket.create_connection(other.getsockname())
+    with srv, other, ours, theirs:
+        endpoint = f"localhost:{srv.getsockname()[1]}"  # a name resolves to the address
+        assert rpc.keep_alive((endpoint,)) == 1
+        assert ours.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert theirs.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            timeout = ours.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+            assert timeout == rpc.DEAD_AFTER_S * 1000
+
+
 # --- real: two rpc-servers, the target split across them -------------------------------
 
 
@@ -284,6 +298,40 @@ def test_server_killed_mid_answer_ends_it_with_one_line(real_paths):
         assert again.stdout.strip()
     finally:
         server.kill()
+
+
+def network_namespaces() -> bool:
+    """Whether this user can make a network namespace of its own (`unshare -rn`)."""
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.real
+def test_a_server_that_vanishes_mid_answer_ends_it_with_one_line(real_paths):
+    """A server whose machine vanishes (cable pulled, power cut) closes nothing, and
+    llama.cpp would wait for its answer forever; with `rpc.keep_alive` the kernel gives
+    up within DEAD_AFTER_S and the run ends as for a killed server. The loopback that
+    goes down is a namespace's own (tests/backends/rpc_vanish.py)."""
+    if not network_namespaces():
+        pytest.skip("this kernel does not let this user make a network namespace (unshare -rn)")
+    driver = Path(__file__).with_name("rpc_vanish.py")
+    args = [str(rpc_server_binary()), str(real_paths[0]), str(real_paths[1])]
+    out = subprocess.run(
+        ["unshare", "-rn", sys.executable, str(driver), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["rc"] is not None, "the answer hung after the server vanished"
+    lines = result["stderr"].strip().splitlines()
+    assert result["rc"] == 1, result["stderr"]
+    assert lines[-1].startswith("localspec: an RPC server stopped answering (ggml-rpc.cpp:")
+    assert "Traceback" not in result["stderr"]
+    assert result["seconds"] < rpc.DEAD_AFTER_S + 20
 
 
 @pytest.mark.real
