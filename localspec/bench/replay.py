@@ -304,6 +304,9 @@ def main() -> int:
     rec.add_argument("--draft", "-d", type=Path, required=True)
     rec.add_argument("--threads", type=int, default=0)
     rec.add_argument("--out", type=Path, required=True)
+    rec.add_argument(
+        "--prompts", type=Path, help="a prompts file (`localspec bench --list-prompts` writes one)"
+    )
     rep = sub.add_parser("replay", help="replay policies on a recording")
     rep.add_argument("recording", type=Path)
     rep.add_argument("--policies", default="auto,draft-g3,draft-g4,draft-g5")
@@ -312,7 +315,7 @@ def main() -> int:
     if args.command == "record":
         options = LoadOptions(n_threads=args.threads)
         target, draft = LlamaModel(args.target, options), LlamaModel(args.draft, options)
-        data = record(target, draft, load_prompts())
+        data = record(target, draft, load_prompts(args.prompts))
         tmp = args.out.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(args.out)
