@@ -2,7 +2,9 @@
 """`localspec serve` against llama.cpp's `llama-server`, as an editor sees them.
 
 The same prompts, streamed one at a time through the `openai` SDK, against:
-- `localspec serve` (the pair, `--gamma auto`);
+- `localspec serve` (the pair, `--gamma auto`), and in the chat suite the same server
+  decoding plainly (`--draft none`: what `auto` gains, and our plain path against
+  llama-server's);
 - `llama-server -m T -md D` (llama.cpp's speculative server) and `llama-server -m T`
   (plain), built by `scripts/peer_speculative.sh build` from the vendored llama.cpp;
 with the same models, threads and context, prompt for prompt. Client-side figures:
@@ -168,17 +170,23 @@ def run_one(args: argparse.Namespace, prompt: str) -> dict:
     return {"tokens": result["tokens"], **result["stats"], "text": result["text"]}
 
 
-def model_args(args: argparse.Namespace) -> list[str]:
+def model_args(args: argparse.Namespace, draft: bool = True) -> list[str]:
+    """`localspec serve`'s model options; without the draft, it decodes plainly."""
     return [
         "--target",
         args.target,
         "--draft",
-        args.draft,
+        args.draft if draft else "none",
         "--threads",
         str(args.threads),
         "--ctx",
         str(args.ctx),
     ]
+
+
+def localspec_server(args: argparse.Namespace, port: int, draft: bool = True) -> list[str]:
+    serve = [sys.executable, "-m", "localspec", "serve", *model_args(args, draft)]
+    return [*serve, "--port", str(port)]
 
 
 def peer_draft(args: argparse.Namespace) -> Path:
@@ -204,17 +212,13 @@ def llama_server(args: argparse.Namespace, port: int, draft: bool) -> list[str]:
 def chat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     prompts = json.loads((ROOT / "localspec/data/bench_prompts.json").read_text())
     chosen = list(prompts.items())[: args.prompts]
-    ports = {name: free_port() for name in ("localspec", "llama-spec", "llama-plain")}
+    names = ("localspec", "localspec-plain", "llama-spec", "llama-plain")
+    ports = {name: free_port() for name in names}
     commands = {
-        "localspec": [
-            sys.executable,
-            "-m",
-            "localspec",
-            "serve",
-            *model_args(args),
-            "--port",
-            str(ports["localspec"]),
-        ],
+        "localspec": localspec_server(args, ports["localspec"]),
+        # the same server decoding plainly: what `auto` gains over it, and how its plain
+        # path compares with llama-server's
+        "localspec-plain": localspec_server(args, ports["localspec-plain"], draft=False),
         "llama-spec": llama_server(args, ports["llama-spec"], draft=True),
         "llama-plain": llama_server(args, ports["llama-plain"], draft=False),
     }
@@ -255,25 +259,21 @@ def chat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
 
 def edit_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     """Each edit three ways: `localspec serve` with the file as the prediction, without
-    it (auto: draft model and n-grams), and plain decoding (llama-server, no draft)."""
+    it (auto: draft model and n-grams), and plain decoding (llama-server, no draft).
+    With and without go to two servers: `auto` drafts from what a server answered
+    before (its suffix index), so one server would hand the second request of an edit
+    the first one's answer."""
     source = edit_file()
-    ports = {name: free_port() for name in ("localspec", "llama-plain")}
+    ports = {name: free_port() for name in ("localspec", "localspec-nopred", "llama-plain")}
     commands = {
-        "localspec": [
-            sys.executable,
-            "-m",
-            "localspec",
-            "serve",
-            *model_args(args),
-            "--port",
-            str(ports["localspec"]),
-        ],
+        "localspec": localspec_server(args, ports["localspec"]),
+        "localspec-nopred": localspec_server(args, ports["localspec-nopred"]),
         "llama-plain": llama_server(args, ports["llama-plain"], draft=False),
     }
     prediction = {"prediction": {"type": "content", "content": source}}
     modes: list[tuple[str, str, dict[str, Any]]] = [
         ("prediction", "localspec", prediction),
-        ("no-prediction", "localspec", {}),
+        ("no-prediction", "localspec-nopred", {}),
         ("llama-plain", "llama-plain", {}),
     ]
     rows: list[dict] = []
@@ -316,6 +316,8 @@ RATIOS = (  # (suite, server, over server): the medians of prompt-for-prompt tok
     ("chat", "localspec", "llama-plain"),
     ("chat", "llama-spec", "llama-plain"),
     ("chat", "localspec", "localspec-run"),
+    ("chat", "localspec", "localspec-plain"),
+    ("chat", "localspec-plain", "llama-plain"),
     ("edit", "prediction", "llama-plain"),
     ("edit", "prediction", "no-prediction"),
     ("edit", "no-prediction", "llama-plain"),
