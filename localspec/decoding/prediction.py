@@ -15,6 +15,7 @@ decoding, sampled distributed as the target's), whatever the prediction says.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from difflib import SequenceMatcher
 
 import numpy as np
 
@@ -24,9 +25,21 @@ from localspec.decoding.sampling import SamplingParams
 TAIL = 64  # the most answer tokens compared when aligning; longer runs add no certainty
 
 
+def prediction_usage(predicted: Sequence[int], completion: Sequence[int]) -> tuple[int, int]:
+    """OpenAI's `accepted_prediction_tokens` and `rejected_prediction_tokens`: the tokens
+    of the prediction that appear in the completion, in order (the matching blocks of
+    the two token sequences), and those that do not. A fact of the output, whichever
+    source drafted it: where the suffix index or prompt lookup proposed the same text
+    first, the prediction's tokens still appeared."""
+    matcher = SequenceMatcher(None, list(predicted), list(completion), autojunk=False)
+    accepted = sum(block.size for block in matcher.get_matching_blocks())
+    return accepted, len(predicted) - accepted
+
+
 class Prediction:
     """A predicted answer (token ids) for one request whose answer starts at
-    `answer_start` in the context; counts what became of the tokens it drafted."""
+    `answer_start` in the context; counts what became of the tokens it drafted (the
+    drafting's own figures; the API reports `prediction_usage`)."""
 
     def __init__(self, tokens: Sequence[int], answer_start: int, n_min: int = 2) -> None:
         self.tokens = np.asarray(tokens, dtype=np.int64)

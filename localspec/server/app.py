@@ -40,7 +40,7 @@ from localspec.server.schemas import (
     content_text,
     parse,
 )
-from localspec.server.worker import Failed, Job, Worker, prediction_counts
+from localspec.server.worker import Failed, Job, Worker
 from localspec.session import Session
 
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -419,7 +419,7 @@ class Answer:
 
     def usage(self, done: Finished) -> dict[str, Any]:
         prompt, completion = len(self.job.prompt), len(done.tokens)
-        accepted, rejected = prediction_counts(self.job)
+        accepted, rejected = self.job.prediction_tokens
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,

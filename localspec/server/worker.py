@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from localspec.decoding.adaptive import AdaptiveDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Event, Finished, Piece, RoundEnd, Stats
-from localspec.decoding.prediction import Prediction, PredictionDrafter
+from localspec.decoding.prediction import Prediction, PredictionDrafter, prediction_usage
 from localspec.drafting import GAMMA_MAX
 from localspec.server.errors import ApiError
 from localspec.server.metrics import Metrics
@@ -54,6 +54,7 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     inbox: asyncio.Queue[Delivery] = field(default_factory=asyncio.Queue)
     predicted: Prediction | None = None  # set when it runs with a prediction
+    prediction_tokens: tuple[int, int] = (0, 0)  # (accepted, rejected), once finished
 
     def deliver(self, batch: Delivery) -> None:
         """From the worker thread: hand a batch to the handler's event loop."""
@@ -167,7 +168,9 @@ class Worker:
         return Engine(engine.target, drafter, engine.gamma or GAMMA_MAX)
 
     def _observe(self, job: Job, done: Finished) -> None:
-        accepted, rejected = prediction_counts(job)
+        if job.prediction:
+            job.prediction_tokens = prediction_usage(job.prediction, done.tokens)
+        accepted, rejected = job.prediction_tokens
         self.metrics.observe_answer(done.stats, len(done.tokens), accepted, rejected)
         log.info("%s: %s", job.label, self.describe(done.stats, done.stop_reason))
 
@@ -186,10 +189,3 @@ class Worker:
         """The target's time for one plain round, as `auto` measured it (0: unknown)."""
         drafter = self.session.drafter
         return drafter.verify.a if isinstance(drafter, AdaptiveDrafter) else 0.0
-
-
-def prediction_counts(job: Job) -> tuple[int, int]:
-    """(accepted, rejected) prediction tokens of a job that ran with a prediction."""
-    if job.predicted is None:
-        return 0, 0
-    return job.predicted.accepted, job.predicted.rejected

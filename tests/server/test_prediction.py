@@ -10,7 +10,7 @@ from localspec.decoding.adaptive import AdaptiveDrafter, auto_engine
 from localspec.decoding.drafters import NoDrafter, Outcome
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished
-from localspec.decoding.prediction import Prediction, PredictionDrafter
+from localspec.decoding.prediction import Prediction, PredictionDrafter, prediction_usage
 from localspec.decoding.sampling import SamplingParams
 
 PROMPT = [900, 901, 902]
@@ -109,3 +109,28 @@ def test_a_wrong_prediction_costs_little_and_changes_nothing():
     assert done.text == reply
     prediction = engine.drafter.prediction  # type: ignore[attr-defined]
     assert prediction.rejected <= 4  # tried, and given up on
+
+
+def test_prediction_usage_counts_the_prediction_tokens_that_appear_in_the_answer():
+    predicted = list(range(100, 120))
+    answer = [7, 8, *predicted[:5], 99, *predicted[6:15]]  # one changed, the end cut
+    assert prediction_usage(predicted, answer) == (14, 6)
+    assert prediction_usage(predicted, predicted) == (20, 0)
+    assert prediction_usage(predicted, [1, 2, 3]) == (0, 20)
+
+
+def test_prediction_usage_does_not_depend_on_which_source_drafted():
+    """The suffix index knows an earlier answer: it drafts the edited file before the
+    prediction gets a round, yet the prediction's tokens appeared in the answer."""
+    edited = "def var(xs):\n" + "".join(f"    line_{i} = {i} * xs\n" for i in range(12))
+    original = edited.replace("var", "variance")
+    engine = auto_engine(text_model(edited), None)
+    prompt = list(b"<|user|>edit\n<|assistant|>")
+    generate(engine, prompt, None)  # the answer is in the suffix index now
+    done = generate(engine, prompt, original)
+    assert done.text == edited
+    accepted, rejected = prediction_usage(list(original.encode()), done.tokens)
+    assert accepted == len(original) - rejected
+    assert accepted > 0.9 * len(original)
+    # what the prediction itself drafted is less: the suffix index drafted some first
+    assert engine.drafter.prediction.accepted < accepted  # type: ignore[attr-defined]
