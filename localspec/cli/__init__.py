@@ -13,6 +13,7 @@ import sys
 
 from localspec.errors import LocalspecError
 
+TOP_LEVEL = ("-h", "--help", "-V", "--version")  # options of `localspec` itself, not the chat's
 COMMANDS = ("chat", "run", "serve", "bench", "plan", "pull", "models", "add")
 
 
@@ -22,15 +23,30 @@ def build_parser() -> argparse.ArgumentParser:
         description="Faster local LLM answers with speculative decoding. "
         "Without a command, opens the chat.",
     )
+    parser.add_argument("--version", "-V", action="version", version=version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
 
+def version() -> str:
+    """localspec's version and llama-cpp-python's (which llama.cpp answers), for bug reports."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    def of(package: str) -> str:
+        try:
+            return installed(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"localspec {of('localspec')} (llama-cpp-python {of('llama-cpp-python')})"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+    if not argv or (argv[0].startswith("-") and argv[0] not in TOP_LEVEL):
         argv = ["chat", *argv]  # no command: the chat, with any options given
     args = build_parser().parse_args(argv)
     if args.command not in ("plan", "pull", "models", "add"):

@@ -173,3 +173,14 @@ def test_help_lists_the_options(capsys):
         main(["pull", "--help"])
     out = capsys.readouterr().out
     assert "--source {auto,hub,mirror}" in out and "hf://owner/repo/file.gguf" in out
+
+
+def test_version_names_localspec_and_llama_cpp_python(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out
+    llama = version("llama-cpp-python")
+    assert out == f"localspec {version('localspec')} (llama-cpp-python {llama})\n"
