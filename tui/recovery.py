@@ -44,11 +44,28 @@ def restart(app: Restartable, reason: str) -> None:
 
 
 def restart_command(argv: list[str], spec) -> list[str]:
-    """This chat's command line, with the pair in use last (later options win)."""
+    """This chat's command line with the pair in use in place of the one it was given
+    (so a chat restarted again and again keeps one command line)."""
     pair = ["--target", str(spec.target), "--draft", str(spec.draft)]
+    replaced = ["--target", "-t", "--draft", "-d"]
     if spec.n_ctx is not None:
         pair += ["--ctx", str(spec.n_ctx)]
-    return [sys.executable, "-m", "localspec", *argv, *pair]
+        replaced.append("--ctx")
+    return [sys.executable, "-m", "localspec", *without(argv, replaced), *pair]
+
+
+def without(argv: list[str], options: list[str]) -> list[str]:
+    """`argv` less `options` and their values (`--target T`, `--draft=D`, `-tT`)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True  # its value is the next argument
+        elif not any(arg.startswith(o + "=" if o.startswith("--") else o) for o in options):
+            kept.append(arg)
+    return kept
 
 
 def take_reopen() -> tuple[str | None, str | None]:

@@ -24,6 +24,20 @@ def test_the_restart_keeps_the_options_and_pins_the_pair():
     ]  # fmt: skip
 
 
+def test_a_chat_restarted_again_keeps_one_pair_on_its_command_line():
+    spec = PairSpec("/m/t.gguf", "/m/d.gguf", 4096, None)
+    argv = ["chat", "-t", "qwen", "--draft=ngram", "--draft-quant", "keep", "--threads", "4",
+            "--ctx", "2048", "-dx"]  # fmt: skip
+    first = recovery.restart_command(argv, spec)
+    again = recovery.restart_command(first[3:], spec)
+    assert first == again == [
+        sys.executable, "-m", "localspec", "chat", "--draft-quant", "keep", "--threads", "4",
+        "--target", "/m/t.gguf", "--draft", "/m/d.gguf", "--ctx", "4096",
+    ]  # fmt: skip
+    unsized = PairSpec("/m/t.gguf", "/m/d.gguf", None, None)  # the context as given stays
+    assert recovery.restart_command(["--ctx", "2048"], unsized)[3:5] == ["--ctx", "2048"]
+
+
 def test_a_chat_that_fails_again_soon_after_a_restart_ends(monkeypatch: pytest.MonkeyPatch):
     execs: list[object] = []
     monkeypatch.setattr(os, "execve", lambda *a: execs.append(a))
