@@ -100,6 +100,10 @@ def serve(args: argparse.Namespace) -> int:
             port=args.port,
             log_level="warning",
             access_log=False,
+            # uvloop and httptools where installed (our dependencies): each streamed
+            # token's chunk costs Python time on the cores llama.cpp decodes with
+            loop="auto",
+            http="auto",
         )
     finally:
         session.close()

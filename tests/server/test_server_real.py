@@ -70,8 +70,8 @@ def model_args(real_paths: tuple[Path, Path]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def server(real_paths: tuple[Path, Path], tmp_path_factory) -> Iterator[tuple[str, Path]]:
-    """(base URL, the server's log file)."""
+def server(real_paths: tuple[Path, Path], tmp_path_factory) -> Iterator[tuple[str, Path, int]]:
+    """(base URL, the server's log file, its process id)."""
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     args = [*model_args(real_paths), "--port", str(port), "--max-queue", "3", "--model-name"]
@@ -95,14 +95,14 @@ def server(real_paths: tuple[Path, Path], tmp_path_factory) -> Iterator[tuple[st
                 pass
             assert time.monotonic() < deadline, "the server did not come up"
             time.sleep(1)
-        yield base, log
+        yield base, log, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
-def client(server: tuple[str, Path]) -> openai.OpenAI:
+def client(server: tuple[str, Path, int]) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server[0]}/v1", api_key=KEY, max_retries=0, timeout=300)
 
 
@@ -125,6 +125,13 @@ def streamed(client: openai.OpenAI, messages=ASK, **extra) -> tuple[str, list]:
     )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     return text, chunks
+
+
+def test_the_server_runs_on_uvloop_and_httptools(server: tuple[str, Path, int]):
+    """uvicorn falls back to asyncio and h11 without a word; they cost 4% of the
+    streamed tok/s on 2 cores (docs/serve.md)."""
+    libraries = Path(f"/proc/{server[2]}/maps").read_text()
+    assert "/uvloop/loop." in libraries and "/httptools/parser/parser." in libraries
 
 
 def test_chat_streamed_and_not_agree_and_count_their_tokens(client: openai.OpenAI):
