@@ -189,6 +189,8 @@ def replay(rec: Recording, costs: Costs, policy: str) -> Replayed:
             drafter._match_n, match = drafter.ngrams.match(context, gamma)
             choice = drafter.choose(len(match), gamma, len(context) - cached, drafter._match_n)
             drafter._last, k, n_ngram, p_min = choice, choice.k, choice.ngram, drafter.p_min(choice)
+            if not n_ngram:
+                drafter.shadow(len(context), [("ngram", drafter._match_n, match)])
         accepted = next((j for j in range(n_ngram) if match[j] != y[t + j]), n_ngram)
         draft_s, n_model = 0.0, 0
         if k > n_ngram:
@@ -209,7 +211,8 @@ def replay(rec: Recording, costs: Costs, policy: str) -> Replayed:
         )
         if auto:
             drafter._draft_s = draft_s
-            drafter.accept([], Outcome(drafted, accepted, t_of[drafted]))
+            text = rec.prompt + y[: t + accepted + 1]
+            drafter.accept(text, Outcome(drafted, accepted, t_of[drafted]))
         t += accepted + 1
     speedup = (len(y) - 1) * t_of[0] / spent if spent else 1.0
     return Replayed(speedup, rounds, total_drafted, total_accepted)

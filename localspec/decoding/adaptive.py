@@ -16,10 +16,13 @@ Measured online, per conversation:
 A round that drafts k tokens yields E(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j tokens (Leviathan et
 al.: (1 - α^(k+1)) / (1 - α) for a constant α) in k·c + T(k+1) seconds. Each round takes
 the source and k with the best E/time, k = 0 (plain decoding) included, so speculation
-that does not pay is switched off. A source left idle is probed again once the time
-since its last use would have paid for the probe PROBE_SHARE times over, so probing
-costs at most that share. Hybrid drafting: a prompt-lookup match is free, so it goes
-first; the draft model drafts when there is none, or extends it when that pays.
+that does not pay is switched off. A free source (n-grams, the suffix index, a
+prediction) is measured even when it is not drafted: what it proposed is set against the
+text the target goes on to write (a *shadow* draft), so its α stays current at no cost.
+The draft model, whose guesses cost a pass, is probed again once the time since its last
+use would have paid for the probe PROBE_SHARE times over, so probing costs at most that
+share. Hybrid drafting: a prompt-lookup match is free, so it goes first; the draft model
+drafts when there is none, or extends it when that pays.
 
 A request may bring a prediction of its answer (Predicted Outputs, see prediction.py):
 another free source, weighed like the n-grams with its own α (per alignment length,
@@ -41,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec.backends.base import Model
+from localspec.backends.base import Model, common_prefix
 from localspec.decoding.drafters import Draft, DraftModel, NgramIndex, Outcome
 from localspec.decoding.engine import Engine
 from localspec.decoding.prediction import Prediction
@@ -52,11 +55,11 @@ from localspec.drafting import GAMMA_MAX
 PREDICTION_GAMMA_MAX = 16  # a prediction that keeps matching is drafted this deep
 EMA_WEIGHT = 0.15
 PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
-PROBE_SHARE = 0.02  # at most this share of the time goes to probing idle sources
+PROBE_SHARE = 0.02  # at most this share of the time goes to probing an idle draft model
 CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
+STEEP = 0.5  # T(k) rising by this share of T(1) per token: compute-bound, not in steps
 RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
-SOURCES = ("ngram", "draft", "prediction", "suffix")
 RECOVER = 0.02  # per token made without the draft model, its low α closes this share of
 # the gap to its prior
 NGRAM_PRIOR = {2: 0.35, 3: 0.5, 4: 0.65}  # α before any measurement, by matched length n
@@ -144,7 +147,8 @@ class VerifyCost:
     def batch(self, ks: np.ndarray) -> np.ndarray:
         """T(k) for each k: its own average where timed (CPU costs rise in steps, not on
         a line). The first untimed size above the timed ones is assumed as cheap as the
-        largest timed one (T never falls with k), so it gets tried and timed."""
+        largest timed one (T never falls with k), so it gets tried and timed; unless the
+        timed sizes rise steeply per token (compute-bound), where the line is the guess."""
         return np.array([self._one(int(k)) for k in ks])
 
     def prior_line(self, ks: np.ndarray) -> np.ndarray:
@@ -152,14 +156,33 @@ class VerifyCost:
         untimed size, and no steep line drawn through a CPU's first step either."""
         return self.a + min(self.b, CPU_SLOPE * self.a) * (ks - 1)
 
+    def _steep(self) -> bool:
+        """Whether the two largest timed batch sizes (past one token) grow by half a
+        one-token pass per token or more."""
+        sizes = sorted(k for k in self.seconds if k > 1)[-2:]
+        if len(sizes) < 2:
+            return False
+        (j, tj), (k, tk) = ((s, self.seconds[s]) for s in sizes)
+        return (tk - tj) / (k - j) >= STEEP * self.seconds.get(1, self.a)
+
     def _one(self, k: int) -> float:
         if k in self.seconds:
             return self.seconds[k]
         below = [t for j, t in self.seconds.items() if j < k]
         floor = max(below, default=self.a)
-        if k == max(self.seconds, default=0) + 1:
+        if k == max(self.seconds, default=0) + 1 and not self._steep():
             return floor
         return max(floor, self.a + self.b * (k - 1))
+
+
+@dataclass(frozen=True)
+class Shadow:
+    """A free source's proposal that a round did not draft. The target's text after `at`
+    says how much of it a draft would have kept: at temperature 0 exactly; sampled, a
+    token matches with the target's probability for it, its chance of acceptance."""
+
+    at: int  # where the proposal would have gone in the text
+    tokens: list[int]
 
 
 @dataclass(frozen=True)
@@ -192,7 +215,9 @@ class AdaptiveDrafter:
         self._match_n = 0  # the length of this round's free match
         self._free = "ngram"  # this round's free source: "ngram", "prediction" or "suffix"
         self.verify = VerifyCost()
-        self.idle_s = dict.fromkeys(SOURCES, 0.0)  # decode time since each was last used
+        self.draft_idle_s = 0.0  # decode time since the draft model was last used
+        self.shadows: dict[str, Shadow] = {}  # by acceptance key, one pending each
+        self._text_len = 0  # the text's length after the last round
         self._last: Choice | None = None
         self._draft_s = 0.0
 
@@ -222,6 +247,8 @@ class AdaptiveDrafter:
         self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
     ) -> Draft:
         deep, gamma = min(gamma, PREDICTION_GAMMA_MAX), min(gamma, GAMMA_MAX)
+        if len(context) != self._text_len:
+            self.shadows.clear()  # another text (the next request): they would not apply
         lag = self.model.unread(context) if self.model else 0
         n, match = self.ngrams.match(context, gamma)
         free = [("ngram", n, match, self.choose(len(match), gamma, lag, n))]
@@ -249,6 +276,8 @@ class AdaptiveDrafter:
         # the free source whose round pays best (a probe counts as plain decoding)
         self._free, self._match_n, match, choice = max(free, key=lambda f: f[3].gain or 1.0)
         self._last = choice
+        drafted = self._free if choice.ngram else None
+        self.shadow(len(context), [(f[0], f[1], f[2]) for f in free if f[0] != drafted])
         tokens = match[: choice.ngram]
         q: list[Probs | None] = [None] * choice.ngram
         busy = self.busy_s
@@ -259,9 +288,28 @@ class AdaptiveDrafter:
         self._draft_s = self.busy_s - busy
         return Draft(tokens, q, by=choice.source, planned=choice.k, why=self.explain(choice))
 
+    def shadow(self, at: int, proposals: Sequence[tuple[str, int, Sequence[int]]]) -> None:
+        """Keep the free proposals (source, match length, tokens) a round does not draft,
+        to measure them on the text that follows (see Shadow)."""
+        for source, n, tokens in proposals:
+            key = free_key(source, n)
+            if tokens and key not in self.shadows:
+                self.shadows[key] = Shadow(at, list(tokens))
+
+    def settle_shadows(self, text: Sequence[int]) -> None:
+        """Each shadow the text now decides: its α learns what a draft would have kept."""
+        self._text_len = len(text)
+        for key, shadow in list(self.shadows.items()):
+            written = text[shadow.at : shadow.at + len(shadow.tokens)]
+            right = common_prefix(written, shadow.tokens)
+            if right < len(written) or len(written) == len(shadow.tokens):
+                self.alpha[key].observe(len(shadow.tokens), right)
+                del self.shadows[key]
+
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         if self.model is not None:
             self.model.accept(tokens, outcome)
+        self.settle_shadows(tokens)
         choice = self._last
         if choice is None:
             return
@@ -275,14 +323,11 @@ class AdaptiveDrafter:
         stopped = choice.k > max(outcome.drafted, choice.ngram)
         if outcome.accepted >= n_ng and (outcome.drafted > n_ng or stopped):
             self.alpha["draft"].observe(outcome.drafted - n_ng + stopped, outcome.accepted - n_ng)
-        if "draft" not in choice.source:
+        if "draft" in choice.source:
+            self.draft_idle_s = 0.0
+        else:
             self.alpha["draft"].recover(1 - (1 - RECOVER) ** (outcome.accepted + 1))
-        spent = self._draft_s + outcome.verify_s
-        for source in SOURCES:
-            if source in choice.source:
-                self.idle_s[source] = 0.0
-            else:
-                self.idle_s[source] += spent
+            self.draft_idle_s += self._draft_s + outcome.verify_s
 
     # --- the decision ---------------------------------------------------------------
     def catchup_cost(self, lag: int) -> float:
@@ -335,18 +380,15 @@ class AdaptiveDrafter:
                     for j, g in zip(rest, gains, strict=True)
                 ]
         best = max(options, key=lambda o: o.gain)
-        return self._probe(matched, lag, free) if best.k == 0 else best
+        return self._probe(lag) if best.k == 0 else best
 
-    def _probe(self, matched: int, lag: int, free: str = "ngram") -> Choice:
-        """Speculation does not pay by the estimates; try an idle source once its idle
-        time has paid for the probe, to notice when it pays again (a change of topic)."""
-        budget = {s: self.idle_s[s] * PROBE_SHARE for s in SOURCES}
-        k = 1  # one token: the cheapest sign that a source pays again
-        extra = k * self.verify.b  # the verify slot a probe adds
-        if matched and budget[free] >= extra:
-            return Choice(free, min(matched, k), 0.0, min(matched, k))
-        draft_probe = self.catchup_cost(lag) + k * self.draft_cost + extra
-        if self.model is not None and budget["draft"] >= draft_probe:
+    def _probe(self, lag: int) -> Choice:
+        """Speculation does not pay by the estimates; try the idle draft model once its
+        idle time has paid for the probe, to notice when it pays again (a change of
+        topic). Free sources need no probe: their shadows measure them."""
+        k = 1  # one token: the cheapest sign that it pays again
+        probe = self.catchup_cost(lag) + k * (self.draft_cost + self.verify.b)
+        if self.model is not None and self.draft_idle_s * PROBE_SHARE >= probe:
             return Choice("draft", k, 0.0)
         return Choice("none", 0, 1.0)
 
