@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def version() -> str:
-    """localspec's version and llama-cpp-python's (which llama.cpp answers), for bug reports."""
+    """localspec's version and llama-cpp-python's (whose llama.cpp decodes), for bug reports."""
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as installed
 
