@@ -77,9 +77,10 @@ def to_markdown(report: Report) -> str:
         by_prompt_table(report),
         "## Every figure",
         table(detail_header, [detail_row(r) for r in report.results], left=(0, 1, 11)),
-        "Speedup: decode tokens/s over the baseline run's, median over repeats; for an "
-        f"answer under {SHORT_ANSWER} tokens the slowest prompt is judged by its time to "
-        "the last token (TTFT and decoding), marked TTLT. Accept: "
+        "Speedup: decode tokens/s over the baseline run's, median over repeats; an "
+        f"answer under {SHORT_ANSWER} tokens counts in the medians (all, categories) and "
+        "as the slowest prompt by its time to the last token (TTFT and decoding) instead, "
+        "marked TTLT where it is the slowest; the tables by prompt show decode speed. Accept: "
         "accepted / drafted. Mean len: tokens per round, the target's own included. "
         "Outside llama.cpp: the share of round time spent in Python, sampling and "
         "bookkeeping. CPU: the least CPU time a run got, over what its threads asked for "

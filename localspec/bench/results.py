@@ -162,9 +162,10 @@ class ModeSummary:
     """One mode over the suite: medians of per-prompt speedups, and the slowest prompt."""
 
     mode: str
+    # medians of `Result.measure`: time to the last token for short answers
     by_category: tuple[tuple[str, float], ...]
     median: float
-    worst: float  # the least `Result.measure`: time to the last token for short answers
+    worst: float  # the least `Result.measure`
     worst_prompt: str
     acceptance_rate: float  # median over prompts
     overhead_share: float  # median over prompts
@@ -234,13 +235,13 @@ class Report:
             worst = min(rows, key=lambda r: r.measure)
             peers = [r.vs_peer for r in rows if r.vs_peer is not None]
             by_category = tuple(
-                (c, median([r.speedup for r in rows if r.category == c])) for c in self.categories
+                (c, median([r.measure for r in rows if r.category == c])) for c in self.categories
             )
             out.append(
                 ModeSummary(
                     mode=mode,
                     by_category=by_category,
-                    median=median([r.speedup for r in rows]),
+                    median=median([r.measure for r in rows]),
                     over_categories=median([v for _, v in by_category]),
                     worst=worst.measure,
                     worst_prompt=worst.prompt,

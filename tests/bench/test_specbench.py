@@ -158,6 +158,9 @@ def test_short_answers_are_judged_by_their_time_to_the_last_token(tmp_path):
     assert r.latency_speedup == pytest.approx(latency) and r.measure == r.latency_speedup
     (auto,) = report.summary()
     assert auto.worst == min(report.result(p, "auto").measure for p in report.prompts)
+    # the medians too, as issue 21's aims judge short answers
+    first = report.result(report.prompts[0], "auto")
+    assert dict(auto.by_category)[first.category] == first.latency_speedup != first.speedup
     md = to_markdown(report)
     assert "## Short answers (under 32 tokens): time to the last token" in md
     assert " TTLT " in md.split("## By category")[0]  # the slowest prompt says how it was judged
