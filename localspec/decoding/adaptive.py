@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec.backends.base import Model, common_prefix
+from localspec.backends.base import Model
 from localspec.decoding.drafters import Draft, DraftModel, NgramIndex, Outcome
 from localspec.decoding.engine import Engine
 from localspec.decoding.prediction import Prediction
@@ -59,6 +59,7 @@ PROBE_SHARE = 0.02  # at most this share of the time goes to probing an idle dra
 CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
 STEEP = 0.5  # T(k) rising by this share of T(1) per token: compute-bound, not in steps
+MAX_SHADOWS = 64  # pending shadow drafts kept (a few rounds' worth of every free source)
 RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
 RECOVER = 0.02  # per token made without the draft model, its low α closes this share of
 # the gap to its prior
@@ -95,11 +96,19 @@ class Acceptance:
         # position i tells something only if all before it were accepted
         tested = min(accepted + 1, drafted)
         for i in range(tested):
-            if not self.seen[i] and i > 0:
-                self.alpha[i] = self.alpha[i - 1]
-            self.seen[i] += 1
-            weight = max(EMA_WEIGHT, 1 / (PRIOR_COUNT + self.seen[i]))
-            self.alpha[i] += weight * (float(i < accepted) - self.alpha[i])
+            self.learn(i, i < accepted)
+        self.relax_from(tested)
+
+    def learn(self, i: int, accepted: bool) -> None:
+        """Position i was tested (every one before it accepted)."""
+        if not self.seen[i] and i > 0:
+            self.alpha[i] = self.alpha[i - 1]
+        self.seen[i] += 1
+        weight = max(EMA_WEIGHT, 1 / (PRIOR_COUNT + self.seen[i]))
+        self.alpha[i] += weight * (float(accepted) - self.alpha[i])
+
+    def relax_from(self, tested: int) -> None:
+        """The positions from `tested` on were not tested this time."""
         for i in range(max(1, tested), len(self.alpha)):
             if not self.seen[i]:
                 self.alpha[i] = self.alpha[i - 1]
@@ -175,14 +184,18 @@ class VerifyCost:
         return max(floor, self.a + self.b * (k - 1))
 
 
-@dataclass(frozen=True)
+@dataclass
 class Shadow:
     """A free source's proposal that a round did not draft. The target's text after `at`
     says how much of it a draft would have kept: at temperature 0 exactly; sampled, a
-    token matches with the target's probability for it, its chance of acceptance."""
+    token matches with the target's probability for it, its chance of acceptance. Each
+    position is learned as soon as the text reaches it, so a repeated text raises α within
+    a few tokens, as drafting it would."""
 
+    key: str  # the acceptance it teaches
     at: int  # where the proposal would have gone in the text
     tokens: list[int]
+    checked: int = 0  # positions the text has reached so far
 
 
 @dataclass(frozen=True)
@@ -216,7 +229,7 @@ class AdaptiveDrafter:
         self._free = "ngram"  # this round's free source: "ngram", "prediction" or "suffix"
         self.verify = VerifyCost()
         self.draft_idle_s = 0.0  # decode time since the draft model was last used
-        self.shadows: dict[str, Shadow] = {}  # by acceptance key, one pending each
+        self.shadows: list[Shadow] = []  # pending, the newest last
         self._text_len = 0  # the text's length after the last round
         self._last: Choice | None = None
         self._draft_s = 0.0
@@ -293,18 +306,26 @@ class AdaptiveDrafter:
         to measure them on the text that follows (see Shadow)."""
         for source, n, tokens in proposals:
             key = free_key(source, n)
-            if tokens and key not in self.shadows:
-                self.shadows[key] = Shadow(at, list(tokens))
+            if tokens:
+                self.shadows.append(Shadow(key, at, list(tokens[: len(self.alpha[key].alpha)])))
+        del self.shadows[:-MAX_SHADOWS]
 
     def settle_shadows(self, text: Sequence[int]) -> None:
-        """Each shadow the text now decides: its α learns what a draft would have kept."""
+        """Each shadow learns the positions the text has reached; it is done at its first
+        miss or its last token."""
         self._text_len = len(text)
-        for key, shadow in list(self.shadows.items()):
-            written = text[shadow.at : shadow.at + len(shadow.tokens)]
-            right = common_prefix(written, shadow.tokens)
-            if right < len(written) or len(written) == len(shadow.tokens):
-                self.alpha[key].observe(len(shadow.tokens), right)
-                del self.shadows[key]
+        pending = []
+        for s in self.shadows:
+            acceptance, hit = self.alpha[s.key], True
+            while hit and s.checked < len(s.tokens) and s.at + s.checked < len(text):
+                hit = text[s.at + s.checked] == s.tokens[s.checked]
+                acceptance.learn(s.checked, hit)
+                s.checked += 1
+            if hit and s.checked < len(s.tokens):
+                pending.append(s)
+            else:
+                acceptance.relax_from(s.checked)
+        self.shadows = pending
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         if self.model is not None:
