@@ -22,42 +22,23 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import shlex
-import socket
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
+from serve_bench import free_port, server  # same directory: the bench's server lifecycle
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spread(prompts: list[str], n: int) -> list[str]:
     """n prompts taken evenly over the suite (it is ordered by category)."""
     return prompts[:: max(1, len(prompts) // n)][:n]
-
-
-def wait_until_up(base: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"serve_ab: a server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("serve_ab: a server did not come up")
 
 
 def tokens_per_s(base: str, model: str, prompt: str, max_tokens: int) -> float:
@@ -89,23 +70,13 @@ def tokens_per_s(base: str, model: str, prompt: str, max_tokens: int) -> float:
     return ((tokens or chunks) - 1) / (last - first)
 
 
-def run_round(command: str, prompts: list[str], max_tokens: int) -> list[float]:
+def run_round(command: str, prompts: list[str], max_tokens: int, log: Path) -> list[float]:
     port = free_port()
-    proc = subprocess.Popen(
-        shlex.split(command.format(port=port)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=ROOT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(base, proc)
-        model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
+    with server(shlex.split(command.format(port=port)), port, log) as v1:
+        base = v1.removesuffix("/v1")
+        model = httpx.get(f"{v1}/models").json()["data"][0]["id"]
         tokens_per_s(base, model, "Say hello.", 16)  # warm-up
         return [tokens_per_s(base, model, p, max_tokens) for p in prompts]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
 
 
 def main() -> int:
@@ -121,10 +92,13 @@ def main() -> int:
     suite = json.loads((ROOT / "localspec/data/bench_prompts.json").read_text())
     prompts = spread([v["prompt"] for v in suite.values()], args.prompts)
     names = list(servers)
+    os.chdir(ROOT)  # commands may name .venv/bin/... and scripts/... relative to the repo
+    logs = Path(tempfile.mkdtemp(prefix="serve_ab-"))  # each server's output, if it fails
     speeds: dict[str, list[list[float]]] = {n: [[] for _ in prompts] for n in names}
     for r in range(args.rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            for i, s in enumerate(run_round(servers[name], prompts, args.max_tokens)):
+            log = logs / f"{name}.log"
+            for i, s in enumerate(run_round(servers[name], prompts, args.max_tokens, log)):
                 speeds[name][i].append(s)
             row = " ".join(f"{s[-1]:5.1f}" for s in speeds[name])
             print(f"round {r + 1} {name:>12}: {row} tok/s", flush=True)
