@@ -39,8 +39,11 @@ may add at the rate the round aims at (`p_min`).
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import numpy as np
 
@@ -58,6 +61,7 @@ PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
 PROBE_SHARE = 0.02  # at most this share of the time goes to probing an idle draft model
 CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
+TABLE_SIZE = PREDICTION_GAMMA_MAX + 1  # the largest batch a round verifies
 STEEP = 0.5  # T(k) rising by this share of T(1) per token: compute-bound, not in steps
 MAX_SHADOWS = 64  # pending shadow drafts kept (a few rounds' worth of every free source)
 RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
@@ -118,11 +122,12 @@ class Acceptance:
                 self.alpha[i] += RELAX * (self.alpha[i - 1] - self.alpha[i])
 
     def expected(self, k: int) -> np.ndarray:
-        """E(j) - 1 for j = 1..k: the expected accepted tokens when drafting j."""
-        return np.cumsum(np.cumprod(self.alpha[:k]))
+        """E(j) - 1 for j = 1..k: the expected accepted tokens when drafting j. (Sums of
+        products of at most 16 values: plain Python, as numpy costs more on so few.)"""
+        return np.array(list(accumulate(accumulate(self.alpha[:k], operator.mul))))
 
     def all_accepted(self, k: int) -> float:
-        return float(np.prod(self.alpha[:k]))
+        return math.prod(self.alpha[:k])
 
 
 @dataclass
@@ -132,6 +137,8 @@ class VerifyCost:
     seconds: dict[int, float] = field(default_factory=dict)
     a: float = 0.0
     b: float = 0.0
+    _key: tuple = field(default=(), repr=False, compare=False)
+    _cached: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
 
     def observe(self, k: int, seconds: float) -> None:
         old = self.seconds.get(k)
@@ -158,7 +165,15 @@ class VerifyCost:
         a line). The first untimed size above the timed ones is assumed as cheap as the
         largest timed one (T never falls with k), so it gets tried and timed; unless the
         timed sizes rise steeply per token (compute-bound), where the line is the guess."""
-        return np.array([self._one(int(k)) for k in ks])
+        return self._table(int(ks.max()))[ks - 1]
+
+    def _table(self, top: int) -> np.ndarray:
+        """T(1..n), n ≥ top, worked out once per change of the timings (a round asks for
+        it several times)."""
+        key = (tuple(self.seconds.items()), self.a, self.b)
+        if key != self._key or len(self._cached) < top:
+            self._cached, self._key = self._build(max(top, TABLE_SIZE)), key
+        return self._cached
 
     def prior_line(self, ks: np.ndarray) -> np.ndarray:
         """T(k) on the line a + b(k-1), b at most its CPU prior: no optimism for an
@@ -174,14 +189,20 @@ class VerifyCost:
         (j, tj), (k, tk) = ((s, self.seconds[s]) for s in sizes)
         return (tk - tj) / (k - j) >= STEEP * self.seconds.get(1, self.a)
 
-    def _one(self, k: int) -> float:
-        if k in self.seconds:
-            return self.seconds[k]
-        below = [t for j, t in self.seconds.items() if j < k]
-        floor = max(below, default=self.a)
-        if k == max(self.seconds, default=0) + 1 and not self._steep():
-            return floor
-        return max(floor, self.a + self.b * (k - 1))
+    def _build(self, n: int) -> np.ndarray:
+        """T(1..n) as `batch` describes it."""
+        top, steep = max(self.seconds, default=0), self._steep()
+        table, floor = [], None  # floor: the largest T(j) timed for j < k
+        for k in range(1, n + 1):
+            t = self.seconds.get(k)
+            if t is not None:
+                floor = t if floor is None else max(floor, t)
+            else:
+                t = self.a if floor is None else floor
+                if k != top + 1 or steep:
+                    t = max(t, self.a + self.b * (k - 1))
+            table.append(t)
+        return np.array(table)
 
 
 @dataclass
@@ -371,14 +392,14 @@ class AdaptiveDrafter:
         a = float(self.verify.batch(np.array([1]))[0])
         ng = self.alpha[free_key(free, n)] if matched else None
         catchup = self.catchup_cost(lag) / CATCHUP_ROUNDS
-        options = [Choice("none", 0, 1.0)]
+        best = Choice("none", 0, 1.0)
         ks = np.arange(1, gamma + 1)
         # A source not yet seen is judged at its prior, at every depth: on a CPU a 2-token
         # pass can cost most of a 6-token one, so a 1-token try is the dearest way to learn.
         m = min(matched, gamma)
         if ng and m:
             gains = (1 + ng.expected(m)) * a / self.verify.batch(ks[:m] + 1)
-            options += [Choice(free, int(k), g, int(k)) for k, g in zip(ks[:m], gains, strict=True)]
+            best = better(best, free, gains, ks[:m], free_tokens=None)
         gamma = min(gamma, GAMMA_MAX)
         ks = ks[:gamma]
         if self.model is not None:
@@ -387,7 +408,7 @@ class AdaptiveDrafter:
             # priors, not just time a batch size (on a CPU the dearest one, T(2)).
             batch = self.verify.batch if dm.seen[0] else self.verify.prior_line
             gains = (1 + dm.expected(gamma)) * a / (catchup + ks * c + batch(ks + 1))
-            options += [Choice("draft", int(k), g) for k, g in zip(ks, gains, strict=True)]
+            best = better(best, "draft", gains, ks, free_tokens=0)
             if ng and m < gamma:
                 # the whole n-gram match, then the draft model goes on after it
                 rest = ks[: gamma - m]
@@ -396,11 +417,7 @@ class AdaptiveDrafter:
                 tokens = 1 + ng_expected + reach * dm.expected(gamma - m)
                 cost = catchup + (rest + 1) * c + batch(m + rest + 1)
                 gains = tokens * a / cost
-                options += [
-                    Choice(f"{free}+draft", m + int(j), g, m)
-                    for j, g in zip(rest, gains, strict=True)
-                ]
-        best = max(options, key=lambda o: o.gain)
+                best = better(best, f"{free}+draft", gains, m + rest, free_tokens=m)
         return self._probe(lag) if best.k == 0 else best
 
     def _probe(self, lag: int) -> Choice:
@@ -464,6 +481,20 @@ class AdaptiveDrafter:
             return f"{self._free} {self.alpha[self.free_key()].alpha[0]:.2f}"
         ns = [self._match_n] if self._match_n else sorted(NGRAM_PRIOR)
         return " ".join(f"{n}-gram {self.alpha[ngram_key(n)].alpha[0]:.2f}" for n in ns)
+
+
+def better(
+    best: Choice, source: str, gains: np.ndarray, ks: np.ndarray, free_tokens: int | None
+) -> Choice:
+    """`best`, or the option of `source` that drafts ks[i] tokens (of which `free_tokens`
+    from the free match; None: all) at the best of `gains`, if that beats it (a tie keeps
+    the earlier and shallower option). One Choice a family, not one an option: choose
+    runs every round, and on a GPU a round's Python is a share of its time."""
+    i = int(np.argmax(gains))
+    if gains[i] <= best.gain:
+        return best
+    k = int(ks[i])
+    return Choice(source, k, float(gains[i]), k if free_tokens is None else free_tokens)
 
 
 def ngram_key(n: int) -> str:
