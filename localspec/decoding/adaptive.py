@@ -21,8 +21,9 @@ prediction) is measured even when it is not drafted: what it proposed is set aga
 text the target goes on to write (a *shadow* draft), so its α stays current at no cost.
 The draft model, whose guesses cost a pass, is probed again once the time since its last
 use would have paid for the probe PROBE_SHARE times over, so probing costs at most that
-share. Hybrid drafting: a prompt-lookup match is free, so it goes first; the draft model
-drafts when there is none, or extends it when that pays.
+share; never where the costs say it could not pay even on text it drafts well. Hybrid
+drafting: a prompt-lookup match is free, so it goes first; the draft model drafts when
+there is none, or extends it when that pays.
 
 A request may bring a prediction of its answer (Predicted Outputs, see prediction.py):
 another free source, weighed like the n-grams with its own α (per alignment length,
@@ -59,6 +60,7 @@ PREDICTION_GAMMA_MAX = 16  # a prediction that keeps matching is drafted this de
 EMA_WEIGHT = 0.15
 PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
 PROBE_SHARE = 0.02  # at most this share of the time goes to probing an idle draft model
+GOOD_ALPHA = 0.9  # the draft model's α on text it drafts well (code): a probe looks for it
 CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
 TABLE_SIZE = PREDICTION_GAMMA_MAX + 1  # the largest batch a round verifies
@@ -426,9 +428,20 @@ class AdaptiveDrafter:
         topic). Free sources need no probe: their shadows measure them."""
         k = 1  # one token: the cheapest sign that it pays again
         probe = self.catchup_cost(lag) + k * (self.draft_cost + self.verify.b)
-        if self.model is not None and self.draft_idle_s * PROBE_SHARE >= probe:
+        due = self.model is not None and self.draft_idle_s * PROBE_SHARE >= probe
+        if due and self.draft_could_pay():
             return Choice("draft", k, 0.0)
         return Choice("none", 0, 1.0)
+
+    def draft_could_pay(self) -> bool:
+        """Whether the draft model would beat plain decoding at the measured costs, at
+        some γ, on text it drafts well (α = GOOD_ALPHA, as on code). Where it would not
+        (a small target on a few CPU cores: T(2) about 2 T(1)), a probe can only lose:
+        each one reads up to a window of missed text, at up to PROBE_SHARE of the time."""
+        ks = np.arange(1, GAMMA_MAX + 1)
+        t = self.verify.batch(np.arange(1, GAMMA_MAX + 2))  # t[k] = T(k + 1)
+        tokens = (1 - GOOD_ALPHA ** (ks + 1)) / (1 - GOOD_ALPHA)  # Leviathan et al.'s E(k)
+        return bool(np.max(tokens * t[0] / (ks * self.draft_cost + t[ks])) > 1.0)
 
     def p_min(self, choice: Choice) -> list[float]:
         """Draft-model early stop, per token the draft model drafts this round: the
