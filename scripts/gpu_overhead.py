@@ -18,6 +18,10 @@ Prints `llama_supports_gpu_offload()`, the GPU's name and a Markdown table; writ
 everything as JSON (and, with --profile, cProfile's top functions per round) to --out.
 
     python scripts/gpu_overhead.py --target T.gguf --draft D.gguf --out DIR
+
+`--context N` puts about N tokens of earlier text (the bench's prompts, in turn) before
+each prompt, as a long chat or a pasted file does: what a round costs in Python beyond
+the passes may grow with the context (prefix checks, the drafters' indexes).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import localspec.backends.llama  # noqa: F401
 import argparse
 import cProfile
 import io
+import itertools
 import json
 import platform
 import pstats
@@ -43,6 +48,7 @@ from pathlib import Path
 
 from localspec.backends.llama import LlamaModel, LoadOptions, supports_gpu_offload
 from localspec.bench.costs import PassTimes, time_pass
+from localspec.bench.suite import load_prompts
 from localspec.decoding.adaptive import auto_engine
 from localspec.decoding.drafters import DraftModel, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
@@ -135,6 +141,20 @@ def gpu_name() -> str:
         return f"no GPU found ({type(e).__name__})"
 
 
+def with_context(model: LlamaModel, prompt: str, context: int) -> list[int]:
+    """The prompt's tokens after about `context` tokens of earlier text."""
+    tokens = model.tokenize(prompt)
+    if context <= len(tokens):
+        return tokens
+    texts = [p.prompt for p in load_prompts()]
+    earlier: list[int] = []
+    for i in itertools.count():
+        if len(earlier) >= context - len(tokens):
+            break
+        earlier += model.tokenize(texts[i % len(texts)] + "\n\n", special=False)
+    return earlier[: context - len(tokens)] + tokens
+
+
 def make_engine(config: str, target: LlamaModel, draft: LlamaModel) -> Engine:
     if config == "plain":
         return Engine(target, NoDrafter(), 0)
@@ -171,15 +191,17 @@ def measure(
     configs: tuple[str, ...],
     profile: tuple[str, ...],
     threads: int = 0,
+    context: int = 0,
 ) -> DeviceReport:
     layers = -1 if device == "gpu" else 0
-    options = LoadOptions(n_ctx=2048, n_gpu_layers=layers, n_threads=threads)
+    n_ctx = max(2048, context + max_tokens + 256)
+    options = LoadOptions(n_ctx=n_ctx, n_gpu_layers=layers, n_threads=threads)
     target = LlamaModel(target_path, options)
     draft = LlamaModel(draft_path, options)
     report = DeviceReport(device, layers)
     progress(f"{device}: loaded both models")
     try:
-        prompts = [target.tokenize(p) for p in PROMPTS.values()]
+        prompts = [with_context(target, p, context) for p in PROMPTS.values()]
         prefix = prompts[0]
         for k in (1, 5):
             report.target_pass.append(time_pass(target, prefix, k, reps, warmup=3))
@@ -276,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
     parser.add_argument("--gpu-name", default="", help="the GPU's name (skips nvidia-smi)")
     parser.add_argument(
+        "--context", type=int, default=0, help="tokens of earlier text before each prompt"
+    )
+    parser.add_argument(
         "--profile", default="", help="comma list of configs to cProfile (first device only)"
     )
     args = parser.parse_args(argv)
@@ -299,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             configs,
             () if reports else profile,  # cProfile on the first device only
             args.threads,
+            args.context,
         )
         reports.append(rep)
         print(f"{device}: measured in {time.perf_counter() - started:.1f} s", flush=True)
@@ -314,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "machine": platform.processor() or platform.machine(),
         "max_tokens": args.max_tokens,
+        "context": args.context,
         "reports": [
             {**asdict(r), "summaries": {run.config: run.summary() for run in r.runs}}
             for r in reports

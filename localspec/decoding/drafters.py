@@ -114,33 +114,33 @@ class DraftModel:
         """What the draft model reads for `context` (see the class docstring), and how
         much of it its cache already holds."""
         if self._cut:
-            seq = self._seen_as(context)
-            held = common_prefix(self.model.cached, seq)
+            seq, held = self._seen_as(context)
             if held > SINKS and len(seq) - held <= self.window:
                 return seq, held  # going on from its cut
             self._cut = 0  # not read yet, or another conversation: judge it afresh
-        seq = self._seen_as(context)
-        held = common_prefix(self.model.cached, seq)
-        if len(seq) - held > self.window:
-            self._cut = len(context) - self.window
-            seq = self._seen_as(context)
-            held = common_prefix(self.model.cached, seq)
-        return seq, held
+        if len(context) - common_prefix(self.model.cached, context) > self.window:
+            self._cut = len(context) - self.window  # (an idle draft model: every round)
+        return self._seen_as(context)
 
     def unread(self, context: Sequence[int]) -> int:
         """Tokens it would read before its first draft step for `context`."""
         seq, held = self.view(context)
         return len(seq) - min(held, len(seq) - 1)
 
-    def _seen_as(self, context: Sequence[int]) -> list[int]:
+    def _seen_as(self, context: Sequence[int]) -> tuple[list[int], int]:
+        """`context` as read at the current cut, and how much of that the cache holds."""
         seq = list(context) if self._cut <= SINKS else [*context[:SINKS], *context[self._cut :]]
-        n_vocab = self.model.n_vocab
-        if seq and max(seq) >= n_vocab:
-            # A target token past the draft's vocabulary (one of a padded vocabulary's
-            # extra entries) reads as the draft's last token, in such pairs a padding
-            # token too: it costs acceptance at most, never output.
-            seq = [t if t < n_vocab else n_vocab - 1 for t in seq]
-        return seq
+        cached, n_vocab = self.model.cached, self.model.n_vocab
+        held = common_prefix(cached, seq)
+        # What the cache holds is in the vocabulary (the model read it); of the rest, a
+        # target token past the draft's vocabulary (one of a padded vocabulary's extra
+        # entries) reads as the draft's last token, in such pairs a padding token too: it
+        # costs acceptance at most, never output. Only the unread tail is scanned: the
+        # whole context, every round, was the largest cost of a round at 7k tokens.
+        if held < len(seq) and max(seq[held:]) >= n_vocab:
+            seq[held:] = [t if t < n_vocab else n_vocab - 1 for t in seq[held:]]
+            held += common_prefix(cached[held:], seq[held:])
+        return seq, held
 
     @property
     def busy_s(self) -> float:
@@ -187,7 +187,7 @@ class DraftModel:
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         # drop the rejected draft tokens now, as the target does
-        self.model.rollback(self._seen_as(tokens))
+        self.model.rollback(self._seen_as(tokens)[0])
 
 
 class NgramDrafter:
@@ -248,7 +248,7 @@ class NgramIndex:
 
     def _sync(self, context: Sequence[int]) -> None:
         done = len(self._tokens)
-        if done > len(context) or list(context[:done]) != self._tokens:
+        if common_prefix(self._tokens, context) < done:
             self._next.clear()  # another text (a new conversation): index it afresh
             self._tokens = []
             done = 0

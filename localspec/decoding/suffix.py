@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from localspec.backends.base import common_prefix
+
 LEVELS = (8, 4, 2)  # k-gram lengths indexed, longest first
 MAX_RUN = 64  # the longest run compared; longer adds no certainty
 MAX_CANDIDATES = 64  # the latest occurrences of a k-gram that are extended
@@ -151,10 +153,10 @@ class SuffixIndex:
         """Index `context`: what it adds to the last one; where it departs from it (a
         new request), the last one's departed tail goes to the history."""
         done = self.context.n
-        if done <= len(context) and list(context[:done]) == self.context.tokens:
+        cut = common_prefix(self.context.tokens, context)
+        if cut == done:
             self.context.extend(context[done:])
             return
-        cut = common_length(self.context.tokens, context)
         departed = self.context.truncate(cut)
         if len(departed) >= RETIRE_MIN:
             self.remember(departed)
@@ -205,10 +207,3 @@ def continuation(rows: np.ndarray) -> tuple[list[int], list[float]]:
         shares.append(share)
         alive = alive[column == values[best]]
     return tokens, shares
-
-
-def common_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the common prefix of a and b."""
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(differ[0]) if differ.size else n
