@@ -118,8 +118,11 @@ class DraftModel:
             if held > SINKS and len(seq) - held <= self.window:
                 return seq, held  # going on from its cut
             self._cut = 0  # not read yet, or another conversation: judge it afresh
+        # judged on the raw context, not the mapped one (an idle draft model does this
+        # every round): a token past its vocabulary counts as unread, so in such a pair
+        # it may cut once where it need not have
         if len(context) - common_prefix(self.model.cached, context) > self.window:
-            self._cut = len(context) - self.window  # (an idle draft model: every round)
+            self._cut = len(context) - self.window
         return self._seen_as(context)
 
     def unread(self, context: Sequence[int]) -> int:
