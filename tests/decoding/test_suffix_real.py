@@ -90,5 +90,10 @@ def test_auto_with_the_suffix_source_equals_plain_decoding(real_models, runs):
 def test_a_reopened_conversation_drafts_from_its_history(runs):
     _, _, ends = runs
     by_suffix = [e for e in ends if e.drafter.startswith("suffix")]
-    # most of the answer is the earlier one's text, drafted from it
-    assert sum(e.accepted for e in by_suffix) >= 24
+    # Much of the answer is the earlier one's text, drafted from it and kept. How much
+    # rides on the measured T(k) (on 2 busy cores deep drafts barely pay, so many rounds
+    # draft 2): 23-36 tokens over six runs; without the history source, 0; with shadows
+    # that learned too late (a regression once), 3.
+    accepted = sum(e.accepted for e in by_suffix)
+    assert accepted >= 16
+    assert accepted >= 0.9 * sum(e.drafted for e in by_suffix)
