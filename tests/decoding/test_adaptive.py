@@ -135,7 +135,8 @@ F16_CPU_T = [0.0789, 0.143, 0.159, 0.159, 0.162, 0.162, 0.210, 0.220]  # T(1..8)
 
 
 def on_cpu(d: AdaptiveDrafter, seconds: list[float]) -> AdaptiveDrafter:
-    """The F16 target's measured T(k) on 2 CPU cores: T(2) is 1.8 T(1), T(6) 2 T(1)."""
+    """T(1..8) as measured on 2 CPU cores (F16_CPU_T, the F16 target: T(2) is 1.8 T(1),
+    T(6) 2 T(1))."""
     for k, t in enumerate(seconds, 1):
         d.verify.seconds[k] = t
     return d
@@ -210,17 +211,12 @@ def test_a_draft_model_that_could_not_pay_on_its_best_text_is_not_probed():
     2 T(1), and a draft model right every time would reach 0.92x plain decoding at best;
     probes there cost up to PROBE_SHARE of the time and can find nothing (the same pair
     on a busy machine, T(2) 1.7 T(1): 0.95x at α 0.9)."""
-    d = drafter_with(a=0.0296, b=0.0, c=0.0102, alpha=0.3)
-    d.verify = VerifyCost()
-    for k, t in enumerate([0.0296, 0.0589, 0.0806, 0.0975, 0.123, 0.147, 0.169, 0.224], 1):
-        d.verify.observe(k, t)
+    quiet = [0.0296, 0.0589, 0.0806, 0.0975, 0.123, 0.147, 0.169, 0.224]
+    d = on_cpu(drafter_with(a=0.0296, b=0.0, c=0.0102, alpha=0.3), quiet)
     assert not d.draft_could_pay()
     assert probes_in(d, 2000, a=0.0296, b=0.029, c=0.0102) == 0
-    busy = drafter_with(a=0.0337, b=0.0, c=0.0103, alpha=0.3)
-    busy.verify = VerifyCost()
-    for k, t in enumerate([0.0337, 0.0573, 0.0753, 0.0907, 0.114, 0.131, 0.156, 0.213], 1):
-        busy.verify.observe(k, t)
-    assert not busy.draft_could_pay()
+    busy = [0.0337, 0.0573, 0.0753, 0.0907, 0.114, 0.131, 0.156, 0.213]
+    assert not on_cpu(drafter_with(a=0.0337, b=0.0, c=0.0103, alpha=0.3), busy).draft_could_pay()
     f16 = on_cpu(drafter_with(a=0.0789, b=0.0, c=0.0098, alpha=0.3), F16_CPU_T)
     assert f16.draft_could_pay()  # the F16 target: the draft model pays on code
     cheaper = drafter_with(a=0.0296, b=0.004, c=0.0102, alpha=0.3)  # a GPU-like T(k)
