@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from localspec.backends.llama import LlamaModel, LoadOptions, supports_gpu_offload
+from localspec.bench import runner
 from localspec.bench.costs import PassTimes, time_pass
 from localspec.bench.suite import load_prompts
 from localspec.decoding.adaptive import auto_engine
@@ -120,6 +121,7 @@ class DeviceReport:
     draft_pass: list[PassTimes] = field(default_factory=list)
     runs: list[RunFigures] = field(default_factory=list)
     profile: dict[str, str] = field(default_factory=dict)
+    audit: dict[str, list[str]] = field(default_factory=dict)  # config: a line per prompt
 
 
 def progress(line: str) -> None:
@@ -192,6 +194,7 @@ def measure(
     profile: tuple[str, ...],
     threads: int = 0,
     context: int = 0,
+    check: bool = False,
 ) -> DeviceReport:
     layers = -1 if device == "gpu" else 0
     n_ctx = max(2048, context + max_tokens + 256)
@@ -220,10 +223,42 @@ def measure(
                 report.profile[name] = profile_engine(
                     make_engine(name, target, draft), prompts, gen
                 )
+        if check:
+            report.audit = audit_configs(configs, target, draft, prompts, max_tokens)
+            progress(f"{device}: audit {report.audit}")
     finally:
         target.close()
         draft.close()
     return report
+
+
+def audit_configs(
+    configs: tuple[str, ...],
+    target: LlamaModel,
+    draft: LlamaModel,
+    prompts: list[list[int]],
+    max_tokens: int,
+) -> dict[str, list[str]]:
+    """Each configuration's greedy answers against plain decoding's, cold, as the bench
+    checks them: "identical", or where they part and the audit's verdict (numerics: the
+    one-token and the batched pass really pick differently there; DEFECT: anything else)."""
+    plain = [
+        runner.run_once(make_engine("plain", target, draft), target, draft, p, max_tokens)
+        for p in prompts
+    ]
+    out: dict[str, list[str]] = {}
+    for name in (c for c in configs if c != "plain"):
+        lines = []
+        for base, prompt in zip(plain, prompts, strict=True):
+            engine = make_engine(name, target, draft)
+            other = runner.run_once(engine, target, draft, prompt, max_tokens)
+            agreed = runner.agreement(target, base, other)
+            assert agreed is not None  # both runs are ours, with traces
+            lines.append(
+                "identical" if agreed.identical else agreed.divergence.label()  # type: ignore[union-attr]
+            )
+        out[name] = lines
+    return out
 
 
 def profile_engine(engine: Engine, prompts: list[list[int]], gen: GenerationConfig) -> str:
@@ -301,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         "--context", type=int, default=0, help="tokens of earlier text before each prompt"
     )
     parser.add_argument(
+        "--audit",
+        action="store_true",
+        help="check each configuration's greedy answers against plain decoding's",
+    )
+    parser.add_argument(
         "--profile", default="", help="comma list of configs to cProfile (first device only)"
     )
     args = parser.parse_args(argv)
@@ -325,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             () if reports else profile,  # cProfile on the first device only
             args.threads,
             args.context,
+            args.audit,
         )
         reports.append(rep)
         print(f"{device}: measured in {time.perf_counter() - started:.1f} s", flush=True)
@@ -351,6 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     print(pass_lines(reports))
     print()
     print(table(reports))
+    for rep in reports:
+        for name, lines in rep.audit.items():
+            same = lines.count("identical")
+            print(f"{rep.device}: {name}: {same}/{len(lines)} answers as plain decoding's")
+            for line in (x for x in lines if x != "identical"):
+                print(f"  {line}")
     return 0
 
 

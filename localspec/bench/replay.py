@@ -13,6 +13,7 @@ choose, p_min and accept), fed the recorded outcomes instead of model calls.
     .venv/bin/python scripts/replay.py record -t TARGET.gguf -d DRAFT.gguf --out rec.json
     .venv/bin/python scripts/replay.py replay rec.json [--policies auto,draft-g4,oracle]
         [--costs "T1,T2,...,T9;c;catchup"]   # seconds; default: the recorded ones
+        [--profile gpu.json --target-model ID --draft-model ID]  # scripts/gpu_profile.py's
 
 `oracle` is a bound: the fastest rounds any drafter of these sources could pick, knowing
 what the target will accept.
@@ -276,7 +277,7 @@ def report(data: dict, costs: Costs, policies: list[str]) -> None:
     categories = sorted({r["category"] for r in prompts.values()})
     print(
         "T(k) ms: "
-        + " ".join(f"{t * 1e3:.0f}" for t in costs.verify_s)
+        + " ".join(f"{t * 1e3:.3g}" for t in costs.verify_s)
         + f"; c {costs.draft_s * 1e3:.1f} ms; catch-up {costs.catchup_s * 1e3:.1f} ms/token"
     )
     print("| policy | " + " | ".join(categories) + " | all | slowest |")
@@ -299,6 +300,19 @@ def parse_costs(text: str) -> Costs:
     return Costs([float(x) for x in verify.split(",")], float(draft), float(catchup))
 
 
+def profile_costs(profile: dict, target: str, draft: str) -> Costs:
+    """The costs of a target and draft measured by scripts/gpu_profile.py (milliseconds
+    there): the recorded answers replayed as if that pair ran on that machine."""
+    models = profile["models"]
+    for model_id, role in ((target, "target"), (draft, "draft")):
+        if model_id not in models or (role == "draft" and "step_ms" not in models[model_id]):
+            have = ", ".join(models)
+            raise SystemExit(f"replay: the profile has no {role} {model_id} (it has {have})")
+    t, d = models[target], models[draft]
+    verify = [ms / 1e3 for ms in t["verify_ms"][: GAMMA_MAX + 1]]
+    return Costs(verify, d["step_ms"] / 1e3, d["catchup_ms_per_token"] / 1e3)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -314,6 +328,9 @@ def main() -> int:
     rep.add_argument("recording", type=Path)
     rep.add_argument("--policies", default="auto,draft-g3,draft-g4,draft-g5")
     rep.add_argument("--costs", help='"T1,...,T9;c;catchup" in seconds (default: recorded)')
+    rep.add_argument("--profile", type=Path, help="costs from scripts/gpu_profile.py's JSON")
+    rep.add_argument("--target-model", default="qwen2.5-coder-1.5b-instruct")
+    rep.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
     args = parser.parse_args()
     if args.command == "record":
         options = LoadOptions(n_threads=args.threads)
@@ -325,11 +342,13 @@ def main() -> int:
         return 0
     data = json.loads(args.recording.read_text())
     recorded = data["costs"]
-    costs = (
-        parse_costs(args.costs)
-        if args.costs
-        else Costs(list(recorded["verify_s"]), recorded["draft_s"], recorded["catchup_s"])
-    )
+    if args.profile:
+        profile = json.loads(args.profile.read_text())
+        costs = profile_costs(profile, args.target_model, args.draft_model)
+    elif args.costs:
+        costs = parse_costs(args.costs)
+    else:
+        costs = Costs(list(recorded["verify_s"]), recorded["draft_s"], recorded["catchup_s"])
     policies = args.policies.split(",")
     known = ("auto", "oracle")
     if bad := [p for p in policies if p not in known and not p.removeprefix("draft-g").isdigit()]:

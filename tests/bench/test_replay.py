@@ -116,3 +116,17 @@ def test_a_recording_of_the_real_pair_replays_what_the_engine_does(real_models):
         done.stats.drafted,
         done.stats.accepted,
     )
+
+
+def test_a_gpu_profile_gives_the_replay_its_costs_in_seconds():
+    profile = {
+        "models": {
+            "target": {"verify_ms": [2.0 + 0.01 * k for k in range(32)]},
+            "draft": {"verify_ms": [0.5] * 8, "step_ms": 0.5, "catchup_ms_per_token": 0.02},
+        }
+    }
+    costs = replay.profile_costs(profile, "target", "draft")
+    assert costs.verify_s == pytest.approx([0.002 + 1e-5 * k for k in range(replay.GAMMA_MAX + 1)])
+    assert (costs.draft_s, costs.catchup_s) == pytest.approx((5e-4, 2e-5))
+    with pytest.raises(SystemExit, match="no draft target"):
+        replay.profile_costs(profile, "draft", "target")  # a target has no draft step
