@@ -123,10 +123,10 @@ class Acceptance:
                 # acceptance given the earlier tokens right rarely falls with depth.
                 self.alpha[i] += RELAX * (self.alpha[i - 1] - self.alpha[i])
 
-    def expected(self, k: int) -> np.ndarray:
+    def expected(self, k: int) -> list[float]:
         """E(j) - 1 for j = 1..k: the expected accepted tokens when drafting j. (Sums of
         products of at most 16 values: plain Python, as numpy costs more on so few.)"""
-        return np.array(list(accumulate(accumulate(self.alpha[:k], operator.mul))))
+        return list(accumulate(accumulate(self.alpha[:k], operator.mul)))
 
     def all_accepted(self, k: int) -> float:
         return math.prod(self.alpha[:k])
@@ -141,6 +141,7 @@ class VerifyCost:
     b: float = 0.0
     _key: tuple = field(default=(), repr=False, compare=False)
     _cached: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
+    _listed: list[float] = field(default_factory=list, repr=False, compare=False)
 
     def observe(self, k: int, seconds: float) -> None:
         old = self.seconds.get(k)
@@ -169,18 +170,29 @@ class VerifyCost:
         timed sizes rise steeply per token (compute-bound), where the line is the guess."""
         return self._table(int(ks.max()))[ks - 1]
 
+    def table(self, top: int) -> list[float]:
+        """T(1..n), n ≥ top, as `batch` describes it, as a list (t[k - 1] = T(k))."""
+        self._table(top)
+        return self._listed
+
     def _table(self, top: int) -> np.ndarray:
         """T(1..n), n ≥ top, worked out once per change of the timings (a round asks for
         it several times)."""
         key = (tuple(self.seconds.items()), self.a, self.b)
         if key != self._key or len(self._cached) < top:
-            self._cached, self._key = self._build(max(top, TABLE_SIZE)), key
+            self._listed = self._build(max(top, TABLE_SIZE))
+            self._cached, self._key = np.array(self._listed), key
         return self._cached
 
     def prior_line(self, ks: np.ndarray) -> np.ndarray:
         """T(k) on the line a + b(k-1), b at most its CPU prior: no optimism for an
         untimed size, and no steep line drawn through a CPU's first step either."""
         return self.a + min(self.b, CPU_SLOPE * self.a) * (ks - 1)
+
+    def prior_table(self, top: int) -> list[float]:
+        """`prior_line` for k = 1..top, as a list (t[k - 1] = T(k))."""
+        b = min(self.b, CPU_SLOPE * self.a)
+        return [self.a + b * (k - 1) for k in range(1, top + 1)]
 
     def _steep(self) -> bool:
         """Whether the two largest timed batch sizes (past one token) grow by half a
@@ -191,7 +203,7 @@ class VerifyCost:
         (j, tj), (k, tk) = ((s, self.seconds[s]) for s in sizes)
         return (tk - tj) / (k - j) >= STEEP * self.seconds.get(1, self.a)
 
-    def _build(self, n: int) -> np.ndarray:
+    def _build(self, n: int) -> list[float]:
         """T(1..n) as `batch` describes it."""
         top, steep = max(self.seconds, default=0), self._steep()
         table, floor = [], None  # floor: the largest T(j) timed for j < k
@@ -204,7 +216,7 @@ class VerifyCost:
                 if k != top + 1 or steep:
                     t = max(t, self.a + self.b * (k - 1))
             table.append(t)
-        return np.array(table)
+        return table
 
 
 @dataclass
@@ -389,37 +401,40 @@ class AdaptiveDrafter:
         if gamma == 0 or not self.verify.seconds:
             return Choice("none", 0, 1.0)  # time one plain round first: T(1)
         c = self.draft_cost
+        m, depth = min(matched, gamma), min(gamma, GAMMA_MAX)
+        t = self.verify.table(max(m, depth) + 1)  # t[k - 1] = T(k)
         # a plain round's time: T(1) as timed, not the line's a (one far batch size, as a
         # deep prediction draft times, can tilt the line and make every draft look dear)
-        a = float(self.verify.batch(np.array([1]))[0])
+        a = t[0]
         ng = self.alpha[free_key(free, n)] if matched else None
         catchup = self.catchup_cost(lag) / CATCHUP_ROUNDS
         best = Choice("none", 0, 1.0)
-        ks = np.arange(1, gamma + 1)
+        # Plain Python over at most 16 depths: this runs a few times a round, and numpy's
+        # per-call cost on so few values is most of a GPU round's Python.
         # A source not yet seen is judged at its prior, at every depth: on a CPU a 2-token
         # pass can cost most of a 6-token one, so a 1-token try is the dearest way to learn.
-        m = min(matched, gamma)
         if ng and m:
-            gains = (1 + ng.expected(m)) * a / self.verify.batch(ks[:m] + 1)
-            best = better(best, free, gains, ks[:m], free_tokens=None)
-        gamma = min(gamma, GAMMA_MAX)
-        ks = ks[:gamma]
+            gains = [(1 + e) * a / t[k] for k, e in enumerate(ng.expected(m), 1)]
+            best = better(best, free, gains, 1, free_tokens=None)
         if self.model is not None:
             dm = self.alpha["draft"]
             # Its first try pays the catch-up of the whole prompt, so it has to pay by the
             # priors, not just time a batch size (on a CPU the dearest one, T(2)).
-            batch = self.verify.batch if dm.seen[0] else self.verify.prior_line
-            gains = (1 + dm.expected(gamma)) * a / (catchup + ks * c + batch(ks + 1))
-            best = better(best, "draft", gains, ks, free_tokens=0)
-            if ng and m < gamma:
+            batch = t if dm.seen[0] else self.verify.prior_table(depth + 1)
+            gains = [
+                (1 + e) * a / (catchup + k * c + batch[k])
+                for k, e in enumerate(dm.expected(depth), 1)
+            ]
+            best = better(best, "draft", gains, 1, free_tokens=0)
+            if ng and m < depth:
                 # the whole n-gram match, then the draft model goes on after it
-                rest = ks[: gamma - m]
                 ng_expected = ng.expected(m)[-1]
                 reach = ng.all_accepted(m)
-                tokens = 1 + ng_expected + reach * dm.expected(gamma - m)
-                cost = catchup + (rest + 1) * c + batch(m + rest + 1)
-                gains = tokens * a / cost
-                best = better(best, f"{free}+draft", gains, m + rest, free_tokens=m)
+                gains = [
+                    (1 + ng_expected + reach * e) * a / (catchup + (r + 1) * c + batch[m + r])
+                    for r, e in enumerate(dm.expected(depth - m), 1)
+                ]
+                best = better(best, f"{free}+draft", gains, m + 1, free_tokens=m)
         return self._probe(lag) if best.k == 0 else best
 
     def _probe(self, lag: int) -> Choice:
@@ -497,17 +512,17 @@ class AdaptiveDrafter:
 
 
 def better(
-    best: Choice, source: str, gains: np.ndarray, ks: np.ndarray, free_tokens: int | None
+    best: Choice, source: str, gains: Sequence[float], first: int, free_tokens: int | None
 ) -> Choice:
-    """`best`, or the option of `source` that drafts ks[i] tokens (of which `free_tokens`
-    from the free match; None: all) at the best of `gains`, if that beats it (a tie keeps
-    the earlier and shallower option). One Choice a family, not one an option: choose
-    runs every round, and on a GPU a round's Python is a share of its time."""
-    i = int(np.argmax(gains))
+    """`best`, or the option of `source` at the best of `gains` (gains[i] drafts first + i
+    tokens, of which `free_tokens` from the free match; None: all), if that beats it (a tie
+    keeps the earlier and shallower option). One Choice a family, not one an option:
+    choose runs every round, and on a GPU a round's Python is a share of its time."""
+    i = max(range(len(gains)), key=gains.__getitem__)  # the first of equal ones
     if gains[i] <= best.gain:
         return best
-    k = int(ks[i])
-    return Choice(source, k, float(gains[i]), k if free_tokens is None else free_tokens)
+    k = first + i
+    return Choice(source, k, gains[i], k if free_tokens is None else free_tokens)
 
 
 def ngram_key(n: int) -> str:

@@ -24,7 +24,7 @@ proposes; the target verifies every token.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -180,30 +180,31 @@ class SuffixIndex:
 
 def continuation(rows: np.ndarray) -> tuple[list[int], list[float]]:
     """Walk the runs' continuations (rows, latest last) as a suffix tree: at each step the
-    token most of the remaining rows go on with, the latest on a tie, and its share."""
+    token most of the remaining rows go on with, the latest on a tie, and its share.
+    (Plain Python: at most MAX_CANDIDATES rows of a few tokens, every round.)"""
     tokens: list[int] = []
     shares: list[float] = []
-    alive = np.arange(len(rows))
+    alive: list[list[int]] = rows.tolist()
     prob = 1.0
     for i in range(rows.shape[1]):
         if len(alive) == 1:  # one run left: the rest of its row, sure as far as it goes
-            rest = rows[alive[0], i:]
-            rest = rest[: np.argmax(rest == SEP)] if (rest == SEP).any() else rest
-            tokens += rest.tolist()
+            rest = alive[0][i:]
+            rest = rest[: rest.index(SEP)] if SEP in rest else rest
+            tokens += rest
             shares += [1.0] * len(rest)
             break
-        column = rows[alive, i]
-        values, last, counts = np.unique(column[::-1], return_index=True, return_counts=True)
-        ok = values != SEP
-        if not ok.any():
+        column = [row[i] for row in alive]
+        counts = Counter(column)
+        counts.pop(SEP, None)
+        if not counts:
             break
-        # the most frequent, then the latest (the smallest index in the reversed column)
-        best = max(np.flatnonzero(ok), key=lambda j: (counts[j], -last[j]))
+        latest = {x: j for j, x in enumerate(column)}  # each token's latest row
+        best = max(counts, key=lambda x: (counts[x], latest[x]))
         share = float(counts[best]) / len(alive)
         prob *= share
         if prob < MIN_PROB:
             break
-        tokens.append(int(values[best]))
+        tokens.append(best)
         shares.append(share)
-        alive = alive[column == values[best]]
+        alive = [row for row, x in zip(alive, column, strict=True) if x == best]
     return tokens, shares
