@@ -228,11 +228,14 @@ def _ema(old: float, new: float, weight: float = 0.2) -> float:
 
 class NgramIndex:
     """Where each n-gram of a growing context (n_min..n_max tokens) last occurred with a
-    known next token: a few dict updates per new token instead of a scan per round."""
+    known next token: a few dict updates per new token instead of a scan per round. A
+    context that departs from the last one (the next request of a chat: the same earlier
+    turns, another answer) costs what departed and what is new, not a re-read of all."""
 
     def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
         self.n_max, self.n_min = n_max, n_min
-        self._next: dict[tuple[int, ...], int] = {}  # n-gram -> index of what followed
+        # n-gram -> the indexes of what followed it, in order (the latest last)
+        self._next: dict[tuple[int, ...], list[int]] = {}
         self._tokens: list[int] = []  # the context indexed so far
 
     def lookup(self, context: Sequence[int], gamma: int) -> list[int]:
@@ -244,18 +247,28 @@ class NgramIndex:
         """`lookup`, with the n that matched (0: none); a longer match is a safer bet."""
         self._sync(context)
         for n in range(min(self.n_max, len(context) - 1), self.n_min - 1, -1):
-            start = self._next.get(tuple(context[-n:]))
-            if start is not None:
+            found = self._next.get(tuple(context[-n:]))
+            if found:
+                start = found[-1]
                 return n, list(context[start : start + gamma])
         return 0, []
 
     def _sync(self, context: Sequence[int]) -> None:
-        done = len(self._tokens)
-        if common_prefix(self._tokens, context) < done:
-            self._next.clear()  # another text (a new conversation): index it afresh
-            self._tokens = []
-            done = 0
+        done = common_prefix(self._tokens, context)
+        self._truncate(done)
         self._tokens.extend(context[done:])
         for i in range(max(done, 1), len(context)):
             for n in range(self.n_min, min(self.n_max, i) + 1):
-                self._next[tuple(context[i - n : i])] = i
+                self._next.setdefault(tuple(context[i - n : i]), []).append(i)
+
+    def _truncate(self, n: int) -> None:
+        """Forget the text from position n on (latest first: each entry is its list's last)."""
+        tokens = self._tokens
+        for i in range(len(tokens) - 1, max(n, 1) - 1, -1):
+            for k in range(self.n_min, min(self.n_max, i) + 1):
+                key = tuple(tokens[i - k : i])
+                found = self._next[key]
+                found.pop()
+                if not found:
+                    del self._next[key]
+        del tokens[n:]
