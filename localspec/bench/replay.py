@@ -125,11 +125,20 @@ def catchup_per_token(draft: LlamaModel, prompt: list[int], reps: int = 5) -> fl
 
 
 # --- replay --------------------------------------------------------------------------
+LONG_READ = 64  # a catch-up longer than this runs at `read_s` a token, where measured
+
+
 @dataclass(frozen=True)
 class Costs:
     verify_s: list[float]  # T(k) for k = 1.., seconds
     draft_s: float  # c
-    catchup_s: float  # per token of a catch-up batch
+    catchup_s: float  # per token of a catch-up batch (32 tokens)
+    read_s: float | None = None  # per token of a long read (512 tokens; a GPU's is cheaper)
+
+    def read(self, n: int) -> float:
+        """Seconds for the draft model to read n tokens it has not seen."""
+        long = self.read_s is not None and n > LONG_READ
+        return n * (self.read_s if long and self.read_s is not None else self.catchup_s)
 
 
 class Recording:
@@ -200,7 +209,7 @@ def replay(rec: Recording, costs: Costs, policy: str) -> Replayed:
             if accepted == n_ngram:
                 accepted += more
             steps = n_model + stopped  # a stopped draft paid for the pass that saw why
-            draft_s = max(lag - 1, 0) * costs.catchup_s + steps * costs.draft_s
+            draft_s = costs.read(max(lag - 1, 0)) + steps * costs.draft_s
             cached = min(len(context) + n_ngram + steps - 1, len(context) + accepted)
         drafted = n_ngram + n_model
         accepted = min(accepted, len(y) - t - 1)
@@ -251,7 +260,7 @@ def oracle(rec: Recording, costs: Costs) -> Replayed:
             ]
         options[t] = [(d, min(a, n - t - 1), s, by) for d, a, s, by in here]
     for t in range(n - 1, 0, -1):
-        first_read = (len(rec.prompt) + t - 1) * costs.catchup_s
+        first_read = costs.read(len(rec.prompt) + t - 1)
         for used in (1, 0):
             totals = [
                 s + (first_read if by and not used else 0.0) + best[used or by][t + a + 1]
@@ -278,7 +287,8 @@ def report(data: dict, costs: Costs, policies: list[str]) -> None:
     print(
         "T(k) ms: "
         + " ".join(f"{t * 1e3:.3g}" for t in costs.verify_s)
-        + f"; c {costs.draft_s * 1e3:.1f} ms; catch-up {costs.catchup_s * 1e3:.1f} ms/token"
+        + f"; c {costs.draft_s * 1e3:.3g} ms; catch-up {costs.catchup_s * 1e3:.3g} ms/token"
+        + (f", {costs.read_s * 1e3:.3g} in a long read" if costs.read_s else "")
     )
     print("| policy | " + " | ".join(categories) + " | all | slowest |")
     print("|---|" + "---:|" * (len(categories) + 2))
@@ -310,7 +320,9 @@ def profile_costs(profile: dict, target: str, draft: str) -> Costs:
             raise SystemExit(f"replay: the profile has no {role} {model_id} (it has {have})")
     t, d = models[target], models[draft]
     verify = [ms / 1e3 for ms in t["verify_ms"][: GAMMA_MAX + 1]]
-    return Costs(verify, d["step_ms"] / 1e3, d["catchup_ms_per_token"] / 1e3)
+    reads = d.get("read_ms", {})
+    read = reads[max(reads, key=int)] / int(max(reads, key=int)) / 1e3 if reads else None
+    return Costs(verify, d["step_ms"] / 1e3, d["catchup_ms_per_token"] / 1e3, read)
 
 
 def main() -> int:

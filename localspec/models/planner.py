@@ -46,7 +46,7 @@ from localspec.models.store import Installed
 MIN_CTX = 2048
 DEFAULT_CTX = 8192
 DEFAULT_MIN_SPEED = 5.0  # tokens/s of plain decoding a target must reach to be chosen
-MIN_SPEEDUP = 1.0  # a draft must at least pay for itself
+MIN_SPEEDUP = 1.05  # a draft must pay for itself by more than the estimate's noise
 NGRAM_GAMMA = 4
 _CTX_LADDER = (65536, 32768, 16384, 8192, 4096)  # contexts tried below the asked one
 

@@ -1,7 +1,8 @@
 """How fast a placed model decodes, and what speculation buys, as estimates for choosing.
 
 A decode step costs a fixed overhead plus the bytes read over the memory bandwidth of
-where they live; calibrated on a 2-core CPU and on conservative GPU bandwidths.
+where they live; calibrated on a 2-core CPU and, for GPUs, on conservative bandwidths and
+the costs measured on an H200 (docs/gpu.md: the fixed cost and how a verify pass grows).
 Speculation with acceptance α and γ drafted tokens yields (1-α^(γ+1))/(1-α) tokens per γ
 draft steps plus one verification pass (Leviathan et al.). `--gamma auto` measures what
 these only estimate.
@@ -23,10 +24,13 @@ GPU_BANDWIDTH = {
     "nvidia": ((12 * GiB, 250e9), (32 * GiB, 700e9), (1 << 50, 1500e9)),
     "apple": ((16 * GiB, 100e9), (36 * GiB, 150e9), (1 << 50, 300e9)),
 }
-GPU_STEP_OVERHEAD = 0.004
+# Measured on an H200 with Q4_K_M shapes of Qwen2.5-Coder 1.5B-32B (docs/gpu.md): T(1) =
+# 1.1 ms + bytes / 1.7 TB/s, and each extra token of a verify pass up to 8 costs 0.19 T(1)
+# (llama.cpp's quantized matrix-vector kernels scale with the batch up to 8 columns).
+GPU_STEP_OVERHEAD = 0.001
 RPC_PASS_SECONDS = 0.001  # per rpc-server and pass: a LAN round trip and its dispatch
 ACCEPTANCE = 0.85  # the Qwen-Coder pair accepts 0.85-0.95 on code (measured)
-VERIFY_SLOPE = {"cpu": 0.15, "gpu": 0.02}  # a k-token verify costs 1 + slope(k-1) steps
+VERIFY_SLOPE = {"cpu": 0.15, "gpu": 0.19}  # a k-token verify costs 1 + slope(k-1) steps
 
 
 def step_seconds(

@@ -127,6 +127,11 @@ def test_a_gpu_profile_gives_the_replay_its_costs_in_seconds():
     }
     costs = replay.profile_costs(profile, "target", "draft")
     assert costs.verify_s == pytest.approx([0.002 + 1e-5 * k for k in range(replay.GAMMA_MAX + 1)])
-    assert (costs.draft_s, costs.catchup_s) == pytest.approx((5e-4, 2e-5))
+    assert (costs.draft_s, costs.catchup_s, costs.read_s) == pytest.approx((5e-4, 2e-5, None))
+    assert costs.read(100) == pytest.approx(100 * 2e-5)
+    profile["models"]["draft"]["read_ms"] = {"128": 1.0, "512": 2.56}  # 0.005 ms a token
+    costs = replay.profile_costs(profile, "target", "draft")
+    assert costs.read(100) == pytest.approx(100 * 5e-6)  # a long read at the long rate
+    assert costs.read(10) == pytest.approx(10 * 2e-5)  # a short catch-up at its own
     with pytest.raises(SystemExit, match="no draft target"):
         replay.profile_costs(profile, "draft", "target")  # a target has no draft step

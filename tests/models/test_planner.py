@@ -13,7 +13,7 @@ import pytest
 from hub_server import make_gguf
 
 from localspec.backends.gguf import GgufInfo, gguf_info
-from localspec.models import store
+from localspec.models import planner, store
 from localspec.models.catalog_file import default_catalog, parse_catalog
 from localspec.models.explain import plan_json, reasons
 from localspec.models.hardware import GiB, Gpu, Hardware, Overrides, Remote, apply, fmt_size
@@ -565,12 +565,14 @@ def test_plan_installed_uses_only_what_is_installed():
 
 
 def test_a_draft_that_cannot_pay_gives_ngram():
-    # 1.5B and 0.5B on a fast GPU: both steps are mostly fixed overhead, so c is near 1
+    # 1.5B and 0.5B on a fast GPU: both steps are mostly fixed overhead (measured on an
+    # H200: the 0.5B's step is 0.65 of the 1.5B's pass), so the draft barely pays its way
     have = [fake_installed("coder-1.5b"), fake_installed("coder-0.5b")]
     plan = plan_installed(CATALOG, nvidia(24), have)
     assert plan.drafter == "ngram" and plan.why.drafter.reason == "does-not-pay"
     estimate = plan.why.drafter.draft
-    assert estimate is not None and estimate.name == "Coder 0.5B" and estimate.speedup < 1
+    assert estimate is not None and estimate.name == "Coder 0.5B"
+    assert estimate.speedup < planner.MIN_SPEEDUP
     assert "would not pay" in " ".join(reasons(plan))
 
 

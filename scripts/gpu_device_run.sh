@@ -1,0 +1,43 @@
+#!/bin/bash
+# On a machine with an NVIDIA GPU and no localspec install: the cost profiles of the
+# catalog's Q4_K_M shapes (scripts/gpu_profile.py), the engine's Python per round and a
+# greedy audit on a 7B-shaped pair (scripts/gpu_overhead.py), and `localspec plan` there.
+# Run from the repository root with $OUT set; it expects .gpu/ as docs/gpu.md prepares it
+# (the CUDA build of the vendored llama.cpp as lib.tar.xz, llama_cpp's Python package in
+# py/, the wheels the machine lacks in whl/, and llama.cpp's ggml-vocab-qwen2.gguf).
+# TARGETS, PROFILE_S and T7 override what is measured.
+set -uo pipefail
+exec > >(tee "$OUT/log.txt") 2>&1
+step() { echo "=== [$SECONDS s] $*"; }
+step setup
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/whl/*.whl || exit 1
+mkdir -p /tmp/cb && tar -xJf .gpu/lib.tar.xz -C /tmp/cb || exit 1
+ln -sfn /tmp/cb/bin .gpu/py/llama_cpp/lib  # llama_cpp's _ggml looks there, whatever the env says
+export LLAMA_CPP_LIB_PATH=/tmp/cb/bin PYTHONUNBUFFERED=1
+blas=$(find /usr/local /opt -name 'libcublas.so.13*' 2>/dev/null | head -1)
+echo "cuBLAS: ${blas:-none found}"
+export LD_LIBRARY_PATH=/tmp/cb/bin:/usr/local/cuda/lib64${blas:+:$(dirname "$blas")}:${LD_LIBRARY_PATH:-}
+export PYTHONPATH=$PWD/.gpu/py:$PWD:/tmp/site
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem --format=csv
+lscpu | grep -E "Model name|^CPU\(s\)"; free -g | head -2; df -h /tmp /dev/shm | tail -2
+ldd /tmp/cb/bin/libggml-cuda.so | grep -E "cublas|cudart|libcuda|not found"
+python3 -c "import localspec.backends.llama as l; print('gpu offload:', l.supports_gpu_offload())" || exit 1
+# the models go where there is room for the 32B (20 GB) beside the kept ones
+M=/tmp/shapes; [ "$(df --output=avail -BG /tmp | tail -1 | tr -dc 0-9)" -lt 40 ] && M=/dev/shm/shapes
+echo "models in $M"
+D=qwen2.5-coder-0.5b-instruct; T7=${T7:-qwen2.5-coder-7b-instruct}
+step profile
+timeout ${PROFILE_S:-240} python3 scripts/gpu_profile.py --vocab .gpu/ggml-vocab-qwen2.gguf --dir $M --out "$OUT/profile.json" \
+  --drafts $D,qwen2.5-coder-1.5b-instruct --keep $T7 \
+  --targets ${TARGETS:-$T7,qwen2.5-coder-1.5b-instruct,qwen2.5-coder-14b-instruct,qwen2.5-coder-32b-instruct,qwen2.5-coder-3b-instruct}
+step overhead
+timeout 100 python3 scripts/gpu_overhead.py --target $M/$T7-q4_k_m-random.gguf --draft $M/$D-q4_k_m-random.gguf \
+  --out "$OUT/overhead" --devices gpu --configs "plain,draft γ4,ngram γ4,auto" --max-tokens 128 --reps 10 --audit
+step overhead-4k
+timeout 70 python3 scripts/gpu_overhead.py --target $M/$T7-q4_k_m-random.gguf --draft $M/$D-q4_k_m-random.gguf \
+  --out "$OUT/overhead-4k" --devices gpu --configs "plain,auto" --max-tokens 128 --reps 10 --context 4000
+step plan
+for args in "" "--ctx 32768"; do
+  echo "--- localspec plan $args"; timeout 60 python3 -m localspec plan $args
+done
+step done
