@@ -20,6 +20,11 @@ nonsense, so nothing here measures acceptance.
         --targets qwen2.5-coder-7b-instruct,... --drafts qwen2.5-coder-0.5b-instruct
 
 Each model is written, measured and deleted in turn (the 32B file is 20 GB).
+
+    python scripts/gpu_profile.py --compare REAL.gguf RANDOM.gguf [--gpu-layers 0]
+
+times a real file and its random twin side by side (T(1), T(4), T(8), alternated), to
+check that the values do not change the cost on that machine.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import localspec.backends.llama  # noqa: F401
 import argparse
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -198,6 +204,20 @@ def measure(path: Path, k_max: int, reps: int, draft: bool) -> dict:
     return out
 
 
+def compare(paths: list[Path], layers: int, reps: int) -> None:
+    """T(1), T(4), T(8) of each file, measured in turns, medians over the turns."""
+    models = [LlamaModel(p, LoadOptions(n_ctx=2048, n_gpu_layers=layers)) for p in paths]
+    prefix = [1000 + (7 * i) % 50000 for i in range(256)]
+    times: dict[tuple[int, int], list[float]] = {}
+    for _ in range(4):
+        for i, model in enumerate(models):
+            for k in (1, 4, 8):
+                times.setdefault((i, k), []).append(time_pass(model, prefix, k, reps).llama_s)
+    for k in (1, 4, 8):
+        real, twin = (statistics.median(times[i, k]) * 1e3 for i in (0, 1))
+        print(f"T({k}): {real:.2f} ms, random twin {twin:.2f} ms ({twin / real:.3f})")
+
+
 def gpu_name() -> str:
     try:
         query = "--query-gpu=name,driver_version,memory.total"
@@ -210,15 +230,22 @@ def gpu_name() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vocab", type=Path, required=True, help="GGUF to take tokenizer.* from")
+    parser.add_argument("--vocab", type=Path, help="GGUF to take tokenizer.* from")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/shapes"), help="where models go")
-    parser.add_argument("--out", type=Path, required=True, help="the profile (JSON)")
+    parser.add_argument("--out", type=Path, help="the profile (JSON)")
+    parser.add_argument("--compare", type=Path, nargs=2, metavar=("REAL", "RANDOM"))
+    parser.add_argument("--gpu-layers", type=int, default=-1, help="for --compare")
     parser.add_argument("--targets", default="qwen2.5-coder-7b-instruct")
     parser.add_argument("--drafts", default="qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--k-max", type=int, default=32)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--keep", default="", help="comma list of targets whose files stay")
     args = parser.parse_args(argv)
+    if args.compare:
+        compare(args.compare, args.gpu_layers, args.reps)
+        return 0
+    if args.vocab is None or args.out is None:
+        parser.error("--vocab and --out are needed to profile")
 
     args.dir.mkdir(parents=True, exist_ok=True)
     vocab = gguf.GGUFReader(str(args.vocab))
