@@ -39,7 +39,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ from localspec.bench.costs import time_pass
 from localspec.models.catalog_file import default_catalog
 
 sys.path.insert(0, str(Path(__file__).parent))
+from gpu_overhead import gpu_name
 from make_tiny_gguf import copy_tokenizer
 
 Q = gguf.GGMLQuantizationType
@@ -216,16 +216,6 @@ def compare(paths: list[Path], layers: int, reps: int) -> None:
     for k in (1, 4, 8):
         real, twin = (statistics.median(times[i, k]) * 1e3 for i in (0, 1))
         print(f"T({k}): {real:.2f} ms, random twin {twin:.2f} ms ({twin / real:.3f})")
-
-
-def gpu_name() -> str:
-    try:
-        query = "--query-gpu=name,driver_version,memory.total"
-        return subprocess.run(
-            ["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        return "no nvidia-smi"
 
 
 def main(argv: list[str] | None = None) -> int:
