@@ -137,8 +137,8 @@ class Costs:
 
     def read(self, n: int) -> float:
         """Seconds for the draft model to read n tokens it has not seen."""
-        long = self.read_s is not None and n > LONG_READ
-        return n * (self.read_s if long and self.read_s is not None else self.catchup_s)
+        rate = self.read_s if self.read_s is not None and n > LONG_READ else self.catchup_s
+        return n * rate
 
 
 class Recording:
@@ -320,8 +320,10 @@ def profile_costs(profile: dict, target: str, draft: str) -> Costs:
             raise SystemExit(f"replay: the profile has no {role} {model_id} (it has {have})")
     t, d = models[target], models[draft]
     verify = [ms / 1e3 for ms in t["verify_ms"][: GAMMA_MAX + 1]]
-    reads = d.get("read_ms", {})
-    read = reads[max(reads, key=int)] / int(max(reads, key=int)) / 1e3 if reads else None
+    read = None
+    if reads := d.get("read_ms"):  # {tokens: ms}; the longest read's rate
+        n = max(reads, key=int)
+        read = reads[n] / int(n) / 1e3
     return Costs(verify, d["step_ms"] / 1e3, d["catchup_ms_per_token"] / 1e3, read)
 
 
