@@ -254,9 +254,7 @@ def audit_configs(
             other = runner.run_once(engine, target, draft, prompt, max_tokens)
             agreed = runner.agreement(target, base, other)
             assert agreed is not None  # both runs are ours, with traces
-            lines.append(
-                "identical" if agreed.identical else agreed.divergence.label()  # type: ignore[union-attr]
-            )
+            lines.append(agreed.divergence.label() if agreed.divergence else "identical")
         out[name] = lines
     return out
 

@@ -2,9 +2,9 @@
 """Cost profiles of the catalog's Qwen2.5-Coder models on this machine's GPU.
 
 A pass's time depends on the shapes and types of a model's tensors, not on their values.
-So `make` writes GGUFs with the exact tensors of a catalog model at Q4_K_M (llama.cpp's
+So the script writes GGUFs with the exact tensors of a catalog model at Q4_K_M (llama.cpp's
 type per tensor, the real 152k-token vocabulary copied from a vocabulary GGUF) but random
-weights, and `measure` loads each fully offloaded and times what speculation pays:
+weights, loads each fully offloaded and times what speculation pays:
 
 - T(k): the target's seconds to score k new tokens in one pass (k = 1..32), after a
   512-token context and, for a few k, after 4096 tokens;
@@ -49,6 +49,7 @@ import numpy as np
 
 from localspec.backends.llama import LlamaModel, LoadOptions, supports_gpu_offload
 from localspec.bench.costs import time_pass
+from localspec.bench.replay import catchup_per_token
 from localspec.models.catalog_file import default_catalog
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -165,7 +166,7 @@ def write_shaped(model_id: str, vocab: gguf.GGUFReader, path: Path, seed: int = 
         w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
         for name, rows in (("attn_q", s.n_embd), ("attn_k", kv), ("attn_v", kv)):
             matrix(name, rows, s.n_embd, i)
-            w.add_tensor(f"blk.{i}.{name}.bias", np.zeros(rows, dtype=np.float32) + 0.01)
+            w.add_tensor(f"blk.{i}.{name}.bias", np.full(rows, 0.01, dtype=np.float32))
         matrix("attn_output", s.n_embd, s.n_embd, i)
         matrix("ffn_gate", s.n_ff, s.n_embd, i)
         matrix("ffn_up", s.n_ff, s.n_embd, i)
@@ -177,13 +178,17 @@ def write_shaped(model_id: str, vocab: gguf.GGUFReader, path: Path, seed: int = 
     return path
 
 
+def context(n: int) -> list[int]:
+    """n real token ids, any will do (a pass costs the same whatever they say)."""
+    return [1000 + (7 * i) % 50000 for i in range(n)]
+
+
 def measure(path: Path, k_max: int, reps: int, draft: bool) -> dict:
     """Load `path` fully offloaded and time its passes (milliseconds)."""
     started = time.perf_counter()
     model = LlamaModel(path, LoadOptions(n_ctx=CONTEXTS[-1] + 2 * k_max + 64, n_gpu_layers=-1))
     load_s = time.perf_counter() - started
-    prefixes = {n: [1000 + (7 * i) % 50000 for i in range(n)] for n in CONTEXTS}
-    short, long = prefixes[CONTEXTS[0]], prefixes[CONTEXTS[-1]]
+    short, long = context(CONTEXTS[0]), context(CONTEXTS[-1])
 
     def ms(prefix: list[int], k: int, n_logits: int | None = None) -> float:
         times = time_pass(model, prefix, k, reps, warmup=2, n_logits=n_logits)
@@ -192,8 +197,7 @@ def measure(path: Path, k_max: int, reps: int, draft: bool) -> dict:
     out: dict = {"file_bytes": path.stat().st_size, "load_s": round(load_s, 2)}
     if draft:
         out["step_ms"] = ms(short, 1)
-        batch = ms(short, 33, n_logits=1)
-        out["catchup_ms_per_token"] = round((batch - out["step_ms"]) / 32, 4)
+        out["catchup_ms_per_token"] = round(catchup_per_token(model, short, reps) * 1e3, 4)
         # a first read of a long prompt runs in larger batches, cheaper per token
         out["read_ms"] = {n: ms(short, n, n_logits=1) for n in READS}
         out["verify_ms"] = [ms(short, k) for k in range(1, 9)]
@@ -207,7 +211,7 @@ def measure(path: Path, k_max: int, reps: int, draft: bool) -> dict:
 def compare(paths: list[Path], layers: int, reps: int) -> None:
     """T(1), T(4), T(8) of each file, measured in turns, medians over the turns."""
     models = [LlamaModel(p, LoadOptions(n_ctx=2048, n_gpu_layers=layers)) for p in paths]
-    prefix = [1000 + (7 * i) % 50000 for i in range(256)]
+    prefix = context(256)
     times: dict[tuple[int, int], list[float]] = {}
     for _ in range(4):
         for i, model in enumerate(models):

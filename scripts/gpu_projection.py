@@ -31,9 +31,9 @@ TARGETS = ("1.5b", "3b", "7b", "14b", "32b")
 FIXED = tuple(f"draft-g{g}" for g in range(1, GAMMA_MAX + 1))
 
 
-def medians(prompts: dict, costs: object, policy: str) -> tuple[dict[str, float], float, float]:
+def medians(prompts: dict, costs: Costs, policy: str) -> tuple[dict[str, float], float, float]:
     """(median per category, median over prompts, slowest prompt) for one policy."""
-    by = {n: run_policy(Recording(r), costs, policy).speedup for n, r in prompts.items()}  # type: ignore[arg-type]
+    by = {n: run_policy(Recording(r), costs, policy).speedup for n, r in prompts.items()}
     cats = sorted({r["category"] for r in prompts.values()})
     per = {
         c: statistics.median(s for n, s in by.items() if prompts[n]["category"] == c) for c in cats
@@ -41,27 +41,21 @@ def medians(prompts: dict, costs: object, policy: str) -> tuple[dict[str, float]
     return per, statistics.median(by.values()), min(by.values())
 
 
-def seconds_per_byte(profile: dict) -> float:
-    """The slope of T(1) over the targets' file sizes: the profile's read of one byte."""
-    xs, ys = zip(
-        *(
-            (m["file_bytes"], m["verify_ms"][0] / 1e3)
-            for m in profile["models"].values()
-            if "step_ms" not in m
-        ),
-        strict=True,
+def fit(profile: dict) -> tuple[float, float]:
+    """(seconds, seconds per byte): the least-squares line of the targets' T(1) over their
+    file sizes, a pass's fixed cost and the profile's read of one byte."""
+    targets = [m for m in profile["models"].values() if "step_ms" not in m]
+    line = statistics.linear_regression(
+        [m["file_bytes"] for m in targets], [m["verify_ms"][0] / 1e3 for m in targets]
     )
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
-        (x - mx) ** 2 for x in xs
-    )
+    return line.intercept, line.slope
 
 
 def slower(costs: Costs, profile: dict, target: str, draft: str, factor: float) -> Costs:
     """`costs` on a card that reads weights `factor` times slower (see the docstring)."""
     if factor == 1:
         return costs
-    per_byte = (factor - 1) * seconds_per_byte(profile)
+    per_byte = (factor - 1) * fit(profile)[1]
     t = per_byte * profile["models"][target]["file_bytes"]
     d = per_byte * profile["models"][draft]["file_bytes"]
     return Costs(
@@ -108,6 +102,11 @@ def main() -> int:
     parser.add_argument("--slower", type=float, default=1.0, help="weights read F times slower")
     args = parser.parse_args()
     profile = json.loads(args.profile.read_text())
+    fixed, per_byte = fit(profile)
+    print(
+        f"T(1) = {fixed * 1e3:.2f} ms + file bytes / {1 / per_byte / 1e12:.2f} TB/s "
+        "(least squares over the profile's targets)\n"
+    )
     for recording in args.recordings:
         print(project(recording, profile, args.draft_model, args.slower), end="\n\n")
     return 0

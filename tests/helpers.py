@@ -1,12 +1,27 @@
 """Helpers shared by the test areas: the `localspec` command as a user runs it, what
-its errors must look like, and the chat in tmux."""
+its errors must look like, the chat in tmux, and the scripts under scripts/."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/NAME.py as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def localspec(

@@ -140,8 +140,7 @@ class VerifyCost:
     a: float = 0.0
     b: float = 0.0
     _key: tuple = field(default=(), repr=False, compare=False)
-    _cached: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
-    _listed: list[float] = field(default_factory=list, repr=False, compare=False)
+    _cached: list[float] = field(default_factory=list, repr=False, compare=False)
 
     def observe(self, k: int, seconds: float) -> None:
         old = self.seconds.get(k)
@@ -164,33 +163,24 @@ class VerifyCost:
         return a, CPU_SLOPE * a
 
     def batch(self, ks: np.ndarray) -> np.ndarray:
-        """T(k) for each k: its own average where timed (CPU costs rise in steps, not on
-        a line). The first untimed size above the timed ones is assumed as cheap as the
-        largest timed one (T never falls with k), so it gets tried and timed; unless the
-        timed sizes rise steeply per token (compute-bound), where the line is the guess."""
-        return self._table(int(ks.max()))[ks - 1]
+        """T(k) for each k in ks, as `table` gives them."""
+        return np.array(self.table(int(ks.max())))[ks - 1]
 
     def table(self, top: int) -> list[float]:
-        """T(1..n), n ≥ top, as `batch` describes it, as a list (t[k - 1] = T(k))."""
-        self._table(top)
-        return self._listed
-
-    def _table(self, top: int) -> np.ndarray:
-        """T(1..n), n ≥ top, worked out once per change of the timings (a round asks for
-        it several times)."""
+        """T(1..n), n ≥ top (t[k - 1] = T(k)): its own average where timed (CPU costs rise
+        in steps, not on a line). The first untimed size above the timed ones is assumed
+        as cheap as the largest timed one (T never falls with k), so it gets tried and
+        timed; unless the timed sizes rise steeply per token (compute-bound), where the
+        line is the guess. Worked out once per change of the timings (a round asks for it
+        several times)."""
         key = (tuple(self.seconds.items()), self.a, self.b)
         if key != self._key or len(self._cached) < top:
-            self._listed = self._build(max(top, TABLE_SIZE))
-            self._cached, self._key = np.array(self._listed), key
+            self._cached, self._key = self._build(max(top, TABLE_SIZE)), key
         return self._cached
 
-    def prior_line(self, ks: np.ndarray) -> np.ndarray:
-        """T(k) on the line a + b(k-1), b at most its CPU prior: no optimism for an
-        untimed size, and no steep line drawn through a CPU's first step either."""
-        return self.a + min(self.b, CPU_SLOPE * self.a) * (ks - 1)
-
     def prior_table(self, top: int) -> list[float]:
-        """`prior_line` for k = 1..top, as a list (t[k - 1] = T(k))."""
+        """T(1..top) on the line a + b(k-1), b at most its CPU prior: no optimism for an
+        untimed size, and no steep line drawn through a CPU's first step either."""
         b = min(self.b, CPU_SLOPE * self.a)
         return [self.a + b * (k - 1) for k in range(1, top + 1)]
 
@@ -204,7 +194,7 @@ class VerifyCost:
         return (tk - tj) / (k - j) >= STEEP * self.seconds.get(1, self.a)
 
     def _build(self, n: int) -> list[float]:
-        """T(1..n) as `batch` describes it."""
+        """T(1..n) as `table` describes it."""
         top, steep = max(self.seconds, default=0), self._steep()
         table, floor = [], None  # floor: the largest T(j) timed for j < k
         for k in range(1, n + 1):

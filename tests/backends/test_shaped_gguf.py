@@ -4,29 +4,16 @@ scripts/setup.sh installs."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 from conftest import DRAFT_ID, TARGET_ID, installed
+from helpers import load_script
 
 pytestmark = pytest.mark.real
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_profile.py"
-
-
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_profile", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def tensors(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -46,7 +33,7 @@ def twins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     """The real pair's random twins, written once (1.6 GB, removed after)."""
     import gguf
 
-    profile, out = load_script(), tmp_path_factory.mktemp("twins")
+    profile, out = load_script("gpu_profile"), tmp_path_factory.mktemp("twins")
     paths = {
         m: profile.write_shaped(m, gguf.GGUFReader(str(installed(m))), out / f"{m}.gguf")
         for m in (DRAFT_ID, TARGET_ID)

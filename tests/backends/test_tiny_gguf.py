@@ -6,14 +6,12 @@ these are `real` tests: they need the model that scripts/setup.sh installs.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
+from helpers import load_script
 
 from localspec.backends.base import check_compatible
 from localspec.decoding.drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
@@ -22,7 +20,6 @@ from localspec.decoding.events import Finished, Piece, RoundEnd
 
 pytestmark = pytest.mark.real
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_tiny_gguf.py"
 VOCAB_SOURCE = "qwen2.5-coder-0.5b-instruct"
 VOCAB_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
@@ -39,22 +36,13 @@ def vocab_source() -> Path:
     return installed(VOCAB_SOURCE)
 
 
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_tiny_gguf", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tiny target and draft with the real Qwen2 vocabulary (shallower than the
     script's defaults, to keep the test quick)."""
     import gguf
 
-    make = load_script()
+    make = load_script("make_tiny_gguf")
     vocab = gguf.GGUFReader(str(vocab_source()))
     out = tmp_path_factory.mktemp("tiny")
     target = make.build(replace(make.TARGET, n_layer=2), vocab, out / "target.gguf", seed=0)
@@ -115,7 +103,7 @@ def test_a_context_beyond_the_models_training_is_capped_and_said(tmp_path: Path)
     from localspec.backends.llama import LlamaModel, LoadOptions
     from localspec.session import SessionConfig, open_session
 
-    make = load_script()
+    make = load_script("make_tiny_gguf")
     vocab = gguf.GGUFReader(str(vocab_source()))
     path = make.build(replace(make.TARGET, n_layer=1, n_ctx=256), vocab, tmp_path / "t.gguf")
     for asked in (100_000, 0):  # 0: the training context
@@ -145,7 +133,7 @@ def unequal_models(tmp_path_factory: pytest.TempPathFactory):
 
     from localspec.backends.llama import LlamaModel, LoadOptions
 
-    make = load_script()
+    make = load_script("make_tiny_gguf")
     vocab = gguf.GGUFReader(str(vocab_source()))
     out = tmp_path_factory.mktemp("unequal")
     big = replace(make.TARGET, n_layer=1, n_vocab=QWEN_LARGE_VOCAB, embd_type="f16")
@@ -241,7 +229,7 @@ def test_a_draft_token_past_the_targets_vocabulary_is_refused(unequal_models) ->
 def mamba_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import gguf
 
-    make = load_script()
+    make = load_script("make_tiny_gguf")
     vocab = gguf.GGUFReader(str(vocab_source()))
     return make.build(make.MAMBA, vocab, tmp_path_factory.mktemp("mamba") / "mamba.gguf")
 
