@@ -221,6 +221,10 @@ class DraftLog:
     def busy_s(self) -> float:
         return self.drafter.busy_s
 
+    @property
+    def n_ctx(self) -> int:
+        return self.drafter.n_ctx
+
     def draft(
         self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
     ) -> Draft:
@@ -230,13 +234,6 @@ class DraftLog:
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         self.drafter.accept(tokens, outcome)
-
-    def __getattr__(self, name: str) -> object:
-        # only for attributes not found here: what the engine reads beyond the protocol
-        # (n_ctx); "drafter" itself is missing only mid-construction (copy, pickle)
-        if name == "drafter":
-            raise AttributeError(name)
-        return getattr(self.drafter, name)
 
 
 class TokenNames:

@@ -49,7 +49,7 @@ from itertools import accumulate
 import numpy as np
 
 from localspec.backends.base import Model
-from localspec.decoding.drafters import Draft, DraftModel, NgramIndex, Outcome
+from localspec.decoding.drafters import UNBOUNDED, Draft, DraftModel, NgramIndex, Outcome
 from localspec.decoding.engine import Engine
 from localspec.decoding.prediction import Prediction
 from localspec.decoding.sampling import Probs, SamplingParams
@@ -265,7 +265,7 @@ class AdaptiveDrafter:
 
     @property
     def n_ctx(self) -> int:
-        return self.model.model.n_ctx if self.model else 1 << 30
+        return self.model.n_ctx if self.model else UNBOUNDED
 
     @property
     def draft_cost(self) -> float:

@@ -42,12 +42,22 @@ class Outcome:
     verify_s: float  # the target's time for the batch of drafted + 1 tokens
 
 
+UNBOUNDED = 1 << 30  # the context a model-free drafter can draft after
+
+
 class Drafter(Protocol):
     name: str
 
     @property
     def busy_s(self) -> float:
         """Seconds spent inside model calls so far (0 for model-free drafters)."""
+        ...
+
+    @property
+    def n_ctx(self) -> int:
+        """The longest text it can draft after (a draft model's context; UNBOUNDED
+        for model-free drafters): the engine's room is the smaller of this and the
+        target's."""
         ...
 
     def draft(
@@ -66,6 +76,7 @@ class NoDrafter:
 
     name = "none"
     busy_s = 0.0
+    n_ctx = UNBOUNDED
 
     def draft(
         self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
@@ -200,6 +211,7 @@ class NgramDrafter:
 
     name = "ngram"
     busy_s = 0.0
+    n_ctx = UNBOUNDED
 
     def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
         self.index = NgramIndex(n_max, n_min)

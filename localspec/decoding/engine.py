@@ -25,7 +25,6 @@ from localspec.decoding.events import (
     Event,
     Finished,
     Piece,
-    RoundEnd,
     Source,
     StatsRecorder,
     StopReason,
@@ -64,8 +63,7 @@ class Engine:
 
     def room(self, context_len: int) -> int:
         """How many more tokens fit into the smaller of the two contexts."""
-        n_ctx = min(self.target.n_ctx, getattr(self.drafter, "n_ctx", self.target.n_ctx))
-        return n_ctx - context_len
+        return min(self.target.n_ctx, self.drafter.n_ctx) - context_len
 
     def generate(
         self,
@@ -114,14 +112,15 @@ class Engine:
             pieces = list(out.emit(new, verdict.accepted, logits if config.trace else None))
             tokens.extend(new[: out.kept_last])
             outcome = Outcome(len(draft.tokens), verdict.accepted, verify_s)
-            self.accept(tokens, outcome)
+            self.trim_caches(tokens, outcome)
 
-            rec.observe_draft(outcome.drafted, outcome.accepted)
-            rec.observe_tokens(len(out.tokens) - answered)
-            rec.gamma = budget if draft.planned is None else draft.planned
-            rec.drafter = draft.by or self.drafter.name
-            round_end = RoundEnd(
-                rec.drafter, rec.gamma, outcome.drafted, outcome.accepted, rec.snapshot(), draft.why
+            round_end = rec.end_round(
+                draft.by or self.drafter.name,
+                budget if draft.planned is None else draft.planned,
+                outcome.drafted,
+                outcome.accepted,
+                len(out.tokens) - answered,
+                draft.why,
             )
             # the round's engine time ends here: what the caller does with the events
             # below is not ours
@@ -145,7 +144,7 @@ class Engine:
         n_vocab = self.target.n_vocab
         return next((i for i, x in enumerate(draft) if x >= n_vocab), len(draft))
 
-    def accept(self, tokens: list[int], outcome: Outcome) -> None:
+    def trim_caches(self, tokens: list[int], outcome: Outcome) -> None:
         """Both caches keep the accepted text only: the target's last token is not yet
         evaluated (it starts the next round's batch), and the rejected tail goes."""
         self.target.rollback(tokens[:-1])

@@ -145,6 +145,15 @@ class StatsRecorder:
         self.first_token_at = self.last_token_at = time.perf_counter()
         self.tokens = 1
 
+    def end_round(
+        self, drafter: str, gamma: int, drafted: int, accepted: int, produced: int, why: str
+    ) -> RoundEnd:
+        """Record one round (`produced`: the tokens it added to the answer) and say so."""
+        self.observe_draft(drafted, accepted)
+        self.observe_tokens(produced)
+        self.drafter, self.gamma = drafter, gamma
+        return RoundEnd(drafter, gamma, drafted, accepted, self.snapshot(), why)
+
     def observe_draft(self, num_draft: int, num_accepted: int) -> None:
         self.drafted += num_draft
         self.accepted += num_accepted

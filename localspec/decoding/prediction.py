@@ -114,7 +114,7 @@ class PredictionDrafter:
 
     @property
     def n_ctx(self) -> int:
-        return getattr(self.fallback, "n_ctx", 1 << 30)
+        return self.fallback.n_ctx
 
     def draft(
         self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
