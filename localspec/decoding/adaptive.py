@@ -320,8 +320,9 @@ class AdaptiveDrafter:
         q: list[Probs | None] = [None] * choice.ngram
         busy = self.busy_s
         if self.model is not None and choice.k > choice.ngram:
-            self.model.p_min = self.p_min(choice)
-            more = self.model.draft([*context, *tokens], choice.k - choice.ngram, params, rng)
+            more = self.model.draft(
+                [*context, *tokens], choice.k - choice.ngram, params, rng, self.p_min(choice)
+            )
             tokens, q = tokens + more.tokens, q + more.q
         self._draft_s = self.busy_s - busy
         return Draft(tokens, q, by=choice.source, planned=choice.k, why=self.explain(choice))

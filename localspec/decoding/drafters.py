@@ -165,8 +165,16 @@ class DraftModel:
         return self.model.n_ctx
 
     def draft(
-        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        gamma: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        p_min: float | Sequence[float] | None = None,
     ) -> Draft:
+        """Up to `gamma` tokens, stopping at a confidence below `p_min` (this round's;
+        default: its own)."""
+        p_min = self.p_min if p_min is None else p_min
         tokens: list[int] = []
         qs: list[Probs | None] = []
         seq, _ = self.view(context)
@@ -178,7 +186,7 @@ class DraftModel:
             else:
                 q = logits_to_probs(logits, params, seq)
                 confidence = float(q.max())
-            if confidence < p_min_at(self.p_min, i):
+            if confidence < p_min_at(p_min, i):
                 break
             if q is not None:
                 x = sample(q, rng)
