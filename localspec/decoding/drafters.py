@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from localspec.backends.base import Model, common_prefix
+from localspec.backends.base import Model, common_prefix, shared_prefix
 from localspec.decoding.sampling import (
     Probs,
     SamplingParams,
@@ -132,7 +132,7 @@ class DraftModel:
         # judged on the raw context, not the mapped one (an idle draft model does this
         # every round): a token past its vocabulary counts as unread, so in such a pair
         # it may cut once where it need not have
-        if len(context) - common_prefix(self.model.cached, context) > self.window:
+        if len(context) - shared_prefix(self.model.cached, context) > self.window:
             self._cut = len(context) - self.window
         return self._seen_as(context)
 
@@ -145,7 +145,7 @@ class DraftModel:
         """`context` as read at the current cut, and how much of that the cache holds."""
         seq = list(context) if self._cut <= SINKS else [*context[:SINKS], *context[self._cut :]]
         cached, n_vocab = self.model.cached, self.model.n_vocab
-        held = common_prefix(cached, seq)
+        held = shared_prefix(cached, seq)
         # What the cache holds is in the vocabulary (the model read it); of the rest, a
         # target token past the draft's vocabulary (one of a padded vocabulary's extra
         # entries) reads as the draft's last token, in such pairs a padding token too: it
@@ -274,7 +274,7 @@ class NgramIndex:
         return 0, []
 
     def _sync(self, context: Sequence[int]) -> None:
-        done = common_prefix(self._tokens, context)
+        done = shared_prefix(self._tokens, context)
         self._truncate(done)
         self._tokens.extend(context[done:])
         for i in range(max(done, 1), len(context)):

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec.backends.base import common_prefix
+from localspec.backends.base import shared_prefix
 
 LEVELS = (8, 4, 2)  # k-gram lengths indexed, longest first
 MAX_RUN = 64  # the longest run compared; longer adds no certainty
@@ -153,7 +153,7 @@ class SuffixIndex:
         """Index `context`: what it adds to the last one; where it departs from it (a
         new request), the last one's departed tail goes to the history."""
         done = self.context.n
-        cut = common_prefix(self.context.tokens, context)
+        cut = shared_prefix(self.context.tokens, context)
         if cut == done:
             self.context.extend(context[done:])
             return
