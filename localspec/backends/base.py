@@ -66,7 +66,7 @@ def shared_prefix(stored: list[int], tokens: Sequence[int]) -> int:
     four times slower, and a chat re-tokenized for each request has new objects for its
     earlier turns: without this, every check of its whole context each round pays that."""
     n = common_prefix(stored, tokens)
-    if n and stored[n - 1] is not tokens[n - 1]:
+    if n and isinstance(tokens, list) and stored[n - 1] is not tokens[n - 1]:
         stored[:n] = tokens[:n]
     return n
 
