@@ -41,7 +41,6 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -54,7 +53,7 @@ from localspec.models.catalog_file import default_catalog
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_overhead import gpu_name
-from make_tiny_gguf import copy_tokenizer
+from make_tiny_gguf import TinySpec, finish_gguf, start_gguf
 
 Q = gguf.GGMLQuantizationType
 # Qwen2.5's feed-forward widths (not in the catalog's shape, which holds what memory needs)
@@ -117,40 +116,20 @@ class BlockPool:
         return pool[: rows * row_bytes].reshape(rows, row_bytes)
 
 
-@dataclass(frozen=True)
-class Shape:
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    n_ff: int
-    n_vocab: int
-
-
-def shape_of(model_id: str) -> Shape:
+def shape_of(model_id: str) -> TinySpec:
     s = default_catalog().model(model_id).shape
-    return Shape(
-        s.layers, s.embedding, s.embedding // s.head_dim, s.kv_heads, FFN[model_id], s.vocab
+    n_head = s.embedding // s.head_dim
+    return TinySpec(
+        model_id, s.layers, s.embedding, n_head, s.kv_heads, FFN[model_id], 32768, n_vocab=s.vocab
     )
 
 
 def write_shaped(model_id: str, vocab: gguf.GGUFReader, path: Path, seed: int = 0) -> Path:
     """A random-weight GGUF with the tensors of `model_id` at Q4_K_M."""
     s, pool = shape_of(model_id), BlockPool(seed)
-    head_dim = s.n_embd // s.n_head
-    kv = s.n_head_kv * head_dim
-    w = gguf.GGUFWriter(str(path), "qwen2")
-    w.add_name(f"{model_id} (random weights)")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    w.add_context_length(32768)
-    w.add_embedding_length(s.n_embd)
-    w.add_block_count(s.n_layer)
-    w.add_feed_forward_length(s.n_ff)
-    w.add_head_count(s.n_head)
-    w.add_head_count_kv(s.n_head_kv)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1_000_000.0)
-    copy_tokenizer(w, vocab, s.n_vocab)
+    kv = s.n_head_kv * s.head_dim
+    name, file_type = f"{model_id} (random weights)", gguf.LlamaFileType.MOSTLY_Q4_K_M
+    w, _ = start_gguf(path, "qwen2", name, file_type, s, vocab)
 
     def matrix(name: str, rows: int, cols: int, layer: int = 0) -> None:
         qtype = q4_k_m_type(name.split(".")[-1], layer, s.n_layer, cols)
@@ -171,11 +150,7 @@ def write_shaped(model_id: str, vocab: gguf.GGUFReader, path: Path, seed: int = 
         matrix("ffn_gate", s.n_ff, s.n_embd, i)
         matrix("ffn_up", s.n_ff, s.n_embd, i)
         matrix("ffn_down", s.n_embd, s.n_ff, i)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish_gguf(w, path)
 
 
 def context(n: int) -> list[int]:

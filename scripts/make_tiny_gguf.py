@@ -118,20 +118,44 @@ def _weight(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return (rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)).astype(np.float16)
 
 
+def start_gguf(
+    path: Path,
+    arch: str,
+    name: str,
+    file_type: gguf.LlamaFileType,
+    shape: TinySpec,
+    vocab: gguf.GGUFReader,
+) -> tuple[gguf.GGUFWriter, int]:
+    """A writer with the model-wide keys of `shape` and `vocab`'s tokenizer (padded to
+    shape.n_vocab); and the vocabulary size."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(name)
+    writer.add_file_type(file_type)
+    writer.add_context_length(shape.n_ctx)
+    writer.add_embedding_length(shape.n_embd)
+    writer.add_block_count(shape.n_layer)
+    writer.add_feed_forward_length(shape.n_ff)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_layer_norm_rms_eps(1e-6)
+    if arch == ARCH:
+        writer.add_rope_freq_base(1_000_000.0)
+    return writer, copy_tokenizer(writer, vocab, shape.n_vocab)
+
+
+def finish_gguf(writer: gguf.GGUFWriter, path: Path) -> Path:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def build(spec: TinySpec, vocab: gguf.GGUFReader, path: Path, seed: int = 0) -> Path:
     """Write one tiny model to `path`."""
     rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(str(path), spec.arch)
-    writer.add_name(spec.name)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_context_length(spec.n_ctx)
-    writer.add_embedding_length(spec.n_embd)
-    writer.add_block_count(spec.n_layer)
-    writer.add_feed_forward_length(spec.n_ff)
-    writer.add_head_count(spec.n_head)
-    writer.add_head_count_kv(spec.n_head_kv)
-    writer.add_layer_norm_rms_eps(1e-6)
-    n_vocab = copy_tokenizer(writer, vocab, spec.n_vocab)
+    file_type = gguf.LlamaFileType.MOSTLY_F16
+    writer, n_vocab = start_gguf(path, spec.arch, spec.name, file_type, spec, vocab)
     if spec.n_vocab and n_vocab != spec.n_vocab:
         raise ValueError(f"the vocabulary GGUF has {n_vocab} tokens, more than {spec.n_vocab}")
 
@@ -149,16 +173,10 @@ def build(spec: TinySpec, vocab: gguf.GGUFReader, path: Path, seed: int = 0) -> 
         add_mamba_layers(writer, spec, rng)
     else:
         add_qwen2_layers(writer, spec, rng)
-
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return finish_gguf(writer, path)
 
 
 def add_qwen2_layers(writer: gguf.GGUFWriter, spec: TinySpec, rng: np.random.Generator) -> None:
-    writer.add_rope_freq_base(1_000_000.0)
     kv = spec.n_head_kv * spec.head_dim
     for i in range(spec.n_layer):
         blk = f"blk.{i}"
