@@ -9,7 +9,9 @@ The same prompts, streamed one at a time through the `openai` SDK, against:
   (plain), built by `scripts/peer_speculative.sh build` from the vendored llama.cpp;
 with the same models, threads and context, prompt for prompt. Client-side figures:
 TTFT (request to first content) and tok/s (tokens after the first over the time after
-it). With `--run`, also `localspec run --json` on each prompt: the server's cost over it.
+it). With `--run`, also `localspec run --json` on each prompt, with the pair and
+without the draft: the server's cost over it. `--no-peer` leaves llama-server out (a
+machine without the peer build, such as a GPU one).
 The editing suite (`--suite edit`) asks for small changes to a ~150-line file, with and
 without `prediction` (= the original file), against `localspec serve` only.
 
@@ -161,9 +163,9 @@ def warm_up(base: str) -> None:
     stream_one(base, [{"role": "user", "content": "Say hello."}], 8)
 
 
-def run_one(args: argparse.Namespace, prompt: str) -> dict:
+def run_one(args: argparse.Namespace, prompt: str, draft: bool = True) -> dict:
     """`localspec run --json` on the same prompt: its own decode speed and TTFT."""
-    cmd = [sys.executable, "-m", "localspec", "run", *model_args(args), "--json"]
+    cmd = [sys.executable, "-m", "localspec", "run", *model_args(args, draft), "--json"]
     cmd += ["-n", str(args.max_tokens), "--temperature", "0", prompt]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     result = json.loads(out)
@@ -213,15 +215,16 @@ def chat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     prompts = json.loads((ROOT / "localspec/data/bench_prompts.json").read_text())
     chosen = list(prompts.items())[: args.prompts]
     names = ("localspec", "localspec-plain", "llama-spec", "llama-plain")
-    ports = {name: free_port() for name in names}
+    ports = {name: free_port() for name in names[: 4 if args.peer else 2]}
     commands = {
         "localspec": localspec_server(args, ports["localspec"]),
         # the same server decoding plainly: what `auto` gains over it, and how its plain
         # path compares with llama-server's
         "localspec-plain": localspec_server(args, ports["localspec-plain"], draft=False),
-        "llama-spec": llama_server(args, ports["llama-spec"], draft=True),
-        "llama-plain": llama_server(args, ports["llama-plain"], draft=False),
     }
+    if args.peer:
+        commands["llama-spec"] = llama_server(args, ports["llama-spec"], draft=True)
+        commands["llama-plain"] = llama_server(args, ports["llama-plain"], draft=False)
     rows: list[dict] = []
     bases: dict[str, str] = {}
     stack = [server(commands[n], ports[n], logs / f"{n}.log") for n in commands]
@@ -241,16 +244,11 @@ def chat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
                     }
                 )
                 print(summary(rows[-1]), flush=True)
-            if args.run:
-                rows.append(
-                    {
-                        "suite": "chat",
-                        "prompt": pid,
-                        "server": "localspec-run",
-                        **run_one(args, spec["prompt"]),
-                    }
-                )
-                print(summary(rows[-1]), flush=True)
+            for name, draft in (("localspec-run", True), ("localspec-plain-run", False)):
+                if args.run:
+                    row = {"suite": "chat", "prompt": pid, "server": name}
+                    rows.append(row | run_one(args, spec["prompt"], draft))
+                    print(summary(rows[-1]), flush=True)
     finally:
         for ctx in reversed(stack[: len(bases)]):
             ctx.__exit__(None, None, None)
@@ -268,14 +266,15 @@ def edit_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     commands = {
         "localspec": localspec_server(args, ports["localspec"]),
         "localspec-nopred": localspec_server(args, ports["localspec-nopred"]),
-        "llama-plain": llama_server(args, ports["llama-plain"], draft=False),
     }
     prediction = {"prediction": {"type": "content", "content": source}}
     modes: list[tuple[str, str, dict[str, Any]]] = [
         ("prediction", "localspec", prediction),
         ("no-prediction", "localspec-nopred", {}),
-        ("llama-plain", "llama-plain", {}),
     ]
+    if args.peer:
+        commands["llama-plain"] = llama_server(args, ports["llama-plain"], draft=False)
+        modes.append(("llama-plain", "llama-plain", {}))
     rows: list[dict] = []
     bases: dict[str, str] = {}
     stack = [server(commands[n], ports[n], logs / f"{n}-edit.log") for n in commands]
@@ -316,6 +315,7 @@ RATIOS = (  # (suite, server, over server): the medians of prompt-for-prompt tok
     ("chat", "localspec", "llama-plain"),
     ("chat", "llama-spec", "llama-plain"),
     ("chat", "localspec", "localspec-run"),
+    ("chat", "localspec-plain", "localspec-plain-run"),
     ("chat", "localspec", "localspec-plain"),
     ("chat", "localspec-plain", "llama-plain"),
     ("edit", "prediction", "llama-plain"),
@@ -370,10 +370,13 @@ def main() -> None:
     p.add_argument(
         "--peer-n-max", type=int, default=3, help="llama-server's draft length (its default: 3)"
     )
-    p.add_argument("--llama-server", type=Path, default=default_bin_dir() / "llama-server")
+    p.add_argument("--llama-server", type=Path, help="default: scripts/peer_speculative.sh's")
+    p.add_argument("--no-peer", dest="peer", action="store_false", help="leave llama-server out")
     p.add_argument("--out", type=Path, default=ROOT / "docs/bench/serve/results.json")
     args = p.parse_args()
-    if args.suite != "edit" and not args.llama_server.exists():
+    if args.peer:
+        args.llama_server = args.llama_server or default_bin_dir() / "llama-server"
+    if args.peer and not args.llama_server.exists():
         sys.exit(f"{args.llama_server} not found: run scripts/peer_speculative.sh build")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logs = args.out.parent / "logs"

@@ -234,6 +234,15 @@ class NgramDrafter:
         pass
 
 
+def copy_on(context: Sequence[int], start: int, gamma: int) -> list[int]:
+    """γ tokens as a copy of the text from `start` goes on. Where it reaches the end of
+    the context it reads what it has just written: a match that overlaps its own
+    continuation ("!!!!", a short line said again and again) repeats with period
+    len(context) - start, so it drafts γ deep instead of stopping at the end."""
+    period = len(context) - start
+    return [context[start + j % period] for j in range(gamma)]
+
+
 def p_min_at(p_min: float | Sequence[float], i: int) -> float:
     """The early-stop threshold of the i-th drafted token: one for all, or one per
     position (the last one holds after)."""
@@ -259,8 +268,8 @@ class NgramIndex:
         self._tokens: list[int] = []  # the context indexed so far
 
     def lookup(self, context: Sequence[int], gamma: int) -> list[int]:
-        """The γ tokens that followed the latest earlier match of the context's last n
-        tokens, longest n first."""
+        """γ tokens as the text from the latest earlier match of the context's last n
+        tokens on goes on (longest n first; see `copy_on`)."""
         return self.match(context, gamma)[1]
 
     def match(self, context: Sequence[int], gamma: int) -> tuple[int, list[int]]:
@@ -269,8 +278,7 @@ class NgramIndex:
         for n in range(min(self.n_max, len(context) - 1), self.n_min - 1, -1):
             found = self._next.get(tuple(context[-n:]))
             if found:
-                start = found[-1]
-                return n, list(context[start : start + gamma])
+                return n, copy_on(context, found[-1], gamma)
         return 0, []
 
     def _sync(self, context: Sequence[int]) -> None:

@@ -9,7 +9,8 @@ last tokens are matched against both: the occurrences of its last 8 tokens (else
 else 2) are extended backwards, up to MAX_RUN tokens, and the longest run wins. Among
 the occurrences with that run the continuation is read as a suffix tree reads it: at
 each step the token most of them go on with (a tie: the latest), its share the
-confidence; the draft stops where the product of shares falls below MIN_PROB. The run
+confidence; the draft stops where the product of shares falls below MIN_PROB (a run
+that reaches the context's own end goes on with its period, as a copy would). The run
 says how sure the match is: `auto` keeps α per run length (SUFFIX_PRIOR) and drafts deep
 along a long run.
 
@@ -119,9 +120,14 @@ class Corpus:
         same = (at >= 0) & (self._array[np.maximum(at, 0)] == back[None, :])
         return np.where(same.all(axis=1), len(back), same.argmin(axis=1))
 
-    def following(self, ends: np.ndarray, gamma: int) -> np.ndarray:
-        """The up to `gamma` tokens after each end, one row each, SEP where none."""
-        at = ends[:, None] + 1 + np.arange(gamma)[None, :]
+    def following(self, ends: np.ndarray, gamma: int, periodic: bool = False) -> np.ndarray:
+        """The up to `gamma` tokens after each end, one row each, SEP where none.
+        `periodic`: this corpus ends where the text goes on, so a run that overlaps its
+        own continuation repeats with period n - 1 - end past it (as drafters.copy_on)."""
+        j = np.arange(gamma)[None, :]
+        at = ends[:, None] + 1 + j
+        if periodic:
+            at = np.where(at < self.n, at, ends[:, None] + 1 + j % (self.n - 1 - ends)[:, None])
         rows = np.where(at < self.n, self._array[np.minimum(at, self.n - 1)], SEP)
         # a document ends at its first SEP
         return np.where(np.cumprod(rows != SEP, axis=1).astype(bool), rows, SEP)
@@ -144,7 +150,8 @@ class SuffixIndex:
         for corpus in (self.context, self.history):  # the history only where it is longer
             runs, ends = corpus.runs(context)
             if runs.size and (run := int(runs.max())) > best_run:
-                best_run, rows = run, corpus.following(ends[runs == run], gamma)
+                periodic = corpus is self.context  # its end is the context's end
+                best_run, rows = run, corpus.following(ends[runs == run], gamma, periodic)
         if rows is None or gamma < 1:
             return SuffixMatch()
         return SuffixMatch(best_run, *continuation(rows))

@@ -9,7 +9,10 @@ def brute_force(ctx: list[int], gamma: int, n_max: int, n_min: int) -> list[int]
         suffix = ctx[-n:]
         for start in range(len(ctx) - n - 1, -1, -1):  # latest earlier occurrence
             if ctx[start : start + n] == suffix:
-                return ctx[start + n : start + n + gamma]
+                text = list(ctx)  # a copy from start + n on, reading what it writes
+                for j in range(gamma):
+                    text.append(text[start + n + j])
+                return text[len(ctx) :]
     return []
 
 
@@ -19,6 +22,13 @@ def test_index_finds_what_a_scan_finds_as_the_context_grows():
     index = NgramIndex(n_max=4, n_min=2)
     for end in range(2, len(ctx)):
         assert index.lookup(ctx[:end], 5) == brute_force(ctx[:end], 5, 4, 2)
+
+
+def test_a_match_that_runs_into_the_end_repeats_its_period():
+    index = NgramIndex(n_max=4, n_min=2)
+    assert index.lookup([9, 5, 5, 5, 5], 6) == [5] * 6  # "!!!!": not one token a round
+    assert index.lookup([9, 1, 2, 3, 1, 2, 3, 1, 2], 5) == [3, 1, 2, 3, 1]
+    assert index.lookup([1, 2, 7, 1, 2, 8, 1, 2], 2) == [8, 1]  # room before the end
 
 
 def test_index_starts_afresh_for_another_text():

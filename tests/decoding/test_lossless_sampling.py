@@ -25,6 +25,7 @@ from localspec.decoding.adaptive import auto_engine
 from localspec.decoding.drafters import Draft, Drafter, DraftModel, NgramDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import RoundEnd
+from localspec.decoding.prediction import Prediction
 from localspec.decoding.sampling import Probs, SamplingParams, logits_to_probs, sample
 
 V = 8
@@ -137,9 +138,9 @@ def test_unequal_vocabularies_keep_the_target_law(n_target: int, n_draft: int):
 
 
 def looping(seed: int, noise: float) -> LogitsFn:
-    """Markov logits that favour the short loop 5 -> 6 -> 5 (and 0 -> 1 -> ... -> 5): in
-    it, an n-gram match is short, so the draft model goes on after it; `noise` on top of
-    one shared table makes a draft that mostly agrees with its target."""
+    """Markov logits that favour the short loop 5 -> 6 -> 5 (and 0 -> 1 -> ... -> 5), where
+    the free sources match often; `noise` on top of one shared table makes a draft that
+    mostly agrees with its target."""
     table = np.random.default_rng(1).normal(0.0, 1.0, size=(V, V))
     table += np.random.default_rng(seed).normal(0.0, noise, size=(V, V))
     table[np.arange(V), [1, 2, 3, 4, 5, 6, 5, 0]] += 4.0
@@ -151,15 +152,18 @@ def looping(seed: int, noise: float) -> LogitsFn:
 
 
 def test_auto_gamma_keeps_the_target_law():
-    """`--gamma auto`: n-gram and suffix matches, the draft model, both in one round,
-    plain rounds, the draft model's p_min per position, all chosen anew each round. The
-    passes' costs are booked, not slept, so the choices are the same on any machine."""
+    """`--gamma auto`: n-gram and suffix matches, the draft model, a free source and the
+    draft model in one round (after a short prediction, which ends where the draft model
+    goes on), plain rounds, the draft model's p_min per position, all chosen anew each
+    round. The passes' costs are booked, not slept, so the choices are the same on any
+    machine."""
     target_fn = looping(seed=1, noise=0.0)
     target = ToyModel(target_fn, n_vocab=V, name="target", pass_s=0.01, sleep=False)
     draft_fn = looping(seed=2, noise=1.0)
     draft = ToyModel(draft_fn, n_vocab=V, name="draft", pass_s=0.001, sleep=False)
     engine = auto_engine(target, draft)
-    prompt = [5, 6, 5, 6, 5]
+    prompt = [0, 1, 2, 3, 4, 5]  # the way into the loop
+    engine.drafter.predict(Prediction([6, 5], len(prompt)))  # for every answer
     P = transition(target_fn, SamplingParams(**PARAMS))
     by: Counter[str] = Counter()
     counts, drafted, accepted = run_many(
@@ -170,7 +174,7 @@ def test_auto_gamma_keeps_the_target_law():
     # Every kind of round carries enough of the sample: a free source alone (n-gram or
     # suffix match), the draft model alone, and both in one round.
     free_only = by["ngram"] + by["suffix"]
-    both = by["ngram+draft"] + by["suffix+draft"]
+    both = by["ngram+draft"] + by["suffix+draft"] + by["prediction+draft"]
     assert min(free_only, by["draft"], both) > 100, by
     # both free sources, alone or with the draft model going on after them
     assert min(by["ngram"] + by["ngram+draft"], by["suffix"] + by["suffix+draft"]) > 20, by

@@ -65,6 +65,16 @@ def test_a_single_run_drafts_to_the_end_of_its_text():
     assert m.run == 10 and m.tokens == [*range(20, 30), 7, *range(10, 15)]
 
 
+def test_a_run_into_the_end_of_the_context_repeats_its_period():
+    assert SuffixIndex().match([9, *[5] * 12], 6).tokens == [5] * 6  # not one a round
+    m = SuffixIndex().match([9, *[1, 2, 3] * 4, 1, 2], 5)
+    assert m.tokens == [3, 1, 2, 3, 1] and m.shares == [1.0] * 5
+    # a document of the history ends where it ends: no text goes on after it there
+    index = SuffixIndex()
+    index.match([7, *range(40, 60)], 2)
+    assert index.match([8, 9, *range(50, 58)], 6).tokens == [58, 59]
+
+
 def test_empty_and_short_contexts_propose_nothing():
     index = SuffixIndex()
     assert index.match([], 4).tokens == []
