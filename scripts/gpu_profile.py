@@ -241,9 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         t = figures["verify_ms"]
         print(
             f"{model_id:30} {figures['file_bytes'] / 1e9:5.2f} GB "
-            f"(catalog {figures['catalog_bytes'] / 1e9:5.2f}) T(1) {t[0]:.3f} ms "
-            f"T(8)/T(1) {t[7] / t[0]:.2f}"
-            + (f" T(32)/T(1) {t[31] / t[0]:.2f}" if len(t) >= 32 else "")
+            f"(catalog {figures['catalog_bytes'] / 1e9:5.2f}) T(1) {t[0]:.3f} ms"
+            + "".join(f" T({k})/T(1) {t[k - 1] / t[0]:.2f}" for k in (8, 32) if len(t) >= k)
             + (f" catch-up {figures['catchup_ms_per_token']:.3f} ms/token" if is_draft else ""),
             flush=True,
         )

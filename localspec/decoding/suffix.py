@@ -188,12 +188,16 @@ class SuffixIndex:
 def continuation(rows: np.ndarray) -> tuple[list[int], list[float]]:
     """Walk the runs' continuations (rows, latest last) as a suffix tree: at each step the
     token most of the remaining rows go on with, the latest on a tie, and its share.
-    (Plain Python: at most MAX_CANDIDATES rows of a few tokens, every round.)"""
-    tokens: list[int] = []
-    shares: list[float] = []
+    The leading columns where every row goes on alike are taken at once (a repeat: up to
+    MAX_CANDIDATES runs of one text, agreeing all along); from the first that differs,
+    plain Python (a few rows of a few tokens, every round)."""
+    agree = np.cumprod((rows == rows[-1]).all(axis=0) & (rows[-1] != SEP))
+    start = int(agree.sum())
+    tokens: list[int] = rows[-1, :start].tolist()
+    shares: list[float] = [1.0] * start
     alive: list[list[int]] = rows.tolist()
     prob = 1.0
-    for i in range(rows.shape[1]):
+    for i in range(start, rows.shape[1]):
         if len(alive) == 1:  # one run left: the rest of its row, sure as far as it goes
             rest = alive[0][i:]
             rest = rest[: rest.index(SEP)] if SEP in rest else rest

@@ -8,7 +8,16 @@ from localspec.backends.toy import ToyModel, scripted
 from localspec.decoding.adaptive import AdaptiveDrafter, auto_engine
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished, RoundEnd
-from localspec.decoding.suffix import MAX_RUN, RETIRE_MIN, SuffixIndex, SuffixMatch, suffix_key
+from localspec.decoding.suffix import (
+    MAX_RUN,
+    MIN_PROB,
+    RETIRE_MIN,
+    SEP,
+    SuffixIndex,
+    SuffixMatch,
+    continuation,
+    suffix_key,
+)
 
 
 def longest_run(corpus: list[int], tail: list[int], k_min: int = 2) -> int:
@@ -199,3 +208,36 @@ def test_a_new_conversation_drafts_from_an_earlier_one():
     done, rounds = run(engine, "<|user|>mean, again\n<|assistant|>")
     assert done.text == FUNCTION
     assert sum(e.accepted for e in rounds if e.drafter == "suffix") > 0.7 * len(FUNCTION)
+
+
+def walk(rows: list[list[int]]) -> tuple[list[int], list[float]]:
+    """The suffix-tree walk of `continuation`, column by column, by brute force."""
+    tokens: list[int] = []
+    shares: list[float] = []
+    alive, prob = rows, 1.0
+    for i in range(len(rows[0])):
+        column = [row[i] for row in alive]
+        counts = {x: column.count(x) for x in column if x != SEP}
+        if not counts:
+            break
+        best = max(
+            counts, key=lambda x: (counts[x], max(j for j, y in enumerate(column) if y == x))
+        )
+        prob *= counts[best] / len(alive)
+        if prob < MIN_PROB:
+            break
+        tokens.append(best)
+        shares.append(counts[best] / len(alive))
+        alive = [row for row in alive if row[i] == best]
+    return tokens, shares
+
+
+def test_the_continuation_is_the_walk_a_suffix_tree_makes():
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        n_rows, width = int(rng.integers(1, 9)), int(rng.integers(1, 8))
+        rows = rng.integers(0, 3, size=(n_rows, width))
+        rows[:, : rng.integers(0, width + 1)] = rows[-1, 0]  # often a shared beginning
+        rows[rng.random(rows.shape) < 0.1] = SEP
+        rows = np.where(np.cumprod(rows != SEP, axis=1).astype(bool), rows, SEP)
+        assert continuation(rows) == walk(rows.tolist()), rows
