@@ -188,11 +188,12 @@ class SuffixIndex:
 def continuation(rows: np.ndarray) -> tuple[list[int], list[float]]:
     """Walk the runs' continuations (rows, latest last) as a suffix tree: at each step the
     token most of the remaining rows go on with, the latest on a tie, and its share.
-    The leading columns where every row goes on alike are taken at once (a repeat: up to
-    MAX_CANDIDATES runs of one text, agreeing all along); from the first that differs,
-    plain Python (a few rows of a few tokens, every round)."""
-    agree = np.cumprod((rows == rows[-1]).all(axis=0) & (rows[-1] != SEP))
-    start = int(agree.sum())
+    Plain Python (a few rows of a few tokens, every round); but where many rows are
+    alike (a repeat: up to MAX_CANDIDATES runs of one text), the leading columns where
+    every row goes on alike are taken at once."""
+    start = 0
+    if len(rows) > 4:  # below that, numpy's cost per call is more than the walk's
+        start = int(np.cumprod((rows == rows[-1]).all(axis=0) & (rows[-1] != SEP)).sum())
     tokens: list[int] = rows[-1, :start].tolist()
     shares: list[float] = [1.0] * start
     alive: list[list[int]] = rows.tolist()
