@@ -215,7 +215,7 @@ def chat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     prompts = json.loads((ROOT / "localspec/data/bench_prompts.json").read_text())
     chosen = list(prompts.items())[: args.prompts]
     names = ("localspec", "localspec-plain", "llama-spec", "llama-plain")
-    ports = {name: free_port() for name in names[: 4 if args.peer else 2]}
+    ports = {name: free_port() for name in names}
     commands = {
         "localspec": localspec_server(args, ports["localspec"]),
         # the same server decoding plainly: what `auto` gains over it, and how its plain
@@ -244,11 +244,11 @@ def chat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
                     }
                 )
                 print(summary(rows[-1]), flush=True)
-            for name, draft in (("localspec-run", True), ("localspec-plain-run", False)):
-                if args.run:
-                    row = {"suite": "chat", "prompt": pid, "server": name}
-                    rows.append(row | run_one(args, spec["prompt"], draft))
-                    print(summary(rows[-1]), flush=True)
+            runs = (("localspec-run", True), ("localspec-plain-run", False)) if args.run else ()
+            for name, draft in runs:
+                row = {"suite": "chat", "prompt": pid, "server": name}
+                rows.append(row | run_one(args, spec["prompt"], draft))
+                print(summary(rows[-1]), flush=True)
     finally:
         for ctx in reversed(stack[: len(bases)]):
             ctx.__exit__(None, None, None)

@@ -22,8 +22,9 @@ text the target goes on to write (a *shadow* draft), so its α stays current at 
 The draft model, whose guesses cost a pass, is probed again once the time since its last
 use would have paid for the probe PROBE_SHARE times over, so probing costs at most that
 share; never where the costs say it could not pay even on text it drafts well. Hybrid
-drafting: a prompt-lookup match is free, so it goes first; the draft model drafts when
-there is none, or extends it when that pays.
+drafting: a free match goes first; the draft model drafts when there is none, or extends
+one that ends short when that pays (a suffix run whose continuation grows unsure, the end
+of a prediction; an n-gram match is always γ long, as a copy of the text goes on).
 
 A request may bring a prediction of its answer (Predicted Outputs, see prediction.py):
 another free source, weighed like the n-grams with its own α (per alignment length,

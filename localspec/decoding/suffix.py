@@ -125,9 +125,9 @@ class Corpus:
         `periodic`: this corpus ends where the text goes on, so a run that overlaps its
         own continuation repeats with period n - 1 - end past it (as drafters.copy_on)."""
         j = np.arange(gamma)[None, :]
+        if periodic:  # before the end, j is under the period: the same positions
+            j = j % (self.n - 1 - ends)[:, None]
         at = ends[:, None] + 1 + j
-        if periodic:
-            at = np.where(at < self.n, at, ends[:, None] + 1 + j % (self.n - 1 - ends)[:, None])
         rows = np.where(at < self.n, self._array[np.minimum(at, self.n - 1)], SEP)
         # a document ends at its first SEP
         return np.where(np.cumprod(rows != SEP, axis=1).astype(bool), rows, SEP)
