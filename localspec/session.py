@@ -51,8 +51,14 @@ def resolve_model(spec: str) -> Path:
 
 
 class Session:
-    def __init__(self, engine: Engine, draft_model: LlamaModel | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        draft_model: LlamaModel | None = None,
+        config: SessionConfig | None = None,
+    ) -> None:
         self.engine = engine
+        self.config = config  # how the engine was made, to make more (serve's slots)
         self.target = engine.target
         self.draft_model = draft_model
         self._template: object | None = None
@@ -62,6 +68,13 @@ class Session:
     @property
     def drafter(self) -> Drafter:
         return self.engine.drafter
+
+    def engine_for(self, target: Model, draft_model: Model | None) -> Engine:
+        """An engine like the session's over other models (views of one sequence of the
+        session's, for serve's slots): the same drafter kind and γ, statistics afresh."""
+        if self.config is None:
+            raise ModelError("this session cannot make more engines (no config)")
+        return make_engine(target, draft_model, self.config)
 
     def render(self, messages: Sequence[Message]) -> list[int]:
         """The conversation as prompt tokens, through the GGUF's chat template."""
@@ -206,7 +219,7 @@ def _load(config: SessionConfig) -> Session:
     target, draft_model = load_pair(
         resolve_model(config.target), config.target_load, draft_path, config.draft_load
     )
-    session = Session(make_engine(target, draft_model, config), draft_model)
+    session = Session(make_engine(target, draft_model, config), draft_model, config)
     if target.n_ctx < config.target_load.n_ctx:
         session.notes.append(
             f"context capped at {target.n_ctx} tokens: {target.name} was trained for that"

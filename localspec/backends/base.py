@@ -39,6 +39,15 @@ class ContextFull(ModelError):
     """The tokens do not fit in the model's context window."""
 
 
+class Cancelled(Exception):
+    """The request's client left while its tokens waited for (or went through) a shared
+    pass; the first `done` of them were read."""
+
+    def __init__(self, done: int = 0) -> None:
+        super().__init__("cancelled")
+        self.done = done
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """The length of the longest common prefix of a and b. Each round asks it of both
     caches against the whole context, so it compares whole slices (C speed, ~1 ns a
@@ -104,6 +113,9 @@ class Model(ABC):
         started = time.perf_counter()
         try:
             logits = self._decode(new, keep, n_logits)
+        except Cancelled as e:  # a prompt cut short between chunks: keep what was read
+            self.cached.extend(new[: e.done])
+            raise
         except Exception:
             self.reset()  # the cache's state is unknown after a failed decode
             raise

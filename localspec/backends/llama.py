@@ -47,6 +47,18 @@ class LoadOptions:
     n_threads: int = 0  # 0 = physical cores
     n_batch: int = 512
     rpc: tuple[str, ...] = ()  # host:port of rpc-servers: the layers spread over them too
+    n_seq: int = 1  # sequences (serve's slots), each with a cache of n_ctx tokens
+
+
+@dataclass(frozen=True)
+class Part:
+    """One sequence's share of a batched decode: `tokens` at positions pos.., and the
+    logits of its last n_logits."""
+
+    seq: int
+    tokens: list[int]
+    pos: int
+    n_logits: int
 
 
 def default_threads() -> int:
@@ -67,7 +79,8 @@ def check_gguf(path: Path) -> None:
 
 
 class LlamaModel(Model):
-    """A GGUF model loaded by llama.cpp, with one context and one sequence."""
+    """A GGUF model loaded by llama.cpp, with one context. The Model interface runs its
+    sequence 0; `decode_parts` runs several sequences in one pass (serve's slots)."""
 
     def __init__(self, path: str | Path, options: LoadOptions = LoadOptions()) -> None:
         super().__init__()
@@ -90,9 +103,13 @@ class LlamaModel(Model):
         # Beyond its training context a model degrades, and llama.cpp would still try to
         # allocate the cache for it: cap it there (0 asks for exactly that).
         trained = ll.llama_model_n_ctx_train(self._model)
-        cparams.n_ctx = min(options.n_ctx or trained, trained) if trained > 0 else options.n_ctx
+        n_ctx = min(options.n_ctx or trained, trained) if trained > 0 else options.n_ctx
+        # each sequence its own cache of n_ctx cells (not one shared pool: a long chat
+        # cannot crowd out an editor's slot)
+        cparams.n_ctx = n_ctx * options.n_seq
         cparams.n_batch = cparams.n_ubatch = options.n_batch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = options.n_seq
+        cparams.kv_unified = False
         cparams.n_threads = cparams.n_threads_batch = threads
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -102,7 +119,8 @@ class LlamaModel(Model):
             )
         if options.rpc:  # the connections are open now: have them notice a vanished server
             rpc.keep_alive(options.rpc)
-        self.n_ctx = ll.llama_n_ctx(self._ctx)
+        self.n_ctx = ll.llama_n_ctx_seq(self._ctx)
+        self.n_seq = options.n_seq
         self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps it at the context
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
@@ -117,34 +135,63 @@ class LlamaModel(Model):
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
         if pos + len(tokens) > self.n_ctx:
             raise ContextFull(f"context of {self.n_ctx} tokens is full")
-        batch = self._batch
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
-            first_scored = len(tokens) - n_logits - start  # index within chunk
-            for i, tok in enumerate(chunk):
+            scored = max(0, min(len(chunk), n_logits - (len(tokens) - start - len(chunk))))
+            self._run([Part(0, chunk, pos + start, scored)])
+        return self._logits(n_logits)
+
+    def decode_parts(self, parts: list[Part]) -> list[np.ndarray]:
+        """One pass over several sequences' tokens (at most n_batch in all); each part's
+        logits rows, copied where the pass had several (the next pass overwrites them)."""
+        for part in parts:
+            if part.pos + len(part.tokens) > self.n_ctx:
+                raise ContextFull(f"context of {self.n_ctx} tokens is full")
+        self._run(parts)
+        logits = self._logits(sum(p.n_logits for p in parts))
+        if len(parts) == 1:
+            return [logits]
+        ends = np.cumsum([p.n_logits for p in parts])
+        return [logits[end - p.n_logits : end].copy() for p, end in zip(parts, ends, strict=True)]
+
+    def _run(self, parts: list[Part]) -> None:
+        batch, i = self._batch, 0
+        for part in parts:
+            first_scored = len(part.tokens) - part.n_logits
+            for j, tok in enumerate(part.tokens):
                 batch.token[i] = tok
-                batch.pos[i] = pos + start + i
+                batch.pos[i] = part.pos + j
                 batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = int(i >= first_scored)
-            batch.n_tokens = len(chunk)
-            rc = ll.llama_decode(self._ctx, batch)
-            if rc != 0:
-                raise ContextFull(f"llama_decode failed ({rc}): KV cache full")
-        if n_logits == 0:
+                batch.seq_id[i][0] = part.seq
+                batch.logits[i] = int(j >= first_scored)
+                i += 1
+        batch.n_tokens = i
+        rc = ll.llama_decode(self._ctx, batch)
+        if rc != 0:
+            raise ContextFull(f"llama_decode failed ({rc}): KV cache full")
+
+    def _logits(self, n: int) -> np.ndarray:
+        if n == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         ptr = ll.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
+
+    def remove_from(self, seq: int, pos: int) -> bool:
+        """Drop sequence `seq`'s cache entries at positions >= pos."""
+        return bool(ll.llama_memory_seq_rm(self._mem, seq, pos, -1))
+
+    def seq_len(self, seq: int) -> int:
+        return ll.llama_memory_seq_pos_max(self._mem, seq) + 1
 
     def _remove_from(self, pos: int) -> bool:
-        return bool(ll.llama_memory_seq_rm(self._mem, 0, pos, -1))
+        return self.remove_from(0, pos)
 
     @property
     def can_cut(self) -> bool:
         return self._can_cut
 
     def kv_len(self) -> int:
-        return ll.llama_memory_seq_pos_max(self._mem, 0) + 1
+        return self.seq_len(0)
 
     # --- vocabulary --------------------------------------------------------------
     def tokenize(self, text: str, special: bool = True) -> list[int]:

@@ -134,6 +134,10 @@ def describe(plan: Plan) -> str:
     if remote := plan.why.placement.remote:
         memory = f"{fmt_size(remote)} of {fmt_size(plan.why.budget.remote)} remote, " + memory
     lines.append(f"memory   {memory}")
+    lines.append(
+        f"serve    {plan.slots} slot{'s' if plan.slots > 1 else ''} of {t.n_ctx} tokens "
+        "(requests decoded at once, each with its own cache)"
+    )
     lines.append("")
     lines.extend(f"- {r}" for r in reasons(plan))
     missing = [f"{s.id}:{s.quant}" for s in (t, d) if s is not None and not s.path]

@@ -8,9 +8,11 @@ import ipaddress
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from localspec.cli.options import add_model_options, ranged_int, session_config
+from localspec.models.memory import MAX_SLOTS
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -33,7 +35,30 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=16,
         help="requests that may wait; beyond, a 429 with Retry-After (default: 16)",
     )
+    g.add_argument(
+        "--parallel",
+        type=ranged_int(1, 64),
+        default=None,
+        help="requests decoded at once, each in a slot with its own cache of --ctx tokens "
+        f"(default: as many as fit in memory, at most {MAX_SLOTS})",
+    )
     g.add_argument("--model-name", help="the model name clients use (default: the target's)")
+    g.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host header to answer besides the loopback and the bound address "
+        "(a name this machine is reached by); repeatable",
+    )
+    g.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web origin whose pages may call the API (e.g. http://localhost:3000; "
+        "'*': any); requests from browsers are refused otherwise; repeatable",
+    )
     p.set_defaults(func=serve)
 
 
@@ -55,11 +80,41 @@ def model_names(spec: str) -> tuple[str, tuple[str, ...]]:
     return spec, (stem,) if stem != spec else ()
 
 
+def default_slots(config) -> int:  # config: SessionConfig
+    """As many slots of the context asked for as fit beside the pair, at most MAX_SLOTS;
+    1 where the files cannot be read for it (llama.cpp's error follows) or over RPC."""
+    from localspec.backends.gguf import GgufInfo, gguf_info_or_none
+    from localspec.drafting import MODEL_FREE_DRAFTERS
+    from localspec.models.hardware import probe
+    from localspec.models.memory import Weights, memory_budget, slots_that_fit
+    from localspec.session import resolve_model
+
+    def info(spec: str) -> GgufInfo | None:
+        path = resolve_model(spec)
+        return gguf_info_or_none([path]) if path.is_file() else None
+
+    if config.target_load.rpc:
+        return 1
+    target = info(config.target)
+    draft = None if config.draft in MODEL_FREE_DRAFTERS else info(config.draft)
+    if target is None or (draft is None and config.draft not in MODEL_FREE_DRAFTERS):
+        return 1
+    hw = probe()
+    return slots_that_fit(
+        Weights.from_gguf(target),
+        Weights.from_gguf(draft) if draft else None,
+        config.target_load.n_ctx,
+        memory_budget(hw),
+        hw,
+    )
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from localspec.cli.run import warn
     from localspec.server.app import ServerOptions, create_app
+    from localspec.server.guard import Guard
     from localspec.session import open_session
 
     key = args.api_key or os.environ.get("LOCALSPEC_API_KEY") or None
@@ -69,6 +124,12 @@ def serve(args: argparse.Namespace) -> int:
             "machine can use it (set --api-key or LOCALSPEC_API_KEY)"
         )
     config = session_config(args)
+    parallel = args.parallel or default_slots(config)
+    config = replace(
+        config,
+        target_load=replace(config.target_load, n_seq=parallel),
+        draft_load=replace(config.draft_load, n_seq=parallel),
+    )
     session = open_session(config, say=warn)
     try:
         name, aliases = model_names(config.target)
@@ -84,12 +145,17 @@ def serve(args: argparse.Namespace) -> int:
             aliases=tuple(dict.fromkeys(a for a in aliases if a != name)),
             api_key=key,
             max_queue=args.max_queue,
+            parallel=parallel,
+            guard=Guard.for_address(
+                args.host, is_loopback(args.host), args.allowed_host, args.cors_origin
+            ),
         )
         logging.basicConfig(
             level=logging.INFO, format="localspec serve: %(message)s", stream=sys.stderr
         )
+        slots = f"{parallel} slot{'s' if parallel > 1 else ''} of {session.target.n_ctx} tokens"
         print(
-            f"localspec: serving {name} (draft: {draft}, γ {config.gamma}) at "
+            f"localspec: serving {name} (draft: {draft}, γ {config.gamma}; {slots}) at "
             f"http://{args.host}:{args.port}/v1",
             file=sys.stderr,
             flush=True,

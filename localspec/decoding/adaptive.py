@@ -34,6 +34,13 @@ until it re-joins. The suffix index (suffix.py) is a third: the longest earlier 
 context's tail, in this conversation or an earlier one, and what most often followed it,
 with α per run length, drafted as deep along a long run.
 
+Under load (serve's slots, whose rounds share each pass: batching.py), a round's own
+timings give T at its size with the others' tokens in the pass; but each token it adds
+also delays the n slots decoding beside it, so a drafted token is priced n times:
+T_n(k) = T(1) + n (T(k) − T(1)). γ falls as slots fill and comes back as they empty;
+with one slot (n = 1) nothing changes. (This maximizes the pass's tokens/s where the
+slots draft alike: an extra token pays when it adds more than b·ΣE/T.)
+
 The draft model stops early (p_min, per position) at a token too unsure to pay for what
 drafting on from it costs: its verify slot and the steps after it, against the tokens it
 may add at the rate the round aims at (`p_min`).
@@ -43,7 +50,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -254,6 +261,8 @@ class AdaptiveDrafter:
         self._match_n = 0  # the length of this round's free match
         self._free = "ngram"  # this round's free source: "ngram", "prediction" or "suffix"
         self.verify = VerifyCost()
+        # slots decoding in the same passes (serve): each token a round adds delays them all
+        self.load: Callable[[], int] = lambda: 1
         self.draft_idle_s = 0.0  # decode time since the draft model was last used
         self.shadows: list[Shadow] = []  # pending, the newest last
         self._text_len = 0  # the text's length after the last round
@@ -394,7 +403,7 @@ class AdaptiveDrafter:
             return Choice("none", 0, 1.0)  # time one plain round first: T(1)
         c = self.draft_cost
         m, depth = min(matched, gamma), min(gamma, GAMMA_MAX)
-        t = self.verify.table(max(m, depth) + 1)  # t[k - 1] = T(k)
+        t = self.priced(self.verify.table(max(m, depth) + 1))  # t[k - 1] = T(k)
         # a plain round's time: T(1) as timed, not the line's a (one far batch size, as a
         # deep prediction draft times, can tilt the line and make every draft look dear)
         a = t[0]
@@ -412,7 +421,7 @@ class AdaptiveDrafter:
             dm = self.alpha["draft"]
             # Its first try pays the catch-up of the whole prompt, so it has to pay by the
             # priors, not just time a batch size (on a CPU the dearest one, T(2)).
-            batch = t if dm.seen[0] else self.verify.prior_table(depth + 1)
+            batch = t if dm.seen[0] else self.priced(self.verify.prior_table(depth + 1))
             gains = [
                 (1 + e) * a / (catchup + k * c + batch[k])
                 for k, e in enumerate(dm.expected(depth), 1)
@@ -429,12 +438,22 @@ class AdaptiveDrafter:
                 best = better(best, f"{free}+draft", gains, m + 1, free_tokens=m)
         return self._probe(lag) if best.k == 0 else best
 
+    def priced(self, t: list[float]) -> list[float]:
+        """T(1..) as a round pays it under the load (the module docstring: T_n)."""
+        n = self.load()
+        return t if n == 1 else [t[0] + n * (x - t[0]) for x in t]
+
+    def priced_batch(self, ks: np.ndarray) -> np.ndarray:
+        t = self.verify.batch(ks)
+        n = self.load()
+        return t if n == 1 else t[0] + n * (t - t[0])
+
     def _probe(self, lag: int) -> Choice:
         """Speculation does not pay by the estimates; try the idle draft model once its
         idle time has paid for the probe, to notice when it pays again (a change of
         topic). Free sources need no probe: their shadows measure them."""
         k = 1  # one token: the cheapest sign that it pays again
-        probe = self.catchup_cost(lag) + k * (self.draft_cost + self.verify.b)
+        probe = self.catchup_cost(lag) + k * (self.draft_cost + self.load() * self.verify.b)
         due = self.model is not None and self.draft_idle_s * PROBE_SHARE >= probe
         if due and self.draft_could_pay():
             return Choice("draft", k, 0.0)
@@ -446,7 +465,7 @@ class AdaptiveDrafter:
         (a small target on a few CPU cores: T(2) about 2 T(1)), a probe can only lose:
         each one reads up to a window of missed text, at up to PROBE_SHARE of the time."""
         ks = np.arange(1, GAMMA_MAX + 1)
-        t = self.verify.batch(np.arange(1, GAMMA_MAX + 2))  # t[k] = T(k + 1)
+        t = self.priced_batch(np.arange(1, GAMMA_MAX + 2))  # t[k] = T(k + 1)
         tokens = (1 - GOOD_ALPHA ** (ks + 1)) / (1 - GOOD_ALPHA)  # Leviathan et al.'s E(k)
         return bool(np.max(tokens * t[0] / (ks * self.draft_cost + t[ks])) > 1.0)
 
@@ -463,7 +482,7 @@ class AdaptiveDrafter:
         a, c = self.verify.a, self.draft_cost
         if a <= 0:
             return [0.5] * n_model
-        t = self.verify.batch(np.arange(1, choice.k + 2))  # t[i] = T(i + 1)
+        t = self.priced_batch(np.arange(1, choice.k + 2))  # t[i] = T(i + 1)
         alpha = np.array(self.alpha["draft"].alpha[:n_model])
         rho = max(choice.gain, 1.0) / a
         reach = 1.0  # the chance that every token before this one is accepted

@@ -134,6 +134,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "draft": _side_json(plan.draft) if plan.draft else None,
         "drafter": plan.drafter,
         "gamma": plan.gamma,
+        "slots": plan.slots,
         "memory": {
             "vram_budget": plan.vram_budget,
             "vram_estimate": plan.vram_estimate,

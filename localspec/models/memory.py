@@ -229,6 +229,34 @@ def _place_on_servers(
     return Placement(n_ctx, layers, draft_on_gpu, draft_vram + local, draft_ram + ram, remote)
 
 
+MAX_SLOTS = 4  # serve's default at most: an editor, a chat, an agent, and one more
+
+
+def slots_that_fit(
+    target: Weights,
+    draft: Weights | None,
+    n_ctx: int,
+    budget: Budget,
+    hw: Hardware,
+    most: int = MAX_SLOTS,
+) -> int:
+    """How many sequences of n_ctx tokens each (serve's slots: a KV cache each, in both
+    models) the pair can hold at once, up to `most`, without giving up a GPU layer or
+    the draft's place on the GPU for them; at least 1."""
+    one = place(target, draft, n_ctx, budget, hw)
+    if one is None:
+        return 1
+    for n in range(most, 1, -1):
+        more = place(target, draft, n * n_ctx, budget, hw)
+        if (
+            more is not None
+            and more.target_layers >= one.target_layers
+            and more.draft_on_gpu >= one.draft_on_gpu
+        ):
+            return n
+    return 1
+
+
 def requirement(weights: Weights, n_ctx: int, budget: Budget, hw: Hardware) -> Requirement:
     """What `weights` need at `n_ctx`: wholly on the devices (rpc-servers, GPU) where there
     are some, else in RAM."""

@@ -30,6 +30,7 @@ from localspec.models.memory import (
     memory_budget,
     place,
     requirement,
+    slots_that_fit,
 )
 from localspec.models.rationale import (
     DrafterChoice,
@@ -90,6 +91,7 @@ class Plan:
     tokens_per_s: float = 0.0  # estimated plain decoding
     speedup: float = 1.0  # estimated, from the draft model
     unified: bool = False
+    slots: int = 1  # requests `serve` can decode at once, each with a context of n_ctx
 
     def fits(self) -> bool:
         if self.vram_estimate > self.vram_budget:
@@ -233,6 +235,9 @@ def _plan_target(
         tokens_per_s=plain.tokens_per_s,
         speedup=best.speedup,
         unified=budget.unified,
+        slots=slots_that_fit(
+            target.weights, best.draft.weights if best.draft else None, ctx, budget, hw
+        ),
     )
 
 

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jinja2
@@ -33,6 +33,7 @@ from localspec.decoding.events import Event, Finished, Piece, Stats, StopReason
 from localspec.server.chat import ToolCall, ToolCallStream, template_messages, template_tools
 from localspec.server.chat import tool_prefill as make_prefill
 from localspec.server.errors import ApiError, error_body
+from localspec.server.guard import Guard, GuardMiddleware
 from localspec.server.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -61,6 +62,9 @@ class ServerOptions:
     api_key: str | None = None
     max_queue: int = 16
     max_body_bytes: int = 8 << 20
+    parallel: int = 1  # slots: requests decoded at once
+    # which Host and Origin headers are answered (by default any: `serve` sets its own)
+    guard: Guard = field(default_factory=lambda: Guard(None, frozenset({"*"})))
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class Prepared:
 
 
 def create_app(session: Session, options: ServerOptions) -> FastAPI:
-    worker = Worker(session, options.max_queue)
+    worker = Worker(session, options.max_queue, options.parallel)
     metrics = worker.metrics
 
     @asynccontextmanager
@@ -85,6 +89,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         worker.stop()
 
     app = FastAPI(title="localspec", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(GuardMiddleware, guard=options.guard)
     app.state.worker = worker
 
     def check_key(request: Request) -> None:
@@ -123,6 +128,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             "model": options.model_id,
             "draft": options.draft_id,
             "queue_depth": worker.depth(),
+            "slots": len(worker.slots),
         }
 
     @app.get("/v1/models", dependencies=guarded)
@@ -144,7 +150,6 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     async def start(
         request: Request, body: GenerationBody, prepare: Callable[[], Prepared], label: str
     ) -> tuple[Job, Prepared]:
-        check_model(body.model, options)
         prepared = await run_in_threadpool(prepare)
         job = Job(
             label,
@@ -163,7 +168,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         job, prepared = await start(
             request, body, lambda: prepare_chat(body, session), f"chat {short_id()}"
         )
-        answer = Answer(job, prepared, options.model_id, "chat.completion")
+        answer = Answer(job, prepared, options.model_id, "chat.completion", worker.withdraw)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return sse(answer.stream_chat(usage))
@@ -175,7 +180,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         job, prepared = await start(
             request, body, lambda: prepare_completion(body, session), f"completion {short_id()}"
         )
-        answer = Answer(job, prepared, options.model_id, "text_completion")
+        answer = Answer(job, prepared, options.model_id, "text_completion", worker.withdraw)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return sse(answer.stream_completion(usage))
@@ -196,16 +201,6 @@ async def read_body(request: Request, limit: int) -> bytes:
         if len(body) > limit:
             raise ApiError(413, f"the body is over the limit of {limit} bytes", code="too_large")
     return bytes(body)
-
-
-def check_model(name: str | None, options: ServerOptions) -> None:
-    if name and name not in (options.model_id, *options.aliases):
-        raise ApiError(
-            404,
-            f"model {name!r} is not served here; this server serves {options.model_id!r}",
-            "model",
-            "model_not_found",
-        )
 
 
 def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
@@ -253,19 +248,14 @@ def generation_config(
             prompt_param,
             "context_length_exceeded",
         )
-    limit = body.token_limit()
-    param = (
-        "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
-    )
-    if limit is not None and limit > n_ctx:
-        raise ApiError(400, f"{param} must be between 1 and {n_ctx}", param)
+    # beyond what fits, the answer stops where the context is full ("length"), as
+    # llama-server's does: clients send their own model's limits (128k and more)
+    limit = min(body.token_limit() or default_tokens or room, room)
     try:
         sampling = body.sampling()
     except ValueError as e:
         raise ApiError(400, str(e)) from None
-    return GenerationConfig(
-        max_tokens=limit or default_tokens or room, sampling=sampling, stop=body.stops()
-    )
+    return GenerationConfig(max_tokens=limit, sampling=sampling, stop=body.stops())
 
 
 # --- answering -------------------------------------------------------------------------
@@ -273,8 +263,16 @@ class Answer:
     """One request's answer, built from the worker's events: OpenAI's response body, or
     its stream of chunks."""
 
-    def __init__(self, job: Job, prepared: Prepared, model: str, kind: str) -> None:
+    def __init__(
+        self,
+        job: Job,
+        prepared: Prepared,
+        model: str,
+        kind: str,
+        withdraw: Callable[[Job], None],
+    ) -> None:
         self.job = job
+        self.withdraw = withdraw  # the client left: free its place at once
         self.model = model
         self.kind = kind
         self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{short_id()}"
@@ -287,27 +285,23 @@ class Answer:
     async def collect(
         self, request: Request, build: Callable[[list[Event], Finished], dict[str, Any]]
     ) -> dict[str, Any]:
-        """Wait for the whole answer; a client that leaves meanwhile cancels it."""
+        """Wait for the whole answer; a client that leaves meanwhile cancels it at once
+        (its disconnect is the next message the request receives)."""
         events: list[Event] = []
-        finished = False
+        watcher = asyncio.create_task(self.watch(request))
         try:
-            while True:
-                try:
-                    batch = await asyncio.wait_for(self.job.inbox.get(), timeout=1.0)
-                except TimeoutError:
-                    if await request.is_disconnected():
-                        raise ApiError(400, "the client disconnected") from None
-                    continue
-                for event in batch:
-                    if isinstance(event, Failed):
-                        raise failure(event)
-                    events.append(event)
-                    if isinstance(event, Finished):
-                        finished = True
-                        return build(events, event)
+            async for event in self.events():
+                events.append(event)
+                if isinstance(event, Finished):
+                    return build(events, event)
+            raise ApiError(500, "the answer ended without finishing")
         finally:
-            if not finished:
-                self.job.cancel.set()
+            watcher.cancel()
+
+    async def watch(self, request: Request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.withdraw(self.job)
 
     def chat_body(self, events: list[Event], done: Finished) -> dict[str, Any]:
         text, calls = self.split("".join(e.text for e in events if isinstance(e, Piece)))
@@ -380,8 +374,8 @@ class Answer:
                 if isinstance(event, Failed):
                     raise failure(event)
                 yield event
-        finally:
-            self.job.cancel.set()  # over either way; the worker stops within the round
+        finally:  # over either way: a slot stops within the round, the queue drops it
+            self.withdraw(self.job)
 
     @staticmethod
     def deltas(content: str, calls: list[ToolCall], before: int) -> list[dict[str, Any]]:

@@ -25,7 +25,21 @@ class TextPart(Body):
     text: str
 
 
-Content = str | list[TextPart] | None
+class OtherPart(Body):
+    """A part that is not text (an image, audio, a file): refused with a clear 400."""
+
+    type: str
+
+
+Content = str | list[TextPart | OtherPart] | None
+
+
+def refuse_parts(content: Content, where: str) -> None:
+    """A 400 for the first part that is not text: the models served take text only."""
+    for part in content if isinstance(content, list) else ():
+        if isinstance(part, OtherPart):
+            kind = "an image" if "image" in part.type else f"a {part.type!r} part"
+            raise ApiError(400, f"{where} has {kind}: this model takes text only", where)
 
 
 def content_text(content: Content) -> str:
@@ -34,7 +48,7 @@ def content_text(content: Content) -> str:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(part.text for part in content)
+    return "".join(part.text for part in content if isinstance(part, TextPart))
 
 
 class FunctionCall(Body):
@@ -82,7 +96,7 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 class PredictionIn(Body):
     type: Literal["content"]
-    content: str | list[TextPart]
+    content: str | list[TextPart | OtherPart]
 
 
 class StreamOptions(Body):
@@ -157,6 +171,8 @@ class ChatRequest(GenerationBody):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
+        for i, message in enumerate(self.messages):
+            refuse_parts(message.content, f"messages[{i}].content")
         kind = (self.response_format or {}).get("type", "text")
         if kind != "text":
             raise ApiError(

@@ -1,11 +1,15 @@
-"""The one thread that decodes: requests wait in a queue and run one at a time, in
-arrival order, through the engine's event iterator (as the chat runs a turn).
+"""The slots that decode: each request runs in a slot of its own, through the engine's
+event iterator (as the chat runs a turn), beside the others.
 
-Events reach the request's handler on the server's event loop in batches, one per
-round (and the first piece at once: that is the TTFT). A request whose client has gone
-sets its `cancel`: the engine stops within the round, or the request is skipped while
-it waits. The engine's caches keep the longest prefix the next prompt shares with the
-last, so an editor that resends the whole chat each turn reads only the new part.
+A slot is one sequence of each model's shared context (its own KV cache), an engine
+over views of it (its own drafter statistics and suffix index) and a thread; the slots'
+model calls meet in one llama.cpp pass per step (batching.py). A new request goes to the
+idle slot whose cache shares most with it, or waits (at most `max_queue` of them) for
+one to free. Events reach the request's handler on the server's event loop in batches,
+one per round (and the first piece at once: that is the TTFT).
+
+A request whose client has gone is cancelled: waiting, it leaves the queue at once;
+decoding, its slot stops within the round (a prompt between chunks) and is free.
 """
 
 from __future__ import annotations
@@ -20,13 +24,17 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from localspec.backends.base import Cancelled
+from localspec.backends.llama import LlamaModel
 from localspec.decoding.adaptive import AdaptiveDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Event, Finished, Piece, RoundEnd, Stats
 from localspec.decoding.prediction import Prediction, PredictionDrafter, prediction_usage
 from localspec.drafting import GAMMA_MAX
+from localspec.server.batching import Batcher, SlotModel
 from localspec.server.errors import ApiError
 from localspec.server.metrics import Metrics
+from localspec.server.scheduling import SHORT_TOKENS, pick_slot
 from localspec.session import Session
 
 log = logging.getLogger("localspec.server")
@@ -34,7 +42,8 @@ log = logging.getLogger("localspec.server")
 
 @dataclass(frozen=True)
 class Failed:
-    """The request ended with an error while decoding (llama.cpp failed, mostly)."""
+    """The request ended with an error while decoding (llama.cpp failed, mostly), or
+    was cancelled."""
 
     message: str
 
@@ -42,7 +51,7 @@ class Failed:
 Delivery = list[Event | Failed]
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     """One request's generation: its prompt, how to generate, and where events go."""
 
@@ -56,8 +65,13 @@ class Job:
     predicted: Prediction | None = None  # set when it runs with a prediction
     prediction_tokens: tuple[int, int] = (0, 0)  # (accepted, rejected), once finished
 
+    @property
+    def short(self) -> bool:
+        """An editor's completion, not a chat answer: goes first in a full pass."""
+        return self.config.max_tokens <= SHORT_TOKENS
+
     def deliver(self, batch: Delivery) -> None:
-        """From the worker thread: hand a batch to the handler's event loop."""
+        """From a slot's thread: hand a batch to the handler's event loop."""
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody listens
             self.loop.call_soon_threadsafe(self.inbox.put_nowait, batch)
 
@@ -70,94 +84,175 @@ class Job:
                     return
 
 
+class Slot:
+    """One sequence of the pair: its engine over views of that sequence (none where the
+    slot runs the session's own engine), the job it runs (None: idle), its thread."""
+
+    def __init__(self, index: int, engine: Engine, views: list[SlotModel]) -> None:
+        self.index = index
+        self.engine = engine
+        self.views = views
+        self.job: Job | None = None
+        self.last_used = 0.0
+        self.inbox: queue.Queue[Job | None] = queue.Queue()
+
+    @property
+    def cached(self) -> list[int]:
+        return self.engine.target.cached
+
+    def take(self, job: Job) -> None:
+        """Run `job` next: its cancel and length reach the views' shared passes."""
+        for view in self.views:
+            view.cancel, view.short = job.cancel, job.short
+
+
 class Worker:
-    def __init__(self, session: Session, max_queue: int = 16) -> None:
+    def __init__(self, session: Session, max_queue: int = 16, parallel: int = 1) -> None:
         self.session = session
         self.max_queue = max_queue
         self.metrics = Metrics(self.depth)
-        self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._waiting = 0  # submitted, not yet started
-        self._running = False
+        self.batcher = Batcher()
+        self.slots = self._make_slots(parallel)
+        self._waiting: list[Job] = []  # submitted, no slot yet; the oldest first
         self._lock = threading.Lock()
         self._mean_s = 1.0  # moving average of a request's decoding time, for Retry-After
-        self._thread = threading.Thread(target=self._run, name="localspec-decode", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._serve, args=(slot,), name=f"localspec-slot{i}")
+            for i, slot in enumerate(self.slots)
+        ]
+
+    def _make_slots(self, parallel: int) -> list[Slot]:
+        """`parallel` slots over views of the shared contexts (which hold as many
+        sequences); one over the session's own engine otherwise (one sequence, or a
+        target that is not llama.cpp's, as the tests' toy model)."""
+        session = self.session
+        target, draft = session.target, session.draft_model
+        if parallel <= 1 or not isinstance(target, LlamaModel) or target.n_seq < parallel:
+            return [Slot(0, session.engine, [])]
+        target.reset()
+        if draft is not None:
+            draft.reset()
+        slots = []
+        for i in range(parallel):
+            views = [SlotModel(target, i, self.batcher)]
+            if draft is not None:
+                views.append(SlotModel(draft, i, self.batcher))
+            engine = session.engine_for(views[0], views[1] if draft is not None else None)
+            if isinstance(engine.drafter, AdaptiveDrafter):
+                engine.drafter.load = self.batcher.load  # γ follows the load
+            slots.append(Slot(i, engine, views))
+        return slots
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.daemon = True
+            thread.start()
 
     def stop(self) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout=30)
+        for slot in self.slots:
+            slot.inbox.put(None)
+        for thread in self._threads:
+            thread.join(timeout=30)
 
     def depth(self) -> int:
         """Requests waiting or being decoded."""
-        return self._waiting + self._running
+        with self._lock:
+            return len(self._waiting) + sum(s.job is not None for s in self.slots)
 
     def submit(self, job: Job) -> None:
-        """Queue `job`, or a 429 where `max_queue` requests already wait."""
+        """Start `job` in an idle slot, or queue it; a 429 where `max_queue` requests
+        already wait (0: no waiting at all)."""
         with self._lock:
-            if self._waiting >= self.max_queue:
-                retry = max(1, math.ceil(self._mean_s * (self._waiting + 1)))
+            idle = any(s.job is None for s in self.slots)
+            if not idle and len(self._waiting) >= self.max_queue:
+                waiting = len(self._waiting)
+                retry = max(1, math.ceil(self._mean_s * (waiting + 1) / len(self.slots)))
                 raise ApiError(
                     429,
-                    f"{self._waiting} requests are waiting; try again in {retry} s",
+                    f"all {len(self.slots)} slots are busy and {waiting} requests wait; "
+                    f"try again in {retry} s",
                     code="queue_full",
                     headers={"Retry-After": str(retry)},
                 )
-            self._waiting += 1
-        self._jobs.put(job)
+            self._waiting.append(job)
+            self._dispatch()
 
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            with self._lock:
-                self._waiting -= 1
-                self._running = True
+    def withdraw(self, job: Job) -> None:
+        """The client left: a waiting job leaves the queue now; a running one stops
+        within the round (its slot sees `cancel`)."""
+        job.cancel.set()
+        with self._lock:
+            if job not in self._waiting:
+                return
+            self._waiting.remove(job)
+        job.deliver([Failed("cancelled")])
+        log.info("%s cancelled while waiting: the client left", job.label)
+
+    def _dispatch(self) -> None:
+        """Waiting jobs to idle slots, the oldest first, each to the slot whose cache
+        shares most with its prompt (the lock is held)."""
+        while self._waiting:
+            idle = {s.index: (s.cached, s.last_used) for s in self.slots if s.job is None}
+            if not idle:
+                return
+            job = self._waiting.pop(0)
+            slot = self.slots[pick_slot(job.prompt, idle)]
+            slot.job = job
+            slot.inbox.put(job)
+
+    def _serve(self, slot: Slot) -> None:
+        while (job := slot.inbox.get()) is not None:
+            started = time.perf_counter()
             try:
-                if job.cancel.is_set():  # its client left while it waited
+                if job.cancel.is_set():  # its client left as it got the slot
                     job.deliver([Failed("cancelled")])
+                    log.info("%s cancelled: the client left", job.label)
                     continue
-                started = time.perf_counter()
-                self._decode(job)
-                self._mean_s += 0.2 * (time.perf_counter() - started - self._mean_s)
+                slot.take(job)
+                with self.batcher.active():
+                    self._decode(slot, job)
             finally:
-                self._running = False
+                with self._lock:
+                    self._mean_s += 0.2 * (time.perf_counter() - started - self._mean_s)
+                    slot.job, slot.last_used = None, time.monotonic()
+                    self._dispatch()
 
-    def _decode(self, job: Job) -> None:
-        engine = self._engine_for(job)
+    def _decode(self, slot: Slot, job: Job) -> None:
+        engine = self._engine_for(slot.engine, job)
         batch: Delivery = []
         sent_first = finished = False
-        with self.session.lock:
-            events = engine.generate(job.prompt, job.config, job.cancel)
-            try:
-                for event in events:
-                    batch.append(event)
-                    if isinstance(event, Finished):
-                        finished = True
-                        self._observe(job, event)
-                    if isinstance(event, RoundEnd | Finished) or not sent_first:
-                        sent_first = sent_first or isinstance(event, Piece)
-                        job.deliver(batch)
-                        batch = []
-                    if job.cancel.is_set() and not isinstance(event, Finished):
-                        break  # the client left: nothing after this round
-            except Exception as e:  # a failed decode: the caches were reset, go on serving
-                log.warning("request failed: %s", e)
-                job.deliver([*batch, Failed(str(e) or type(e).__name__)])
-                return
-            finally:
-                close = getattr(events, "close", None)  # a generator: closing stops the engine
-                if close is not None:
-                    close()
-                if isinstance(self.session.drafter, AdaptiveDrafter):
-                    self.session.drafter.predict(None)
+        events = engine.generate(job.prompt, job.config, job.cancel)
+        try:
+            for event in events:
+                batch.append(event)
+                if isinstance(event, Finished):
+                    finished = True
+                    self._observe(job, event)
+                if isinstance(event, RoundEnd | Finished) or not sent_first:
+                    sent_first = sent_first or isinstance(event, Piece)
+                    job.deliver(batch)
+                    batch = []
+                if job.cancel.is_set() and not isinstance(event, Finished):
+                    break  # the client left: nothing after this round
+        except Cancelled:  # its prompt was being read
+            pass
+        except Exception as e:  # a failed decode: the caches were reset, go on serving
+            log.warning("request failed: %s", e)
+            job.deliver([*batch, Failed(str(e) or type(e).__name__)])
+            return
+        finally:
+            close = getattr(events, "close", None)  # a generator: closing stops the engine
+            if close is not None:
+                close()
+            if isinstance(slot.engine.drafter, AdaptiveDrafter):
+                slot.engine.drafter.predict(None)
         if not finished:
             job.deliver([*batch, Failed("cancelled")])
             log.info("%s cancelled: the client left", job.label)
 
-    def _engine_for(self, job: Job) -> Engine:
-        """The session's engine; with a prediction, told of it (or, for a fixed γ, one
+    def _engine_for(self, engine: Engine, job: Job) -> Engine:
+        """The slot's engine; with a prediction, told of it (or, for a fixed γ, one
         whose drafter tries the prediction first)."""
-        engine = self.session.engine
         if not job.prediction:
             return engine
         job.predicted = Prediction(job.prediction, len(job.prompt))
@@ -187,5 +282,5 @@ class Worker:
 
     def plain_round_s(self) -> float:
         """The target's time for one plain round, as `auto` measured it (0: unknown)."""
-        drafter = self.session.drafter
+        drafter = self.slots[0].engine.drafter
         return drafter.verify.a if isinstance(drafter, AdaptiveDrafter) else 0.0

@@ -1,0 +1,206 @@
+"""Several slots' model calls in one llama.cpp pass per step.
+
+Each slot runs the engine's rounds in a thread of its own, exactly as one request runs
+alone; its models are `SlotModel`s, views of one sequence of a shared context. A view's
+call does not decode: it waits in the `Batcher` until every active slot waits too (each
+has finished its round's Python and needs the model again), then one of them runs the
+step: per model, `plan_step` decides what each call reads, one `decode_parts` pass reads
+it, and each call whose tokens are all read gets its logits. A prompt longer than its
+share goes on in the next step, so the others' rounds come in between; a call whose
+client left is dropped between steps. With one active slot a call runs at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from localspec.backends.base import Cancelled, Model
+from localspec.backends.llama import LlamaModel, Part
+from localspec.server.scheduling import Want, plan_step
+
+
+@dataclass(eq=False)
+class Call:
+    """One model call of one slot, waiting for (or going through) the shared passes."""
+
+    model: LlamaModel
+    seq: int
+    tokens: list[int]
+    pos: int
+    n_logits: int
+    short: bool
+    cancel: threading.Event | None
+    arrived: int
+    done: int = 0  # tokens read so far
+    result: np.ndarray | None = None
+    error: BaseException | None = None
+    finished: bool = False
+
+    def want(self, index: int) -> Want:
+        need = len(self.tokens) - self.done
+        return Want(index, need, self.n_logits, self.short, self.arrived)
+
+    def part(self, n: int) -> Part:
+        start = self.done
+        rest = len(self.tokens) - start - n  # tokens after this chunk
+        scored = max(0, self.n_logits - rest)
+        return Part(self.seq, self.tokens[start : start + n], self.pos + start, scored)
+
+
+@dataclass
+class StepLog:
+    """What the passes did, for tests and the bench: steps run, and how many of them
+    carried more than one slot's tokens."""
+
+    steps: int = 0
+    shared: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+class Batcher:
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._active = 0
+        self._calls: list[Call] = []
+        self._arrivals = itertools.count()
+        self.log = StepLog()
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """A slot decoding a request: the steps wait for its calls."""
+        with self._cv:
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._active -= 1
+                self._cv.notify_all()  # the others may all be waiting now
+
+    def load(self) -> int:
+        """Slots decoding now (at least 1: the one asking)."""
+        return max(1, self._active)
+
+    def call(
+        self,
+        model: LlamaModel,
+        seq: int,
+        tokens: list[int],
+        pos: int,
+        n_logits: int,
+        short: bool = False,
+        cancel: threading.Event | None = None,
+    ) -> np.ndarray:
+        """The logits of the last n_logits of `tokens`, read into sequence `seq` at
+        pos..; Cancelled where `cancel` was set before all were read."""
+        with self._cv:
+            call = Call(model, seq, tokens, pos, n_logits, short, cancel, next(self._arrivals))
+            self._calls.append(call)
+            while not call.finished:
+                if len(self._calls) >= self._active:
+                    self._step()
+                else:
+                    self._cv.wait()
+        if call.error is not None:
+            raise call.error
+        assert call.result is not None
+        return call.result
+
+    def _step(self) -> None:
+        """One pass per model over the waiting calls (the lock is held: every active slot
+        waits anyway)."""
+        for call in self._calls:
+            if call.cancel is not None and call.cancel.is_set():
+                call.error, call.finished = Cancelled(call.done), True
+        live = [c for c in self._calls if not c.finished]
+        for model in dict.fromkeys(c.model for c in live):
+            self._pass(model, [c for c in live if c.model is model])
+        self._calls = [c for c in self._calls if not c.finished]
+        self._cv.notify_all()
+
+    def _pass(self, model: LlamaModel, calls: list[Call]) -> None:
+        shares = plan_step([c.want(i) for i, c in enumerate(calls)], model.n_batch)
+        chosen = [(calls[i], n) for i, n in shares.items()]
+        started = time.perf_counter()
+        try:
+            rows = model.decode_parts([call.part(n) for call, n in chosen])
+        except Exception as e:  # every call in the pass failed with it
+            for call, _n in chosen:
+                call.error, call.finished = e, True
+            return
+        self.log.steps += 1
+        self.log.shared += len(chosen) > 1
+        self.log.tokens += sum(n for _c, n in chosen)
+        self.log.seconds += time.perf_counter() - started
+        for (call, n), logits in zip(chosen, rows, strict=True):
+            call.done += n
+            if call.done == len(call.tokens):
+                call.result, call.finished = logits, True
+
+
+class SlotModel(Model):
+    """Sequence `seq` of a shared model, as a Model of its own: its own cached tokens,
+    its calls batched with the other slots'. Set `cancel` and `short` per request."""
+
+    def __init__(self, shared: LlamaModel, seq: int, batcher: Batcher) -> None:
+        super().__init__()
+        self.shared = shared
+        self.seq = seq
+        self.batcher = batcher
+        self.name = shared.name
+        self.n_vocab = shared.n_vocab
+        self.n_ctx = shared.n_ctx
+        self.path = shared.path
+        self.cancel: threading.Event | None = None
+        self.short = False
+
+    def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
+        return self.batcher.call(
+            self.shared, self.seq, tokens, pos, n_logits, self.short, self.cancel
+        )
+
+    def _remove_from(self, pos: int) -> bool:
+        return self.shared.remove_from(self.seq, pos)
+
+    @property
+    def can_cut(self) -> bool:
+        return self.shared.can_cut
+
+    def kv_len(self) -> int:
+        return self.shared.seq_len(self.seq)
+
+    # --- the shared model's vocabulary -------------------------------------------------
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        return self.shared.tokenize(text, special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.shared.token_bytes(token)
+
+    def is_eog(self, token: int) -> bool:
+        return self.shared.is_eog(token)
+
+    def token_text(self, token: int) -> str:
+        return self.shared.token_text(token)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.shared.size_bytes
+
+    @property
+    def vocab_kind(self) -> str:
+        return self.shared.vocab_kind
+
+    @property
+    def special_ids(self) -> tuple[int, int]:
+        return self.shared.special_ids
+
+    def chat_template(self) -> str | None:
+        return self.shared.chat_template()

@@ -1,0 +1,66 @@
+"""What each step of the shared passes reads, decided over plain data (as vLLM's
+scheduler returns its decision), so the rules are tested without a model.
+
+A slot's pending model call is a `Want`: a round (its last token and its draft, a few
+tokens) or a prompt still to read. Each step fills one pass per model: whole rounds
+first, short requests (an editor's completion) before long ones, then prompt chunks in
+arrival order with what is left, so a long paste slows the others' rounds but never
+holds them back. A new request goes to the idle slot whose cache shares the longest
+prefix with its prompt (llama-server's rule), so a chat and an editor each keep theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from localspec.backends.base import common_prefix
+
+ROUND_TOKENS = 17  # the largest round: a prediction drafted 16 deep, and the last token
+SHORT_TOKENS = 64  # a request asking for at most this many tokens goes first
+BUSY_CHUNK = 128  # a prompt's chunk in a step that also carries other slots' rounds
+
+
+@dataclass(frozen=True)
+class Want:
+    """One slot's pending call, as the scheduler sees it."""
+
+    slot: int
+    need: int  # tokens still to read
+    n_logits: int  # rows of logits the call returns: its last tokens must come together
+    short: bool = False  # a short request: served before the others when the pass is full
+    arrived: int = 0  # order of arrival
+
+    @property
+    def is_round(self) -> bool:
+        return self.need <= ROUND_TOKENS
+
+
+def plan_step(wants: Sequence[Want], budget: int) -> dict[int, int]:
+    """Tokens each slot reads in this step's pass, at most `budget` in all. A round goes
+    whole or waits; a prompt is cut into chunks (smaller while others have rounds in the
+    pass), never leaving fewer tokens than its logits rows for the next chunk."""
+    order = sorted(wants, key=lambda w: (not w.is_round, not w.short, w.arrived))
+    rounds = any(w.is_round for w in wants)
+    shares: dict[int, int] = {}
+    left = budget
+    for w in order:
+        if w.is_round:
+            n = w.need if w.need <= left else 0
+        else:
+            n = min(w.need, left, BUSY_CHUNK if rounds else budget)
+            if n < w.need and w.need - n < w.n_logits:
+                n = max(0, w.need - w.n_logits)
+        if n:
+            shares[w.slot] = n
+            left -= n
+    if not shares and order:  # a pass always reads something (a round over the budget)
+        shares[order[0].slot] = min(order[0].need, budget)
+    return shares
+
+
+def pick_slot(prompt: Sequence[int], idle: Mapping[int, tuple[Sequence[int], float]]) -> int:
+    """The idle slot for `prompt`: the one whose cache shares the longest prefix with it;
+    among equals, the one used least recently (its cache is the least likely wanted).
+    `idle` maps a slot to (its cached tokens, when it was last used)."""
+    return max(idle, key=lambda s: (common_prefix(idle[s][0], prompt), -idle[s][1]))
