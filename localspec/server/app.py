@@ -418,6 +418,7 @@ class Answer:
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": self.job.cached_tokens},
             "completion_tokens_details": {
                 "accepted_prediction_tokens": accepted,
                 "rejected_prediction_tokens": rejected,

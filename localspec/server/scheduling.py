@@ -6,7 +6,8 @@ tokens) or a prompt still to read. Each step fills one pass per model: whole rou
 first, short requests (an editor's completion) before long ones, then prompt chunks in
 arrival order with what is left, so a long paste slows the others' rounds but never
 holds them back. A new request goes to the idle slot whose cache shares the longest
-prefix with its prompt (llama-server's rule), so a chat and an editor each keep theirs.
+prefix with its prompt, where that is most of it (llama-server's rule), so a chat and an
+editor each keep theirs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from localspec.backends.base import common_prefix
 
 ROUND_TOKENS = 17  # the largest round: a prediction drafted 16 deep, and the last token
 SHORT_TOKENS = 64  # a request asking for at most this many tokens goes first
+SIMILAR = 0.5  # llama-server's --slot-prompt-similarity: a match worth keeping a slot for
 BUSY_CHUNK = 128  # a prompt's chunk in a step that also carries other slots' rounds
 
 
@@ -60,7 +62,12 @@ def plan_step(wants: Sequence[Want], budget: int) -> dict[int, int]:
 
 
 def pick_slot(prompt: Sequence[int], idle: Mapping[int, tuple[Sequence[int], float]]) -> int:
-    """The idle slot for `prompt`: the one whose cache shares the longest prefix with it;
-    among equals, the one used least recently (its cache is the least likely wanted).
+    """The idle slot for `prompt`: the one whose cache shares the longest prefix with it,
+    where that is at least SIMILAR of the prompt; else the one used least recently (a
+    few shared tokens, a chat template's opening, are not worth another's cache).
     `idle` maps a slot to (its cached tokens, when it was last used)."""
-    return max(idle, key=lambda s: (common_prefix(idle[s][0], prompt), -idle[s][1]))
+    shared = {s: common_prefix(cache, prompt) for s, (cache, _used) in idle.items()}
+    best = max(idle, key=lambda s: (shared[s], -idle[s][1]))
+    if shared[best] >= SIMILAR * len(prompt):
+        return best
+    return min(idle, key=lambda s: idle[s][1])

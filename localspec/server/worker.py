@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from localspec.backends.base import Cancelled
+from localspec.backends.base import Cancelled, common_prefix
 from localspec.backends.llama import LlamaModel
 from localspec.decoding.adaptive import AdaptiveDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
@@ -64,6 +64,7 @@ class Job:
     inbox: asyncio.Queue[Delivery] = field(default_factory=asyncio.Queue)
     predicted: Prediction | None = None  # set when it runs with a prediction
     prediction_tokens: tuple[int, int] = (0, 0)  # (accepted, rejected), once finished
+    cached_tokens: int = 0  # of the prompt, found in its slot's cache (not read again)
 
     @property
     def short(self) -> bool:
@@ -219,6 +220,8 @@ class Worker:
 
     def _decode(self, slot: Slot, job: Job) -> None:
         engine = self._engine_for(slot.engine, job)
+        # the engine reads at least the prompt's last token, for its logits
+        job.cached_tokens = min(common_prefix(slot.cached, job.prompt), len(job.prompt) - 1)
         batch: Delivery = []
         sent_first = finished = False
         events = engine.generate(job.prompt, job.config, job.cancel)

@@ -337,3 +337,26 @@ def test_a_draft_model_left_off_through_a_long_chat_is_still_probed_again():
     near, far = (rounds_until_the_draft_model_is_probed(n) for n in (2_000, 50_000))
     assert far == near < 20_000
     assert near == pytest.approx(WINDOW * 0.003 / 0.034 / 0.02, rel=0.1)  # PROBE_SHARE
+
+
+def test_under_load_gamma_falls_as_slots_fill_and_comes_back_as_they_empty():
+    """GPU-like costs (a pass of a few tokens costs about one of one token): alone, a
+    deep draft pays; each extra token delays every slot's step, so with 8 slots sharing
+    the pass the same drafter drafts less, and alone again, as before."""
+    d = drafter_with(a=0.010, b=0.0006, c=0.001, alpha=0.8)
+    alone = d.choose(matched=0, gamma=8)
+    slots = [1]
+    d.load = lambda: slots[0]
+    assert d.choose(matched=0, gamma=8) == alone  # one slot: exactly as before
+    depths = []
+    for n in (2, 4, 8):
+        slots[0] = n
+        depths.append(d.choose(matched=0, gamma=8).k)
+    assert alone.k >= depths[0] >= depths[1] >= depths[2] and depths[2] < alone.k
+    # and a drafted token must be surer to pay its slot in a fuller pass
+    slots[0] = 1
+    p_alone = d.p_min(alone)
+    slots[0] = 4
+    assert all(loaded > p for loaded, p in zip(d.p_min(alone), p_alone, strict=True))
+    slots[0] = 1
+    assert d.choose(matched=0, gamma=8) == alone

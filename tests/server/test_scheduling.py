@@ -1,0 +1,45 @@
+"""The scheduler's decisions over plain data (fast): what each shared pass reads, and
+which slot a request goes to. The real slots: test_slots_real.py."""
+
+from __future__ import annotations
+
+from localspec.server.scheduling import BUSY_CHUNK, Want, pick_slot, plan_step
+
+
+def test_rounds_go_whole_and_a_long_prompt_is_cut_into_chunks_beside_them():
+    wants = [Want(0, 5000, 1, arrived=0), Want(1, 5, 5, arrived=1), Want(2, 1, 1, arrived=2)]
+    shares = plan_step(wants, budget=512)
+    assert shares == {1: 5, 2: 1, 0: BUSY_CHUNK}
+
+
+def test_a_prompt_alone_reads_the_whole_budget():
+    assert plan_step([Want(0, 5000, 1)], budget=512) == {0: 512}
+    assert plan_step([Want(0, 300, 1)], budget=512) == {0: 300}
+
+
+def test_when_the_pass_is_full_short_requests_go_first():
+    wants = [Want(i, 17, 17, short=i == 3, arrived=i) for i in range(4)]
+    shares = plan_step(wants, budget=40)
+    assert shares == {3: 17, 0: 17}  # the short one, then the oldest; the rest wait
+
+
+def test_a_chunk_never_leaves_fewer_tokens_than_its_logits_rows():
+    # 130 to read, the last 20 scored: a 128-token chunk would leave 2 rows for later
+    shares = plan_step([Want(0, 130, 20), Want(1, 1, 1)], budget=512)
+    assert shares == {1: 1, 0: 110}
+
+
+def test_a_pass_always_reads_something():
+    assert plan_step([Want(0, 17, 17)], budget=8) == {0: 8}  # a round over the budget
+    assert plan_step([], budget=512) == {}
+
+
+def test_a_request_goes_to_the_slot_that_shares_the_longest_prefix():
+    chat, editor = [1, 2, 3, 4, 5, 6], [9, 8, 7]
+    idle = {0: (chat, 10.0), 1: (editor, 20.0), 2: ([], 5.0)}
+    assert pick_slot([1, 2, 3, 4, 5, 6, 7, 8], idle) == 0
+    assert pick_slot([9, 8, 7, 6], idle) == 1
+    # nothing shared: the least recently used slot, whose cache is least likely wanted
+    assert pick_slot([42], idle) == 2
+    # a chat template's opening shared, no more: not worth the chat's cache either
+    assert pick_slot([1, 2, 40, 41, 42, 43, 44, 45], idle) == 2
