@@ -15,6 +15,14 @@ machine without the peer build, such as a GPU one).
 The editing suite (`--suite edit`) asks for small changes to a ~150-line file, with and
 without `prediction` (= the original file), against `localspec serve` only.
 
+Many clients (`--suite clients --clients N`): N streaming chat clients at once, each
+round N of the bench's prompts, against `localspec serve --parallel N` and
+`llama-server -np N` with and without `-md` (the same context per slot); the servers take
+turns, a different one first each round. Per round: the aggregate tok/s (all tokens over
+the round's wall time) and each client's TTFT and tok/s. "An editor beside a chat"
+(`--suite editor`): a 32-token code completion's latency while a chat answer streams,
+over its latency alone, on the same servers.
+
     scripts/serve_bench.py --target T.gguf --draft D.gguf --threads 4 --prompts 10 \
         --out docs/bench/serve/results.json
 """
@@ -28,8 +36,10 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -186,9 +196,11 @@ def model_args(args: argparse.Namespace, draft: bool = True) -> list[str]:
     ]
 
 
-def localspec_server(args: argparse.Namespace, port: int, draft: bool = True) -> list[str]:
+def localspec_server(
+    args: argparse.Namespace, port: int, draft: bool = True, parallel: int = 1
+) -> list[str]:
     serve = [sys.executable, "-m", "localspec", "serve", *model_args(args, draft)]
-    return [*serve, "--port", str(port)]
+    return [*serve, "--port", str(port), "--parallel", str(parallel)]
 
 
 def peer_draft(args: argparse.Namespace) -> Path:
@@ -201,10 +213,11 @@ def peer_draft(args: argparse.Namespace) -> Path:
     return draft_to_load(Path(args.draft), on_gpu=False, target=Path(args.target))
 
 
-def llama_server(args: argparse.Namespace, port: int, draft: bool) -> list[str]:
+def llama_server(args: argparse.Namespace, port: int, draft: bool, parallel: int = 1) -> list[str]:
+    """llama-server with `parallel` slots of --ctx tokens each (its -c is their sum)."""
     threads = str(args.threads)
     cmd = [str(args.llama_server), "-m", args.target, "-t", threads, "-tb", threads]
-    cmd += ["-c", str(args.ctx), "-np", "1", "--port", str(port)]
+    cmd += ["-c", str(args.ctx * parallel), "-np", str(parallel), "--port", str(port)]
     if not draft:
         return cmd
     cmd += ["-md", str(peer_draft(args)), "-td", threads, "--spec-type", "draft-simple"]
@@ -217,7 +230,7 @@ def chat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     names = ("localspec", "localspec-plain", "llama-spec", "llama-plain")
     ports = {name: free_port() for name in names}
     commands = {
-        "localspec": localspec_server(args, ports["localspec"]),
+        "localspec": localspec_server(args, ports["localspec"], parallel=args.parallel),
         # the same server decoding plainly: what `auto` gains over it, and how its plain
         # path compares with llama-server's
         "localspec-plain": localspec_server(args, ports["localspec-plain"], draft=False),
@@ -300,6 +313,216 @@ def edit_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     return rows
 
 
+@contextmanager
+def servers(commands: dict[str, list[str]], ports: dict[str, int], logs: Path, tag: str):
+    """Start every server (one at a time), warm each up, yield their base URLs."""
+    bases: dict[str, str] = {}
+    stack = [server(commands[n], ports[n], logs / f"{n}-{tag}.log") for n in commands]
+    try:
+        for name, ctx in zip(commands, stack, strict=True):
+            bases[name] = ctx.__enter__()
+            warm_up(bases[name])
+        yield bases
+    finally:
+        for ctx in reversed(stack[: len(bases)]):
+            ctx.__exit__(None, None, None)
+
+
+def many_servers(args: argparse.Namespace, parallel: int) -> tuple[dict, dict]:
+    """(commands, ports): localspec and llama-server (-md and plain), `parallel` slots."""
+    ports = {name: free_port() for name in ("localspec", "llama-spec", "llama-plain")}
+    commands = {"localspec": localspec_server(args, ports["localspec"], parallel=parallel)}
+    if args.peer:
+        commands["llama-spec"] = llama_server(args, ports["llama-spec"], True, parallel)
+        commands["llama-plain"] = llama_server(args, ports["llama-plain"], False, parallel)
+    return commands, ports
+
+
+def turns(names: list[str], r: int) -> list[str]:
+    """The servers in round r's order: each goes first in turn (the machine warms)."""
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
+def clients_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
+    prompts = list(json.loads((ROOT / "localspec/data/bench_prompts.json").read_text()).items())
+    n = args.clients
+    commands, ports = many_servers(args, n)
+    rows: list[dict] = []
+    with servers(commands, ports, logs, f"clients{n}") as bases:
+        for r in range(args.rounds):
+            chosen = [prompts[(r * n + i) % len(prompts)] for i in range(n)]
+            for name in turns(list(bases), r):
+                messages = [[{"role": "user", "content": spec["prompt"]}] for _, spec in chosen]
+                started = time.perf_counter()
+                with ThreadPoolExecutor(n) as pool:
+                    answers = list(
+                        pool.map(
+                            lambda m, b=bases[name]: stream_one(b, m, args.max_tokens), messages
+                        )
+                    )
+                wall = time.perf_counter() - started
+                for (pid, _), answer in zip(chosen, answers, strict=True):
+                    rows.append(
+                        {"suite": f"clients{n}", "prompt": f"r{r}-{pid}", "server": name, **answer}
+                    )
+                total = sum(a["tokens"] for a in answers)
+                rows.append(
+                    {
+                        "suite": f"clients{n}-round",
+                        "prompt": f"r{r}",
+                        "server": name,
+                        "tokens": total,
+                        "tokens_per_s": total / wall,
+                        "ttft_s": max(a["ttft_s"] for a in answers),
+                        "wall_s": wall,
+                    }
+                )
+                print(summary(rows[-1]), flush=True)
+    return rows
+
+
+CHAT_BESIDE = "Write a very long story about a lighthouse keeper and a storm."
+COMPLETIONS = (
+    'def fibonacci(n):\n    """The n-th Fibonacci number."""\n',
+    "import json\n\n\ndef load_config(path):\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n",
+    "def is_prime(n: int) -> bool:\n",
+    "def read_lines(path):\n    with open(path) as f:\n",
+    "def merge_sorted(a, b):\n    out = []\n",
+)
+
+
+def complete_one(base: str, prompt: str, max_tokens: int) -> float:
+    """Seconds for one whole (not streamed) greedy completion, as an editor waits for it."""
+    client = openai.OpenAI(base_url=base, api_key="bench", max_retries=0, timeout=600)
+    started = time.perf_counter()
+    client.completions.create(model="x", prompt=prompt, max_tokens=max_tokens, temperature=0)
+    return time.perf_counter() - started
+
+
+def beside_a_chat(base: str, prompt: str, max_tokens: int) -> float:
+    """complete_one's time while a chat answer streams (from its first token on)."""
+    streaming, stop = threading.Event(), threading.Event()
+
+    def chat() -> None:
+        client = openai.OpenAI(base_url=base, api_key="bench", max_retries=0, timeout=600)
+        stream = client.chat.completions.create(
+            model="x",
+            messages=[{"role": "user", "content": CHAT_BESIDE}],
+            max_tokens=1024,
+            temperature=0,
+            stream=True,
+        )
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                streaming.set()
+            if stop.is_set():
+                break
+        stream.close()
+        streaming.set()
+
+    thread = threading.Thread(target=chat)
+    thread.start()
+    streaming.wait(timeout=600)
+    try:
+        return complete_one(base, prompt, max_tokens)
+    finally:
+        stop.set()
+        thread.join(timeout=600)
+        time.sleep(1)  # the cancelled chat leaves its slot
+
+
+def editor_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
+    commands, ports = many_servers(args, max(2, args.clients))
+    rows: list[dict] = []
+    with servers(commands, ports, logs, "editor") as bases:
+        for i, prompt in enumerate(COMPLETIONS[: args.prompts]):
+            for name in turns(list(bases), i):
+                alone = complete_one(bases[name], prompt, args.completion_tokens)
+                during = beside_a_chat(bases[name], prompt, args.completion_tokens)
+                rows.append(
+                    {
+                        "suite": "editor",
+                        "prompt": f"completion-{i}",
+                        "server": name,
+                        "alone_s": alone,
+                        "during_s": during,
+                        "slowdown": during / alone,
+                        "tokens": args.completion_tokens,
+                        "tokens_per_s": 0.0,
+                        "ttft_s": during,
+                    }
+                )
+                print(
+                    f"editor completion-{i} {name:12} alone {alone:.2f}s beside a chat "
+                    f"{during:.2f}s ({during / alone:.2f}x)",
+                    flush=True,
+                )
+    return rows
+
+
+def many_report(rows: list[dict]) -> str:
+    """The clients' and the editor's figures: medians, p95, and side-by-side ratios."""
+    lines = []
+    for suite in sorted({r["suite"] for r in rows if r["suite"].endswith("-round")}):
+        per = suite.removesuffix("-round")
+        lines += [
+            f"### {per}: aggregate and per client",
+            "",
+            "| server | aggregate tok/s (median of rounds) | client tok/s p50 | "
+            "TTFT p50 s | TTFT p95 s |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        names = list(dict.fromkeys(r["server"] for r in rows if r["suite"] == suite))
+        agg = {
+            name: {
+                r["prompt"]: r["tokens_per_s"]
+                for r in rows
+                if (r["suite"], r["server"]) == (suite, name)
+            }
+            for name in names
+        }
+        for name in names:
+            clients = [r for r in rows if (r["suite"], r["server"]) == (per, name)]
+            ttfts = sorted(r["ttft_s"] for r in clients)
+            p95 = ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))]
+            lines.append(
+                f"| {name} | {statistics.median(agg[name].values()):.2f} | "
+                f"{statistics.median(r['tokens_per_s'] for r in clients):.2f} | "
+                f"{statistics.median(ttfts):.2f} | {p95:.2f} |"
+            )
+        lines.append("")
+        for other in names[1:]:
+            ratios_ = [
+                agg["localspec"][k] / agg[other][k] for k in agg["localspec"] if k in agg[other]
+            ]
+            if ratios_:
+                lines.append(
+                    f"- localspec over {other}, aggregate tok/s round for round: median "
+                    f"{statistics.median(ratios_):.2f}x, min {min(ratios_):.2f}x "
+                    f"({len(ratios_)} rounds)"
+                )
+        lines.append("")
+    editor = [r for r in rows if r["suite"] == "editor"]
+    if editor:
+        lines += [
+            "### an editor beside a chat: a 32-token completion",
+            "",
+            "| server | alone s (median) | beside a streaming chat s | slowdown (median) | worst |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for name in dict.fromkeys(r["server"] for r in editor):
+            mine = [r for r in editor if r["server"] == name]
+            lines.append(
+                f"| {name} | {statistics.median(r['alone_s'] for r in mine):.2f} | "
+                f"{statistics.median(r['during_s'] for r in mine):.2f} | "
+                f"{statistics.median(r['slowdown'] for r in mine):.2f}x | "
+                f"{max(r['slowdown'] for r in mine):.2f}x |"
+            )
+    return "\n".join(lines)
+
+
 def summary(row: dict) -> str:
     extra = ""
     if "accepted_prediction" in row:
@@ -365,7 +588,13 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--edit-max-tokens", type=int, default=2048)
     p.add_argument("--prompts", type=int, default=10, help="prompts (or edits) per suite")
-    p.add_argument("--suite", choices=("chat", "edit", "all"), default="all")
+    p.add_argument("--suite", choices=("chat", "edit", "all", "clients", "editor"), default="all")
+    p.add_argument("--clients", type=int, default=4, help="concurrent clients (clients suite)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of N clients (clients suite)")
+    p.add_argument("--completion-tokens", type=int, default=32, help="editor suite")
+    p.add_argument(
+        "--parallel", type=int, default=1, help="localspec's slots in the chat suite (default 1)"
+    )
     p.add_argument("--run", action="store_true", help="also `localspec run` on each prompt")
     p.add_argument(
         "--peer-n-max", type=int, default=3, help="llama-server's draft length (its default: 3)"
@@ -386,6 +615,10 @@ def main() -> None:
         rows += chat_suite(args, logs)
     if args.suite in ("edit", "all"):
         rows += edit_suite(args, logs)
+    if args.suite == "clients":
+        rows += clients_suite(args, logs)
+    if args.suite == "editor":
+        rows += editor_suite(args, logs)
     args.out.write_text(
         json.dumps(
             {
@@ -395,7 +628,8 @@ def main() -> None:
             indent=1,
         )
     )
-    text = f"{table(rows)}\n\n{ratios(rows)}\n"
+    many = args.suite in ("clients", "editor")
+    text = f"{many_report(rows)}\n" if many else f"{table(rows)}\n\n{ratios(rows)}\n"
     args.out.with_suffix(".md").write_text(text)
     print(text)
 

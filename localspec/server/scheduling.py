@@ -41,7 +41,8 @@ class Want:
 def plan_step(wants: Sequence[Want], budget: int) -> dict[int, int]:
     """Tokens each slot reads in this step's pass, at most `budget` in all. A round goes
     whole or waits; a prompt is cut into chunks (smaller while others have rounds in the
-    pass), never leaving fewer tokens than its logits rows for the next chunk."""
+    pass, unless it is a short request's), never leaving fewer tokens than its logits
+    rows for the next chunk."""
     order = sorted(wants, key=lambda w: (not w.is_round, not w.short, w.arrived))
     rounds = any(w.is_round for w in wants)
     shares: dict[int, int] = {}
@@ -50,7 +51,8 @@ def plan_step(wants: Sequence[Want], budget: int) -> dict[int, int]:
         if w.is_round:
             n = w.need if w.need <= left else 0
         else:
-            n = min(w.need, left, BUSY_CHUNK if rounds else budget)
+            # a short request's prompt (an editor waits on it) takes what is left whole
+            n = min(w.need, left, budget if w.short or not rounds else BUSY_CHUNK)
             if n < w.need and w.need - n < w.n_logits:
                 n = max(0, w.need - w.n_logits)
         if n:

@@ -12,6 +12,11 @@ def test_rounds_go_whole_and_a_long_prompt_is_cut_into_chunks_beside_them():
     assert shares == {1: 5, 2: 1, 0: BUSY_CHUNK}
 
 
+def test_a_short_requests_prompt_is_not_held_to_small_chunks():
+    wants = [Want(0, 5000, 1, arrived=0), Want(1, 1, 1, arrived=1), Want(2, 900, 1, True, 2)]
+    assert plan_step(wants, budget=512) == {1: 1, 2: 511}
+
+
 def test_a_prompt_alone_reads_the_whole_budget():
     assert plan_step([Want(0, 5000, 1)], budget=512) == {0: 512}
     assert plan_step([Want(0, 300, 1)], budget=512) == {0: 300}
