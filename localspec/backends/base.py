@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -82,6 +83,24 @@ def shared_prefix(stored: list[int], tokens: Sequence[int]) -> int:
 
 def _as_list(tokens: Sequence[int]) -> list[int]:
     return tokens if isinstance(tokens, list) else list(tokens)
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    """A vocabulary's fill-in-the-middle tokens (llama.cpp's llama_vocab_fim_*), -1 where
+    it has none: prefix, suffix, middle; the repository name and file separator of the
+    repository layout (Qwen2.5-Coder's <|repo_name|>, <|file_sep|>)."""
+
+    pre: int = -1
+    suf: int = -1
+    mid: int = -1
+    rep: int = -1
+    sep: int = -1
+
+    @property
+    def complete(self) -> bool:
+        """Whether the model can fill in a middle at all."""
+        return min(self.pre, self.suf, self.mid) >= 0
 
 
 class Model(ABC):
@@ -198,6 +217,10 @@ class Model(ABC):
 
     def chat_template(self) -> str | None:
         return None
+
+    def fim_tokens(self) -> FimTokens:
+        """The fill-in-the-middle tokens the vocabulary declares (none by default)."""
+        return FimTokens()
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free native resources."""

@@ -17,7 +17,7 @@ import llama_cpp as ll
 import numpy as np
 
 from localspec.backends import rpc
-from localspec.backends.base import ContextFull, LoadFailed, Model, ModelError
+from localspec.backends.base import ContextFull, FimTokens, LoadFailed, Model, ModelError
 from localspec.backends.gguf import GGUF_MAGIC
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
@@ -241,6 +241,21 @@ class LlamaModel(Model):
     def chat_template(self) -> str | None:
         raw = ll.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8") if raw else None
+
+    def fim_tokens(self) -> FimTokens:
+        v = self._vocab
+        return FimTokens(
+            ll.llama_vocab_fim_pre(v),
+            ll.llama_vocab_fim_suf(v),
+            ll.llama_vocab_fim_mid(v),
+            ll.llama_vocab_fim_rep(v),
+            ll.llama_vocab_fim_sep(v),
+        )
+
+    @property
+    def adds_bos(self) -> bool:
+        """Whether the vocabulary wants BOS at the start of a text."""
+        return bool(ll.llama_vocab_get_add_bos(self._vocab))
 
     def metadata(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(256)

@@ -30,7 +30,7 @@ from localspec.decoding.events import (
     StopReason,
 )
 from localspec.decoding.sampling import SamplingParams, greedy_token, logits_to_probs, sample
-from localspec.decoding.text import TextStream
+from localspec.decoding.text import LineRule, TextStream
 from localspec.decoding.verify import Verdict, verify_greedy, verify_sampled
 
 
@@ -40,6 +40,7 @@ class GenerationConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     trace: bool = False  # attach the target's top-2 logit margin to each piece
+    lines: LineRule | None = None  # judges each line as it completes (fill-in-the-middle)
 
 
 class Engine:
@@ -82,11 +83,14 @@ class Engine:
         params = config.sampling
         rng = np.random.default_rng(params.seed)
         rec = StatsRecorder(prompt_tokens=len(prompt))
-        out = _Output(self.target, TextStream(config.stop), config.max_tokens)
+        out = _Output(self.target, TextStream(config.stop, config.lines), config.max_tokens)
         tokens = list(prompt)
 
         # prefill: the target alone gives the first token (this is the TTFT)
         logits = self.target.evaluate(tokens, 1)
+        if config.max_tokens == 0:  # only read the prompt into the cache (an editor's warm-up)
+            yield Finished("", (), "max_tokens", rec.snapshot(final=True))
+            return
         first = self._choose(logits[0], params, tokens, rng)
         rec.observe_first_token()
         yield from rec.timed(out.emit([first], 0, logits if config.trace else None))

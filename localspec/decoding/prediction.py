@@ -41,10 +41,15 @@ class Prediction:
     `answer_start` in the context; counts what became of the tokens it drafted (the
     drafting's own figures; the API reports `prediction_usage`)."""
 
-    def __init__(self, tokens: Sequence[int], answer_start: int, n_min: int = 2) -> None:
+    def __init__(
+        self, tokens: Sequence[int], answer_start: int, n_min: int = 2, anchored: bool = True
+    ) -> None:
         self.tokens = np.asarray(tokens, dtype=np.int64)
         self.answer_start = answer_start
         self.n_min = n_min
+        # whether the answer is expected to start where the prediction does (an edited
+        # file); a fill-in-the-middle's source (the text after the cursor) is not
+        self.anchored = anchored
         self.accepted = 0  # drafted prediction tokens the target kept
         self.rejected = 0  # drafted prediction tokens the target refused
         self._last: tuple[int, int] | None = None  # (aligned end in tokens, answer length)
@@ -56,6 +61,8 @@ class Prediction:
         answer = context[self.answer_start :]
         if not len(answer):
             self._last = (-1, 0)
+            if not self.anchored:
+                return 0, []
             return self.n_min, self.tokens[:gamma].tolist()
         end, run = self.align(answer)
         if run < min(self.n_min, len(answer)):

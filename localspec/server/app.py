@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jinja2
@@ -34,10 +34,16 @@ from localspec.server.chat import ToolCall, ToolCallStream, template_messages, t
 from localspec.server.chat import tool_prefill as make_prefill
 from localspec.server.errors import ApiError, error_body
 from localspec.server.guard import Guard, GuardMiddleware
+from localspec.server.infill import (
+    InfillLines,
+    InfillRequest,
+    infill_body,
+    infill_prompt,
+    pick_fields,
+)
 from localspec.server.schemas import (
     ChatRequest,
     CompletionRequest,
-    GenerationBody,
     content_text,
     parse,
 )
@@ -76,6 +82,9 @@ class Prepared:
     prediction: list[int] | None = None
     prefill: str = ""  # the start of the answer the server wrote (a forced tool call)
     tools: bool = False  # parse tool calls out of the answer
+    source: list[int] | None = None  # a free draft source (FIM: the suffix, other files)
+    truncated: bool = False  # the FIM prompt was cut to fit
+    lines: InfillLines | None = None  # a middle's line rule (FIM)
 
 
 def create_app(session: Session, options: ServerOptions) -> FastAPI:
@@ -148,7 +157,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def start(
-        request: Request, body: GenerationBody, prepare: Callable[[], Prepared], label: str
+        request: Request, prepare: Callable[[], Prepared], label: str
     ) -> tuple[Job, Prepared]:
         prepared = await run_in_threadpool(prepare)
         job = Job(
@@ -157,6 +166,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             prepared.config,
             asyncio.get_running_loop(),
             prepared.prediction,
+            prepared.source,
         )
         worker.submit(job)
         metrics.observe_request(request.url.path, 200)
@@ -166,7 +176,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         body = parse(ChatRequest, await read_body(request, options.max_body_bytes))
         job, prepared = await start(
-            request, body, lambda: prepare_chat(body, session), f"chat {short_id()}"
+            request, lambda: prepare_chat(body, session), f"chat {short_id()}"
         )
         answer = Answer(job, prepared, options.model_id, "chat.completion", worker.withdraw)
         if body.stream:
@@ -178,13 +188,37 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     async def completions(request: Request) -> Response:
         body = parse(CompletionRequest, await read_body(request, options.max_body_bytes))
         job, prepared = await start(
-            request, body, lambda: prepare_completion(body, session), f"completion {short_id()}"
+            request, lambda: prepare_completion(body, session), f"completion {short_id()}"
         )
         answer = Answer(job, prepared, options.model_id, "text_completion", worker.withdraw)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return sse(answer.stream_completion(usage))
         return JSONResponse(await answer.collect(request, answer.completion_body))
+
+    @app.post("/infill", dependencies=guarded)
+    async def infill(request: Request) -> Response:
+        """llama-server's fill-in-the-middle endpoint, as llama.vim and llama.vscode call it."""
+        body = parse(InfillRequest, await read_body(request, options.max_body_bytes))
+        job, prepared = await start(
+            request, lambda: prepare_infill(body, session), f"infill {short_id()}"
+        )
+        answer = Answer(job, prepared, options.model_id, "infill", worker.withdraw)
+
+        def build(_events: list[Event], done: Finished) -> dict[str, Any]:
+            whole = infill_body(
+                done,
+                options.model_id,
+                len(job.prompt),
+                job.cached_tokens,
+                prepared.truncated,
+                prepared.lines,
+            )
+            return pick_fields(whole, body.response_fields)
+
+        if body.stream:
+            return sse(answer.stream_infill(build), done_line=False)
+        return JSONResponse(await answer.collect(request, build))
 
     return app
 
@@ -224,10 +258,54 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
 
 def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
     body.refuse_unsupported()
+    if body.suffix:  # OpenAI's fill-in-the-middle: the prompt before the cursor
+        built = infill_prompt(
+            session.target,
+            body.prompt_text(),
+            body.suffix,
+            [],
+            "",
+            body.max_tokens or COMPLETION_DEFAULT_TOKENS,
+            session.target.n_ctx,
+        )
+        lines = InfillLines(body.suffix)
+        config = generation_config(body, built.tokens, session, COMPLETION_DEFAULT_TOKENS)
+        config = replace(config, lines=lines)
+        return Prepared(
+            built.tokens, config, source=built.source, truncated=built.truncated, lines=lines
+        )
     prompt = session.tokenize_raw(body.prompt_text())
     if not prompt:
         raise ApiError(400, "the prompt is empty", "prompt")
     return Prepared(prompt, generation_config(body, prompt, session, COMPLETION_DEFAULT_TOKENS))
+
+
+def prepare_infill(body: InfillRequest, session: Session) -> Prepared:
+    target = session.target
+    built = infill_prompt(
+        target,
+        body.input_prefix,
+        body.input_suffix,
+        body.input_extra,
+        body.prompt,
+        body.n_predict,
+        target.n_ctx,
+    )
+    room = session.engine.room(len(built.tokens))
+    if room < 1:
+        raise ApiError(
+            400,
+            f"the infill prompt has {len(built.tokens)} tokens; the context holds "
+            f"{target.n_ctx} with room for the answer",
+            "input_prefix",
+            "context_length_exceeded",
+        )
+    limit = room if body.n_predict < 0 else min(body.n_predict, room)
+    lines = InfillLines(body.input_suffix, body.n_indent, body.t_max_predict_ms / 1e3)
+    config = GenerationConfig(limit, body.sampling(), body.stops(), lines=lines)
+    return Prepared(
+        built.tokens, config, source=built.source, truncated=built.truncated, lines=lines
+    )
 
 
 def generation_config(
@@ -367,6 +445,17 @@ class Answer:
                     last = self.envelope("text_completion", [])
                 yield last | self.figures(event, include_usage)
 
+    async def stream_infill(
+        self, build: Callable[[list[Event], Finished], dict[str, Any]]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """llama-server's streamed /infill: {content, stop: false} pieces, then the whole
+        response with empty content and stop: true."""
+        async for event in self.events():
+            if isinstance(event, Piece) and event.text:
+                yield {"index": 0, "content": event.text, "stop": False, "id_slot": 0}
+            elif isinstance(event, Finished):
+                yield {**build([], event), "content": ""}
+
     async def events(self) -> AsyncIterator[Event]:
         """The job's events; a client that leaves (the stream is closed) cancels it."""
         try:
@@ -446,9 +535,10 @@ def failure(event: Failed) -> ApiError:
     return ApiError(500, f"generation failed: {event.message}", code="generation_failed")
 
 
-def sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
-    """Server-sent events: one `data:` line per chunk, then `data: [DONE]`; a failure
-    mid-stream becomes an error event (the status line is long gone)."""
+def sse(chunks: AsyncIterator[dict[str, Any]], done_line: bool = True) -> StreamingResponse:
+    """Server-sent events: one `data:` line per chunk, then `data: [DONE]` (OpenAI's; not
+    llama-server's own endpoints'); a failure mid-stream becomes an error event (the
+    status line is long gone)."""
 
     async def lines() -> AsyncIterator[str]:
         try:
@@ -457,7 +547,8 @@ def sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
         except ApiError as e:
             yield f"data: {json.dumps(e.body(), ensure_ascii=False)}\n\n"
             return
-        yield "data: [DONE]\n\n"
+        if done_line:
+            yield "data: [DONE]\n\n"
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(lines(), media_type="text/event-stream", headers=headers)

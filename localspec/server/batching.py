@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.backends.base import Cancelled, Model
+from localspec.backends.base import Cancelled, FimTokens, Model
 from localspec.backends.llama import LlamaModel, Part
 from localspec.server.scheduling import Want, plan_step
 
@@ -204,3 +204,6 @@ class SlotModel(Model):
 
     def chat_template(self) -> str | None:
         return self.shared.chat_template()
+
+    def fim_tokens(self) -> FimTokens:
+        return self.shared.fim_tokens()

@@ -200,8 +200,6 @@ class CompletionRequest(GenerationBody):
         super().refuse_unsupported()
         if self.echo:
             raise ApiError(400, "echo is not supported", "echo")
-        if self.suffix:
-            raise ApiError(400, "suffix (fill in the middle) is not supported", "suffix")
         if self.best_of not in (None, 1):
             raise ApiError(400, "best_of must be 1", "best_of")
 

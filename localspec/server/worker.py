@@ -60,6 +60,7 @@ class Job:
     config: GenerationConfig
     loop: asyncio.AbstractEventLoop
     prediction: list[int] | None = None
+    source: list[int] | None = None  # a free draft source of the server's (FIM: the suffix)
     cancel: threading.Event = field(default_factory=threading.Event)
     inbox: asyncio.Queue[Delivery] = field(default_factory=asyncio.Queue)
     predicted: Prediction | None = None  # set when it runs with a prediction
@@ -255,8 +256,10 @@ class Worker:
 
     def _engine_for(self, engine: Engine, job: Job) -> Engine:
         """The slot's engine; with a prediction, told of it (or, for a fixed γ, one
-        whose drafter tries the prediction first)."""
+        whose drafter tries the prediction first); `auto` told of a free source too."""
         if not job.prediction:
+            if job.source and isinstance(engine.drafter, AdaptiveDrafter):
+                engine.drafter.predict(Prediction(job.source, len(job.prompt), anchored=False))
             return engine
         job.predicted = Prediction(job.prediction, len(job.prompt))
         if isinstance(engine.drafter, AdaptiveDrafter):

@@ -1,0 +1,255 @@
+"""Fill-in-the-middle for editors: llama-server's `POST /infill` (llama.vim, llama.vscode)
+and OpenAI's `suffix` on `/v1/completions`.
+
+The prompt is built as llama-server builds it, from the FIM tokens the GGUF declares: the
+repository layout where the model has one (`<|repo_name|>myproject`, a `<|file_sep|>name`
+before each extra chunk, then the current file), the prefix cut to its last 3/4 of a
+batch and the suffix to its first 1/4, the extra chunks in what is left of the context
+after the answer. The text after the cursor and the extra chunks are a free draft source
+for the request (the middle often re-joins the suffix, repeats a neighbouring line, or
+copies from another file), and the answer is judged line by line as it completes: it
+stops where a line repeats the suffix's first line (dropped), where a later line is
+indented less than `n_indent`, and at the first line end after `t_max_predict_ms`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field
+
+from localspec.backends.base import FimTokens, Model
+from localspec.decoding.events import Finished, StopReason
+from localspec.decoding.sampling import SamplingParams
+from localspec.decoding.text import Verdict
+from localspec.server.errors import ApiError
+from localspec.server.schemas import Body
+
+INFILL_BATCH = 2048  # llama-server's default -b: its prefix and suffix budgets come from it
+REPO_NAME = "myproject\n"  # llama-server's names in the repository layout
+CURRENT_FILE = "filename\n"
+SNIPPET = "\n\n--- snippet ---\n\n"  # between extra chunks where the model has no file_sep
+
+
+class ExtraChunk(Body):
+    text: str = ""
+    filename: str = "tmp"
+
+
+class InfillRequest(Body):
+    """llama-server's /infill body; fields it has that change nothing here (samplers,
+    t_max_prompt_ms, id_slot, cache_prompt: the cache is always reused) are accepted."""
+
+    model: str | None = None
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[ExtraChunk] = Field(default_factory=list)
+    prompt: str = ""  # the text typed on the cursor's line, after the prefix
+    n_predict: int = Field(-1, ge=-1)  # -1: until the model ends it; 0: only read it
+    t_max_predict_ms: int = Field(0, ge=0)
+    n_indent: int = Field(0, ge=0)
+    cache_prompt: bool = True
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    min_p: float | None = Field(None, ge=0, lt=1)
+    seed: int | None = Field(None, ge=0)
+    stop: str | list[str] | None = None
+    response_fields: list[str] | None = None  # only these ("timings/prompt_n": a path)
+
+    def sampling(self) -> SamplingParams:
+        """llama-server's defaults where the request says nothing (temperature 0.8)."""
+        d = SamplingParams()
+        return SamplingParams(
+            temperature=0.8 if self.temperature is None else self.temperature,
+            top_k=d.top_k if self.top_k is None else self.top_k,
+            top_p=d.top_p if self.top_p is None else self.top_p,
+            min_p=d.min_p if self.min_p is None else self.min_p,
+            seed=self.seed,
+        )
+
+    def stops(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return tuple(s for s in stops if s)
+
+
+@dataclass(frozen=True)
+class InfillPrompt:
+    tokens: list[int]
+    truncated: bool  # the prefix, the suffix or the extra chunks were cut
+    source: list[int]  # the suffix and extra chunks as kept: the free draft source
+
+
+def fim_tokens_of(model: Model) -> FimTokens:
+    """The model's FIM tokens; a one-line 400 where it has none."""
+    fim = model.fim_tokens()
+    if not fim.complete:
+        raise ApiError(
+            400,
+            f"{model.name} has no fill-in-the-middle tokens: use a model that completes "
+            "code (the catalog's Qwen2.5-Coder, base or instruct) or send a templated prompt "
+            "to /v1/completions",
+            code="fim_not_supported",
+        )
+    return fim
+
+
+def infill_prompt(
+    model: Model,
+    prefix: str,
+    suffix: str,
+    extra: list[ExtraChunk],
+    typed: str,
+    n_predict: int,
+    n_ctx: int,
+) -> InfillPrompt:
+    """The prompt llama-server's format_prompt_infill builds, token for token."""
+    fim = fim_tokens_of(model)
+
+    def tok(text: str) -> list[int]:
+        return model.tokenize(text, special=False)
+
+    extra_tokens: list[int] = []
+    if fim.rep >= 0:
+        extra_tokens += [fim.rep, *tok(REPO_NAME)]
+    for chunk in extra:
+        if fim.sep >= 0:
+            extra_tokens += [fim.sep, *tok(chunk.filename + "\n")]
+        else:
+            extra_tokens += tok(SNIPPET)
+        extra_tokens += tok(chunk.text)
+    if fim.sep >= 0:
+        extra_tokens += [fim.sep, *tok(CURRENT_FILE)]
+
+    prefix_tokens, suffix_tokens, typed_tokens = tok(prefix), tok(suffix), tok(typed)
+    n_prefix = min(len(prefix_tokens), 3 * (INFILL_BATCH // 4))
+    n_suffix = min(len(suffix_tokens), max(0, INFILL_BATCH // 4 - (2 + len(typed_tokens))))
+    n_extra = min(max(0, n_ctx - INFILL_BATCH - 2 * n_predict), len(extra_tokens))
+    kept_suffix = suffix_tokens[:n_suffix]
+    kept_extra = extra_tokens[len(extra_tokens) - n_extra :]
+    bos = [model.special_ids[0]] if getattr(model, "adds_bos", False) else []
+    tokens = [
+        *kept_extra,
+        *bos,
+        fim.pre,
+        *prefix_tokens[len(prefix_tokens) - n_prefix :],
+        *typed_tokens,
+        fim.suf,
+        *kept_suffix,
+        fim.mid,
+    ]
+    truncated = (
+        n_prefix < len(prefix_tokens)
+        or n_suffix < len(suffix_tokens)
+        or n_extra < len(extra_tokens)
+    )
+    return InfillPrompt(tokens, truncated, [*kept_suffix, *kept_extra])
+
+
+@dataclass
+class InfillLines:
+    """The line rule of a middle (text.LineRule): where it re-joins the suffix, runs
+    out of its indentation, or has run past its time."""
+
+    suffix: str
+    n_indent: int = 0
+    t_max_predict_s: float = 0.0
+    why: str = ""  # what stopped it, for llama-server's stop_type: "limit" or "rejoin"
+    _started: float | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # the first line of the suffix with text on it: the middle re-joins the suffix there
+        self.rejoin = next((s.strip() for s in self.suffix.splitlines() if s.strip()), "")
+
+    def check(self, before: str, line: str) -> Verdict:
+        if self.rejoin and line.strip() == self.rejoin:
+            self.why = "rejoin"
+            return "drop"
+        # a later line (the first one goes on from the cursor) that ends the block
+        indent = len(line) - len(line.lstrip(" \t"))
+        if self.n_indent and before and line.strip() and indent < self.n_indent:
+            self.why = "limit"
+            return "drop"
+        if self.t_max_predict_s and self.elapsed() > self.t_max_predict_s:
+            self.why = "limit"
+            return "end"
+        return "keep"
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return 0.0 if self._started is None else time.perf_counter() - self._started
+
+
+def stop_type(reason: StopReason, lines: InfillLines | None) -> str:
+    """llama-server's stop_type: "eos", "word" (a stop string), "limit" (n_predict, time,
+    indentation, the context), or "none" (cancelled)."""
+    if reason == "eog":
+        return "eos"
+    if reason == "stop_string":
+        return "limit" if lines is not None and lines.why else "word"
+    return "none" if reason == "cancelled" else "limit"
+
+
+def infill_body(
+    done: Finished,
+    model: str,
+    prompt_tokens: int,
+    cached: int,
+    truncated: bool,
+    lines: InfillLines | None,
+) -> dict[str, Any]:
+    """llama-server's /infill (and /completion) response."""
+    s = done.stats
+    prompt_ms = s.ttft_s * 1e3
+    read = max(prompt_tokens - cached, 1)
+    predicted_ms = max(s.elapsed_s - s.ttft_s, 0.0) * 1e3
+    n = len(done.tokens)
+    return {
+        "index": 0,
+        "content": done.text,
+        "tokens": [],
+        "id_slot": 0,
+        "stop": True,
+        "model": model,
+        "tokens_predicted": n,
+        "tokens_evaluated": prompt_tokens,
+        "prompt": "",
+        "has_new_line": "\n" in done.text,
+        "truncated": truncated,
+        "stop_type": stop_type(done.stop_reason, lines),
+        "stopping_word": "",
+        "tokens_cached": cached + n,
+        "timings": {
+            "prompt_n": read,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / read,
+            "prompt_per_second": read / (prompt_ms / 1e3) if prompt_ms else 0.0,
+            "cache_n": cached,
+            "predicted_n": n,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / n if n else 0.0,
+            "predicted_per_second": n / (predicted_ms / 1e3) if predicted_ms else 0.0,
+        },
+    }
+
+
+def pick_fields(body: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
+    """llama-server's response_fields: only the fields asked for, a nested one under its
+    path ("timings/prompt_n"); unknown ones are left out."""
+    if fields is None:
+        return body
+    out: dict[str, Any] = {}
+    for path in fields:
+        value: Any = body
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            out[path] = value
+    return out
