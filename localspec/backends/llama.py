@@ -143,16 +143,25 @@ class LlamaModel(Model):
 
     def decode_parts(self, parts: list[Part]) -> list[np.ndarray]:
         """One pass over several sequences' tokens (at most n_batch in all); each part's
-        logits rows, copied where the pass had several (the next pass overwrites them)."""
+        logits rows, copied where the pass had several (the next pass overwrites them).
+        The parts go in by sequence id: with a cache per sequence, llama.cpp cuts a batch
+        whose sequences come out of order into one micro-batch per sequence (four slots'
+        rounds then cost four passes, not one)."""
         for part in parts:
             if part.pos + len(part.tokens) > self.n_ctx:
                 raise ContextFull(f"context of {self.n_ctx} tokens is full")
-        self._run(parts)
-        logits = self._logits(sum(p.n_logits for p in parts))
+        order = sorted(range(len(parts)), key=lambda i: parts[i].seq)
+        ordered = [parts[i] for i in order]
+        self._run(ordered)
+        logits = self._logits(sum(p.n_logits for p in ordered))
         if len(parts) == 1:
             return [logits]
-        ends = np.cumsum([p.n_logits for p in parts])
-        return [logits[end - p.n_logits : end].copy() for p, end in zip(parts, ends, strict=True)]
+        rows: list[np.ndarray] = [logits[:0]] * len(parts)
+        end = 0
+        for i, part in zip(order, ordered, strict=True):
+            rows[i] = logits[end : end + part.n_logits].copy()
+            end += part.n_logits
+        return rows
 
     def _run(self, parts: list[Part]) -> None:
         batch, i = self._batch, 0

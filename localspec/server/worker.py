@@ -153,8 +153,11 @@ class Worker:
     def stop(self) -> None:
         for slot in self.slots:
             slot.inbox.put(None)
+            if slot.job is not None:
+                slot.job.cancel.set()
         for thread in self._threads:
             thread.join(timeout=30)
+        self.batcher.stop()
 
     def depth(self) -> int:
         """Requests waiting or being decoded."""
