@@ -139,10 +139,15 @@ class Model(ABC):
             self.reset()  # the cache's state is unknown after a failed decode
             raise
         finally:
-            self.busy_s += time.perf_counter() - started
+            self.busy_s += self._busy_since(started)
         self.cached.extend(new)
         self.decoded += len(new)
         return logits
+
+    def _busy_since(self, started: float) -> float:
+        """The model's time in the call that began at `started` (a view of a shared
+        context counts its passes only, not its waits for them)."""
+        return time.perf_counter() - started
 
     def rollback(self, tokens: Sequence[int]) -> None:
         """Drop cache entries past the common prefix with `tokens` (a rejected draft)."""

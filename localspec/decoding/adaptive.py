@@ -34,12 +34,13 @@ until it re-joins. The suffix index (suffix.py) is a third: the longest earlier 
 context's tail, in this conversation or an earlier one, and what most often followed it,
 with α per run length, drafted as deep along a long run.
 
-Under load (serve's slots, whose rounds share each pass: batching.py), a round's own
-timings give T at its size with the others' tokens in the pass; but each token it adds
-also delays the n slots decoding beside it, so a drafted token is priced n times:
-T_n(k) = T(1) + n (T(k) − T(1)). γ falls as slots fill and comes back as they empty;
-with one slot (n = 1) nothing changes. (This maximizes the pass's tokens/s where the
-slots draft alike: an extra token pays when it adds more than b·ΣE/T.)
+Under load (serve's slots, whose rounds share each pass: batching.py), each token a
+round adds delays the n slots decoding beside it, so a drafted token is priced n times:
+T_n(k) = T(1) + n (T(k) − T(1)), T as timed while the slot decoded alone (a shared
+pass's time holds the others' tokens too; until then, the priors). γ falls as slots fill
+and comes back as they empty; with one slot (n = 1) nothing changes. (This maximizes the
+pass's tokens/s where the slots draft alike: an extra token pays when it adds more than
+b·ΣE/T.)
 
 The draft model stops early (p_min, per position) at a token too unsure to pay for what
 drafting on from it costs: its verify slot and the steps after it, against the tokens it
@@ -218,6 +219,18 @@ class VerifyCost:
 
 
 @dataclass
+class Load:
+    """Serve's slots: how many decode in the same passes now, and the target's pass
+    times by tokens in the pass (every slot's round together), shared by all."""
+
+    slots: Callable[[], int]
+    passes: VerifyCost
+    # slots whose drafts share a draft-model pass, on average: a draft step delays every
+    # slot, and is shared by those that draft in it
+    drafting: Callable[[], float] = lambda: 1.0
+
+
+@dataclass
 class Shadow:
     """A free source's proposal that a round did not draft. The target's text after `at`
     says how much of it a draft would have kept: at temperature 0 exactly; sampled, a
@@ -261,8 +274,7 @@ class AdaptiveDrafter:
         self._match_n = 0  # the length of this round's free match
         self._free = "ngram"  # this round's free source: "ngram", "prediction" or "suffix"
         self.verify = VerifyCost()
-        # slots decoding in the same passes (serve): each token a round adds delays them all
-        self.load: Callable[[], int] = lambda: 1
+        self.load: Load | None = None  # serve's slots, which share the target's passes
         self.draft_idle_s = 0.0  # decode time since the draft model was last used
         self.shadows: list[Shadow] = []  # pending, the newest last
         self._text_len = 0  # the text's length after the last round
@@ -279,10 +291,14 @@ class AdaptiveDrafter:
 
     @property
     def draft_cost(self) -> float:
-        """c: seconds per draft-model token."""
+        """c: seconds per draft-model token; under load, as the slots pay it: every one
+        waits for a draft step, which the slots drafting in it share."""
         if self.model is None:
             return 0.0
-        return self.model.step_s or self.cost_ratio * self.verify.a
+        c = self.model.step_s or self.cost_ratio * self.timings().a
+        if self.load is None or (n := self.slots()) == 1:
+            return c
+        return c * n / min(max(self.load.drafting(), 1.0), n)
 
     def predict(self, prediction: Prediction | None) -> None:
         """The next answers' prediction (None: none); its α is measured afresh."""
@@ -370,7 +386,8 @@ class AdaptiveDrafter:
         choice = self._last
         if choice is None:
             return
-        self.verify.observe(outcome.drafted + 1, outcome.verify_s)
+        if self.slots() == 1:  # a pass shared with other slots' tokens times them too
+            self.verify.observe(outcome.drafted + 1, outcome.verify_s)
         n_ng = min(choice.ngram, outcome.drafted)
         if n_ng:
             self.alpha[self.free_key()].observe(n_ng, min(outcome.accepted, n_ng))
@@ -399,11 +416,11 @@ class AdaptiveDrafter:
         """The source and k with the best expected tokens/s (see the module docstring);
         `matched` tokens from a match of length `n` by the free source `free` ("ngram",
         "prediction" or "suffix"). The draft model drafts at most GAMMA_MAX tokens in a round."""
-        if gamma == 0 or not self.verify.seconds:
+        if gamma == 0 or not self.timings().seconds:
             return Choice("none", 0, 1.0)  # time one plain round first: T(1)
         c = self.draft_cost
         m, depth = min(matched, gamma), min(gamma, GAMMA_MAX)
-        t = self.priced(self.verify.table(max(m, depth) + 1))  # t[k - 1] = T(k)
+        t = self.priced(max(m, depth) + 1)  # t[k - 1] = T(k)
         # a plain round's time: T(1) as timed, not the line's a (one far batch size, as a
         # deep prediction draft times, can tilt the line and make every draft look dear)
         a = t[0]
@@ -421,7 +438,7 @@ class AdaptiveDrafter:
             dm = self.alpha["draft"]
             # Its first try pays the catch-up of the whole prompt, so it has to pay by the
             # priors, not just time a batch size (on a CPU the dearest one, T(2)).
-            batch = t if dm.seen[0] else self.priced(self.verify.prior_table(depth + 1))
+            batch = t if dm.seen[0] else self.priced(depth + 1, prior=True)
             gains = [
                 (1 + e) * a / (catchup + k * c + batch[k])
                 for k, e in enumerate(dm.expected(depth), 1)
@@ -438,22 +455,38 @@ class AdaptiveDrafter:
                 best = better(best, f"{free}+draft", gains, m + 1, free_tokens=m)
         return self._probe(lag) if best.k == 0 else best
 
-    def priced(self, t: list[float]) -> list[float]:
-        """T(1..) as a round pays it under the load (the module docstring: T_n)."""
-        n = self.load()
-        return t if n == 1 else [t[0] + n * (x - t[0]) for x in t]
+    def slots(self) -> int:
+        """The slots decoding in the passes this one's rounds go into (1: alone)."""
+        return 1 if self.load is None else self.load.slots()
+
+    def timings(self) -> VerifyCost:
+        """The target's pass times this round is judged on: its own while it decodes
+        alone, the shared passes' under load."""
+        n = self.slots()
+        return self.verify if n == 1 or self.load is None else self.load.passes
+
+    def priced(self, top: int, prior: bool = False) -> list[float]:
+        """T(1..top) as a round pays it: alone, the target's times; under the load of n
+        slots, a pass of the others' n - 1 tokens and this round's k, each token beyond
+        the first priced n times (the module docstring: T_n)."""
+        n = self.slots()
+        if n == 1 or self.load is None:
+            return self.verify.prior_table(top) if prior else self.verify.table(top)
+        passes = self.load.passes
+        t = passes.prior_table(n + top) if prior else passes.table(n + top)
+        base = t[n - 1]  # T(n): every slot's token, this one's plain
+        return [base + n * (t[n + k - 2] - base) for k in range(1, top + 1)]
 
     def priced_batch(self, ks: np.ndarray) -> np.ndarray:
-        t = self.verify.batch(ks)
-        n = self.load()
-        return t if n == 1 else t[0] + n * (t - t[0])
+        return np.array(self.priced(int(ks.max())))[ks - 1]
 
     def _probe(self, lag: int) -> Choice:
         """Speculation does not pay by the estimates; try the idle draft model once its
         idle time has paid for the probe, to notice when it pays again (a change of
         topic). Free sources need no probe: their shadows measure them."""
         k = 1  # one token: the cheapest sign that it pays again
-        probe = self.catchup_cost(lag) + k * (self.draft_cost + self.load() * self.verify.b)
+        b = self.timings().b * self.slots()
+        probe = self.catchup_cost(lag) + k * (self.draft_cost + b)
         due = self.model is not None and self.draft_idle_s * PROBE_SHARE >= probe
         if due and self.draft_could_pay():
             return Choice("draft", k, 0.0)
@@ -479,7 +512,7 @@ class AdaptiveDrafter:
         So a token that alone would not pay its slot can still open a deep draft that
         does, as on a CPU, where T(2) − T(1) can be ten times T(6) − T(2)."""
         n_model = choice.k - choice.ngram
-        a, c = self.verify.a, self.draft_cost
+        a, c = (self.priced(1)[0] if self.timings().seconds else 0.0), self.draft_cost
         if a <= 0:
             return [0.5] * n_model
         t = self.priced_batch(np.arange(1, choice.k + 2))  # t[i] = T(i + 1)

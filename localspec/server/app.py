@@ -213,6 +213,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
                 job.cached_tokens,
                 prepared.truncated,
                 prepared.lines,
+                body.return_tokens,
             )
             return pick_fields(whole, body.response_fields)
 

@@ -3,9 +3,10 @@
 Each slot runs the engine's rounds in a thread of its own, exactly as one request runs
 alone; its models are `SlotModel`s, views of one sequence of a shared context. A view's
 call does not decode: it waits in the `Batcher` until every active slot waits too (each
-has finished its round's Python and needs the model again); then the batcher's own
-thread runs the step: per model, `plan_step` decides what each call reads, one
-`decode_parts` pass reads it, and each call whose tokens are all read gets its logits. A
+has finished its round's Python and needs a model again); then the batcher's own thread
+runs the step: the draft model's calls first where there are any (so that the rounds wait
+for each other and meet in one target pass), `plan_step` decides what each call reads,
+one `decode_parts` pass reads it, and each call whose tokens are all read gets its logits. A
 prompt longer than its share goes on in the next step, so the others' rounds come in
 between; a call whose client left is dropped between steps. With one active slot a call
 runs at once.
@@ -29,7 +30,8 @@ import numpy as np
 
 from localspec.backends.base import Cancelled, FimTokens, Model
 from localspec.backends.llama import LlamaModel, Part
-from localspec.server.scheduling import Want, plan_step
+from localspec.decoding.adaptive import VerifyCost
+from localspec.server.scheduling import ROUND_TOKENS, Want, plan_step
 
 
 @dataclass(eq=False)
@@ -45,6 +47,7 @@ class Call:
     cancel: threading.Event | None
     arrived: int
     done: int = 0  # tokens read so far
+    seconds: float = 0.0  # in the passes that read them
     result: np.ndarray | None = None
     error: BaseException | None = None
     finished: bool = False
@@ -78,6 +81,8 @@ class Batcher:
         self._calls: list[Call] = []
         self._arrivals = itertools.count()
         self._stopping = False
+        self._passes: dict[int, VerifyCost] = {}  # per model: pass times by tokens in them
+        self._calls_per_pass: dict[int, float] = {}  # per model: a moving average
         self._thread = threading.Thread(target=self._run, name="localspec-passes", daemon=True)
         self._thread.start()
         self.log = StepLog()
@@ -113,6 +118,16 @@ class Batcher:
         """Slots decoding now (at least 1: the one asking)."""
         return max(1, self._active)
 
+    def calls_per_pass(self, model: LlamaModel) -> float:
+        """How many slots' calls `model`'s passes of rounds carry, on average (before
+        any: all the slots decoding, the hope that they go together)."""
+        return self._calls_per_pass.get(id(model), float(self.load()))
+
+    def passes(self, model: LlamaModel) -> VerifyCost:
+        """`model`'s pass times by tokens in the pass, over passes of rounds only (a
+        prompt's chunk would tilt the line): what `auto` prices a draft by under load."""
+        return self._passes.setdefault(id(model), VerifyCost())
+
     def call(
         self,
         model: LlamaModel,
@@ -122,9 +137,10 @@ class Batcher:
         n_logits: int,
         short: bool = False,
         cancel: threading.Event | None = None,
-    ) -> np.ndarray:
-        """The logits of the last n_logits of `tokens`, read into sequence `seq` at
-        pos..; Cancelled where `cancel` was set before all were read."""
+    ) -> Call:
+        """`tokens` read into sequence `seq` at pos..: the finished call, with the logits
+        of their last n_logits (or its error: Cancelled where `cancel` was set before all
+        were read) and its time in passes."""
         with self._cv:
             call = Call(model, seq, tokens, pos, n_logits, short, cancel, next(self._arrivals))
             self._calls.append(call)
@@ -133,19 +149,20 @@ class Batcher:
                 if self._stopping:
                     raise Cancelled(call.done)
                 self._cv.wait()
-        if call.error is not None:
-            raise call.error
-        assert call.result is not None
-        return call.result
+        return call
 
     def _step(self) -> None:
-        """One pass per model over the waiting calls (the lock is held: every active slot
-        waits for it anyway)."""
+        """One pass over the waiting calls of one model (the lock is held: every active
+        slot waits for it anyway)."""
         for call in self._calls:
             if call.cancel is not None and call.cancel.is_set():
                 call.error, call.finished = Cancelled(call.done), True
         live = [c for c in self._calls if not c.finished]
-        for model in dict.fromkeys(c.model for c in live):
+        if live:
+            # The draft model's pass first, alone: a slot whose draft is done waits with its
+            # target call until the others' drafts are done too, and their rounds meet in
+            # one target pass (the dear one) instead of one each.
+            model = min(dict.fromkeys(c.model for c in live), key=lambda m: m.size_bytes)
             self._pass(model, [c for c in live if c.model is model])
         self._calls = [c for c in self._calls if not c.finished]
         self._cv.notify_all()
@@ -160,12 +177,19 @@ class Batcher:
             for call, _n in chosen:
                 call.error, call.finished = e, True
             return
+        took = time.perf_counter() - started
+        tokens = sum(n for _c, n in chosen)
+        if all(len(c.tokens) <= ROUND_TOKENS for c, _n in chosen):
+            self.passes(model).observe(tokens, took)
+            mean = self._calls_per_pass.get(id(model), len(chosen))
+            self._calls_per_pass[id(model)] = mean + 0.2 * (len(chosen) - mean)
         self.log.steps += 1
         self.log.shared += len(chosen) > 1
-        self.log.tokens += sum(n for _c, n in chosen)
-        self.log.seconds += time.perf_counter() - started
+        self.log.tokens += tokens
+        self.log.seconds += took
         for (call, n), logits in zip(chosen, rows, strict=True):
             call.done += n
+            call.seconds += took
             if call.done == len(call.tokens):
                 call.result, call.finished = logits, True
 
@@ -185,11 +209,22 @@ class SlotModel(Model):
         self.path = shared.path
         self.cancel: threading.Event | None = None
         self.short = False
+        self._pass_s = 0.0  # the last call's time in passes
 
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
-        return self.batcher.call(
+        call = self.batcher.call(
             self.shared, self.seq, tokens, pos, n_logits, self.short, self.cancel
         )
+        self._pass_s = call.seconds
+        if call.error is not None:
+            raise call.error
+        assert call.result is not None
+        return call.result
+
+    def _busy_since(self, started: float) -> float:
+        """Its passes' time, not its wait for them: the costs `auto` weighs are the
+        passes' (how the slots share them is its load's business)."""
+        return self._pass_s
 
     def _remove_from(self, pos: int) -> bool:
         return self.shared.remove_from(self.seq, pos)

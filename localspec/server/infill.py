@@ -59,6 +59,7 @@ class InfillRequest(Body):
     seed: int | None = Field(None, ge=0)
     stop: str | list[str] | None = None
     response_fields: list[str] | None = None  # only these ("timings/prompt_n": a path)
+    return_tokens: bool = False  # the middle's token ids too
 
     def sampling(self) -> SamplingParams:
         """llama-server's defaults where the request says nothing (temperature 0.8)."""
@@ -202,6 +203,7 @@ def infill_body(
     cached: int,
     truncated: bool,
     lines: InfillLines | None,
+    tokens: bool = False,
 ) -> dict[str, Any]:
     """llama-server's /infill (and /completion) response."""
     s = done.stats
@@ -212,7 +214,7 @@ def infill_body(
     return {
         "index": 0,
         "content": done.text,
-        "tokens": [],
+        "tokens": list(done.tokens) if tokens else [],
         "id_slot": 0,
         "stop": True,
         "model": model,

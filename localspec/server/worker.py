@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from localspec.backends.base import Cancelled, common_prefix
 from localspec.backends.llama import LlamaModel
-from localspec.decoding.adaptive import AdaptiveDrafter
+from localspec.decoding.adaptive import AdaptiveDrafter, Load
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Event, Finished, Piece, RoundEnd, Stats
 from localspec.decoding.prediction import Prediction, PredictionDrafter, prediction_usage
@@ -140,10 +140,17 @@ class Worker:
             if draft is not None:
                 views.append(SlotModel(draft, i, self.batcher))
             engine = session.engine_for(views[0], views[1] if draft is not None else None)
-            if isinstance(engine.drafter, AdaptiveDrafter):
-                engine.drafter.load = self.batcher.load  # γ follows the load
+            if isinstance(engine.drafter, AdaptiveDrafter):  # γ follows the load
+                engine.drafter.load = Load(
+                    self.batcher.load, self.batcher.passes(target), self._drafting
+                )
             slots.append(Slot(i, engine, views))
         return slots
+
+    def _drafting(self) -> float:
+        """Slots drafting in each draft-model pass, on average."""
+        draft = self.session.draft_model
+        return 1.0 if draft is None else self.batcher.calls_per_pass(draft)
 
     def start(self) -> None:
         for thread in self._threads:

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from localspec.backends.toy import ToyModel, scripted
-from localspec.decoding.adaptive import Acceptance, AdaptiveDrafter, Choice, VerifyCost, auto_engine
+from localspec.decoding.adaptive import (
+    Acceptance,
+    AdaptiveDrafter,
+    Choice,
+    Load,
+    VerifyCost,
+    auto_engine,
+)
 from localspec.decoding.drafters import Outcome
 from localspec.decoding.events import RoundEnd
 from localspec.decoding.sampling import SamplingParams
@@ -341,12 +348,16 @@ def test_a_draft_model_left_off_through_a_long_chat_is_still_probed_again():
 
 def test_under_load_gamma_falls_as_slots_fill_and_comes_back_as_they_empty():
     """GPU-like costs (a pass of a few tokens costs about one of one token): alone, a
-    deep draft pays; each extra token delays every slot's step, so with 8 slots sharing
-    the pass the same drafter drafts less, and alone again, as before."""
-    d = drafter_with(a=0.010, b=0.0006, c=0.001, alpha=0.8)
+    deep draft pays; each extra token delays every slot's pass, so with 8 slots sharing
+    the passes the same drafter drafts less, and alone again, as before."""
+    a, b = 0.010, 0.0006
+    d = drafter_with(a=a, b=b, c=0.001, alpha=0.8)
     alone = d.choose(matched=0, gamma=8)
+    passes = VerifyCost()
+    for k in range(1, 48):  # the shared passes' times, by tokens in the pass
+        passes.observe(k, a + b * (k - 1))
     slots = [1]
-    d.load = lambda: slots[0]
+    d.load = Load(lambda: slots[0], passes)
     assert d.choose(matched=0, gamma=8) == alone  # one slot: exactly as before
     depths = []
     for n in (2, 4, 8):
@@ -360,3 +371,14 @@ def test_under_load_gamma_falls_as_slots_fill_and_comes_back_as_they_empty():
     assert all(loaded > p for loaded, p in zip(d.p_min(alone), p_alone, strict=True))
     slots[0] = 1
     assert d.choose(matched=0, gamma=8) == alone
+
+
+def test_under_load_a_round_times_only_itself_alone():
+    """A shared pass's time holds the other slots' tokens: it does not teach T(k)."""
+    d = drafter_with(a=0.10, b=0.05, c=0.08, alpha=0.7)
+    before = dict(d.verify.seconds)
+    d.load = Load(lambda: 4, VerifyCost())
+    d.choose(matched=0, gamma=8)
+    d._last = Choice("none", 0, 1.0)
+    d.accept([1, 2, 3], Outcome(0, 0, 0.9))
+    assert d.verify.seconds == before

@@ -316,3 +316,11 @@ def test_the_queue_counts_only_clients_still_there_and_0_means_no_waiting():
         assert all(job.inbox.qsize() == 0 for job in live)
     finally:
         loop.close()
+
+
+def test_fill_in_the_middle_with_a_model_without_fim_tokens_is_a_400(client: TestClient):
+    body = {"input_prefix": "def f(x):\n", "input_suffix": "\n", "n_predict": 8}
+    error = assert_error(client.post("/infill", json=body, headers=AUTH), 400)
+    assert "no fill-in-the-middle tokens" in error["message"] and "\n" not in error["message"]
+    suffixed = {"prompt": "def f(x):\n", "suffix": "\n", "max_tokens": 8}
+    assert_error(client.post("/v1/completions", json=suffixed, headers=AUTH), 400)

@@ -1,0 +1,221 @@
+"""Fill-in-the-middle on the real default pair, as editors call it: llama.vscode's and
+llama.vim's /infill bodies (from their sources), OpenAI's `suffix`, and a prompt the
+client templated itself (Continue)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from localspec.backends.base import common_prefix
+from localspec.backends.llama import LoadOptions
+from localspec.decoding.drafters import NoDrafter
+from localspec.decoding.engine import Engine, GenerationConfig
+from localspec.decoding.events import Finished, Piece
+from localspec.decoding.sampling import SamplingParams
+from localspec.server.app import ServerOptions, create_app
+from localspec.server.infill import ExtraChunk, InfillLines, infill_prompt
+from localspec.session import Session, SessionConfig, open_session
+
+pytestmark = pytest.mark.real
+
+NEAR_TIE = 1.0  # as in test_real_engine.py
+
+PREFIX = '''import math
+
+
+def circle_area(r):
+    """The area of a circle of radius r."""
+    return math.pi * r ** 2
+
+
+def circle_perimeter(r):
+    """The perimeter of a circle of radius r."""
+'''
+SUFFIX = '''
+
+
+def square_area(a):
+    """The area of a square of side a."""
+    return a * a
+'''
+EXTRA = [
+    {
+        "text": "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n",
+        "time": 1,
+        "filename": "a.py",
+    }
+]
+
+
+def vscode_body(prefix: str, suffix: str, typed: str, extra=EXTRA, **more) -> dict:
+    """llama.vscode's request (src/llama-server.ts: createRequestPayload with its
+    defaultRequestParams), greedy here so the answers can be compared."""
+    return {
+        "input_prefix": prefix,
+        "input_suffix": suffix,
+        "input_extra": extra,
+        "prompt": typed,
+        "n_predict": 64,
+        "top_k": 40,
+        "top_p": 0.99,
+        "stream": False,
+        "samplers": ["top_k", "top_p", "infill"],
+        "cache_prompt": True,
+        "t_max_prompt_ms": 500,
+        "t_max_predict_ms": 10_000,
+        "temperature": 0,
+        **more,
+    }
+
+
+VIM_FIELDS = [
+    "content",
+    "timings/prompt_n",
+    "timings/prompt_ms",
+    "timings/prompt_per_token_ms",
+    "timings/prompt_per_second",
+    "timings/predicted_n",
+    "timings/predicted_ms",
+    "timings/predicted_per_token_ms",
+    "timings/predicted_per_second",
+    "truncated",
+    "tokens_cached",
+]
+
+
+def vim_body(prefix: str, suffix: str, typed: str, indent: int) -> dict:
+    """llama.vim's request (autoload/llama.vim, llama#fim)."""
+    return {
+        "input_prefix": prefix,
+        "input_suffix": suffix,
+        "input_extra": [],
+        "prompt": typed,
+        "n_predict": 32,
+        "n_indent": indent,
+        "top_k": 40,
+        "top_p": 0.99,
+        "stream": False,
+        "samplers": ["top_k", "top_p", "infill"],
+        "cache_prompt": True,
+        "t_max_prompt_ms": 500,
+        "t_max_predict_ms": 10_000,
+        "response_fields": VIM_FIELDS,
+        "temperature": 0,
+    }
+
+
+@pytest.fixture(scope="module")
+def session(real_paths) -> Iterator[Session]:
+    load = LoadOptions(n_ctx=4096, n_threads=2, n_seq=2)
+    s = open_session(SessionConfig(str(real_paths[0]), str(real_paths[1]), "auto", load, load))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(session: Session) -> Iterator[TestClient]:
+    with TestClient(create_app(session, ServerOptions("coder", parallel=2))) as c:
+        yield c
+
+
+def test_llama_vscode_gets_a_middle_with_llama_servers_fields(client: TestClient):
+    r = client.post("/infill", json=vscode_body(PREFIX, SUFFIX, "    return"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert "math.pi" in body["content"] and body["stop"] is True
+    assert body["tokens_evaluated"] > 50 and body["tokens_predicted"] >= 1
+    assert body["truncated"] is False
+    for key in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second"):
+        assert key in body["timings"]
+
+
+def test_llama_vim_gets_the_response_fields_it_asks_for(client: TestClient):
+    r = client.post("/infill", json=vim_body(PREFIX, SUFFIX, "    return", 4))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == set(VIM_FIELDS)
+    assert "math.pi" in body["content"] and body["timings/predicted_n"] >= 1
+
+
+def test_a_warm_up_reads_the_extra_context_and_the_next_keystroke_little(
+    session: Session, client: TestClient
+):
+    """llama.vscode's warm-up (n_predict 0, only input_extra), then a completion, then the
+    same completion one keystroke later: each reads only from where its prompt changed
+    (the typed text sits before the suffix: the suffix is read again)."""
+    extra = [{"text": "def lerp(a, b, t):\n    return a + (b - a) * t\n" * 8, "filename": "m.py"}]
+    warm = vscode_body("", "", "", extra, n_predict=0, samplers=[], t_max_predict_ms=1)
+    r = client.post("/infill", json=warm)
+    assert r.status_code == 200 and r.json()["content"] == ""
+    first = client.post("/infill", json=vscode_body(PREFIX, SUFFIX, "    ret", extra)).json()
+    again = client.post("/infill", json=vscode_body(PREFIX, SUFFIX, "    retu", extra)).json()
+    assert first["timings"]["cache_n"] > 100  # the extra chunks were read by the warm-up
+    chunks = [ExtraChunk(text=c["text"], filename=c["filename"]) for c in extra]
+    before, after = (
+        infill_prompt(session.target, PREFIX, SUFFIX, chunks, typed, 64, 4096).tokens
+        for typed in ("    ret", "    retu")
+    )
+    assert again["timings"]["cache_n"] >= common_prefix(before, after) - 1, again["timings"]
+    assert again["timings"]["prompt_n"] <= 0.15 * again["tokens_evaluated"]
+
+
+def test_openai_suffix_and_a_client_templated_prompt(client: TestClient):
+    r = client.post(
+        "/v1/completions",
+        json={
+            "prompt": PREFIX + "    return",
+            "suffix": SUFFIX,
+            "max_tokens": 16,
+            "temperature": 0,
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert "math.pi" in r.json()["choices"][0]["text"]
+    templated = f"<|fim_prefix|>{PREFIX}    return<|fim_suffix|>{SUFFIX}<|fim_middle|>"  # Continue
+    r = client.post(
+        "/v1/completions", json={"prompt": templated, "max_tokens": 16, "temperature": 0}
+    )
+    assert r.status_code == 200 and "math.pi" in r.json()["choices"][0]["text"]
+
+
+def test_the_middle_stops_where_it_rejoins_the_suffix(client: TestClient):
+    prefix = "def add(a, b):\n    "
+    suffix = "\n\ndef sub(a, b):\n    return a - b\n"
+    body = client.post("/infill", json=vscode_body(prefix, suffix, "", [], n_predict=48)).json()
+    assert "def sub" not in body["content"], body["content"]  # the suffix's line, not twice
+    assert body["content"].strip()
+
+
+def test_t_max_predict_ms_stops_at_the_first_line_end_after_it(client: TestClient):
+    prefix = "def numbers():\n    return [\n"
+    body = vscode_body(prefix, "    ]\n", "", [], n_predict=64, t_max_predict_ms=1)
+    answer = client.post("/infill", json=body).json()
+    assert answer["stop_type"] == "limit" and answer["content"].count("\n") == 1
+    assert answer["content"].endswith("\n")
+
+
+def test_greedy_middle_equals_plain_decoding(session: Session, client: TestClient, real_models):
+    """The served middle (the suffix and extra chunks drafting, in a slot) against plain
+    decoding of the same prompt on a model of its own, token for token."""
+    body = vscode_body(PREFIX, SUFFIX, "    return", n_predict=24, return_tokens=True)
+    served = client.post("/infill", json=body).json()["tokens"]
+    target, _ = real_models
+    chunks = [ExtraChunk(text=c["text"], filename=c["filename"]) for c in EXTRA]
+    built = infill_prompt(target, PREFIX, SUFFIX, chunks, "    return", 24, 4096)
+    config = GenerationConfig(
+        24, SamplingParams(temperature=0), trace=True, lines=InfillLines(SUFFIX, 0, 10.0)
+    )
+    events = list(Engine(target, NoDrafter(), 0).generate(built.tokens, config))
+    done = events[-1]
+    assert isinstance(done, Finished) and served
+    pieces = [e for e in events if isinstance(e, Piece) and e.token >= 0]
+    for i, (got, want) in enumerate(zip(served, done.tokens, strict=False)):
+        if got != want:  # a batched pass may move a near-tie, never a clear choice
+            margin = pieces[i].margin
+            assert margin is not None and margin < NEAR_TIE, (i, got, want, margin)
+            assert got == pieces[i].runner_up
+            return
+    assert list(served) == list(done.tokens)
