@@ -36,6 +36,15 @@ def test_plan_json_for_a_what_if_machine(home, capsys):
     mem = plan["memory"]
     assert mem["vram_estimate"] <= mem["vram_budget"] and mem["ram_estimate"] <= mem["ram_budget"]
     assert plan["reasons"][0].startswith("This machine: NVIDIA GPU (24.0 GiB free)")
+    # the 32B fills the card: serve's slots would push layers off it, so it gets one
+    assert plan["slots"] == 1
+
+
+def test_plan_says_how_many_slots_serve_gets(home, capsys):
+    roomy = run(capsys, "plan", "--json", "--gpu", "none", "--ram", "64GiB", "--cores", "8")
+    assert json.loads(roomy[1])["slots"] == 4  # at most 4, however much room
+    code, out, _ = run(capsys, "plan", "--gpu", "none", "--ram", "64GiB", "--cores", "8")
+    assert code == 0 and "\nserve    4 slots of " in out and " tokens (requests decoded" in out
 
 
 def test_plan_text_says_why_and_how_to_get_it(home, capsys):

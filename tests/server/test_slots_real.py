@@ -169,8 +169,12 @@ def assert_scores_alike(view: SlotModel, fresh: LlamaModel, tokens: list[int]) -
     kept = softmax(view.evaluate(tokens, 1)[0])
     fresh.reset()
     anew = softmax(fresh.evaluate(tokens, 1)[0])
-    assert int(np.argmax(kept)) == int(np.argmax(anew))
-    assert float(np.abs(kept - anew).sum()) < TV_NOISE * 2
+    tv = float(np.abs(kept - anew).sum()) / 2
+    assert tv < TV_NOISE, (view.name, len(tokens), tv)
+    top, second = np.argsort(anew)[-2:][::-1]
+    if int(np.argmax(kept)) != int(top):  # only where the fresh read's top two nearly tie
+        assert int(np.argmax(kept)) == int(second), (view.name, len(tokens))
+        assert anew[top] - anew[second] < TV_NOISE, (view.name, anew[top], anew[second])
 
 
 def test_a_short_completion_during_a_long_stream_finishes_first(worker, session, loop):
