@@ -21,7 +21,9 @@ round N of the bench's prompts, against `localspec serve --parallel N` and
 turns, a different one first each round. Per round: the aggregate tok/s (all tokens over
 the round's wall time) and each client's TTFT and tok/s. "An editor beside a chat"
 (`--suite editor`): a 32-token code completion's latency while a chat answer streams,
-over its latency alone, on the same servers.
+over its latency alone, on the same servers. Two conversations taking turns (`--suite
+alternate`): each turn's TTFT, the second turns' over the first's (does each find its
+context still cached?).
 
     scripts/serve_bench.py --target T.gguf --draft D.gguf --threads 4 --prompts 10 \
         --out docs/bench/serve/results.json
@@ -468,6 +470,32 @@ def editor_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     return rows
 
 
+def alternate_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
+    """Two conversations taking turns (a chat panel and an agent), each with a long
+    context of its own: the second turn's TTFT over the first's, per server."""
+    commands, ports = many_servers(args, max(2, args.clients))
+    source = edit_file()
+    systems = [
+        f"You review this module. Be brief.\n\n```python\n{source}```",
+        f"You write tests for this module. Be brief.\n\n{source.replace('self', 'obj')}",
+    ]
+    asks = [("Any bug in area()?", "And in scaled()?"), ("Test Circle.", "Test Square.")]
+    rows: list[dict] = []
+    with servers(commands, ports, logs, "alternate") as bases:
+        for name, base in bases.items():
+            talks = [[{"role": "system", "content": system}] for system in systems]
+            for turn in range(2):
+                for who in range(2):
+                    talks[who].append({"role": "user", "content": asks[who][turn]})
+                    row = stream_one(base, talks[who], 24)
+                    talks[who].append({"role": "assistant", "content": row["text"]})
+                    rows.append(
+                        {"suite": "alternate", "prompt": f"c{who}-t{turn}", "server": name, **row}
+                    )
+                    print(summary(rows[-1]), flush=True)
+    return rows
+
+
 def many_report(rows: list[dict]) -> str:
     """The clients' and the editor's figures: medians, p95, and side-by-side ratios."""
     lines = []
@@ -509,6 +537,23 @@ def many_report(rows: list[dict]) -> str:
                     f"{statistics.median(ratios_):.2f}x, min {min(ratios_):.2f}x "
                     f"({len(ratios_)} rounds)"
                 )
+        lines.append("")
+    talks = [r for r in rows if r["suite"] == "alternate"]
+    if talks:
+        lines += [
+            "### two conversations taking turns: TTFT of each turn",
+            "",
+            "| server | first turns s | second turns s | second over first |",
+            "|---|---|---|---:|",
+        ]
+        for name in dict.fromkeys(r["server"] for r in talks):
+            ttft = {r["prompt"]: r["ttft_s"] for r in talks if r["server"] == name}
+            first = [ttft["c0-t0"], ttft["c1-t0"]]
+            second = [ttft["c0-t1"], ttft["c1-t1"]]
+            lines.append(
+                f"| {name} | {first[0]:.2f}, {first[1]:.2f} | {second[0]:.2f}, {second[1]:.2f}"
+                f" | {sum(second) / sum(first):.2f}x |"
+            )
         lines.append("")
     editor = [r for r in rows if r["suite"] == "editor"]
     if editor:
@@ -627,6 +672,8 @@ def main() -> None:
         rows += clients_suite(args, logs)
     if args.suite == "editor":
         rows += editor_suite(args, logs)
+    if args.suite == "alternate":
+        rows += alternate_suite(args, logs)
     args.out.write_text(
         json.dumps(
             {
@@ -636,7 +683,7 @@ def main() -> None:
             indent=1,
         )
     )
-    many = args.suite in ("clients", "editor")
+    many = args.suite in ("clients", "editor", "alternate")
     text = f"{many_report(rows)}\n" if many else f"{table(rows)}\n\n{ratios(rows)}\n"
     args.out.with_suffix(".md").write_text(text)
     print(text)

@@ -48,6 +48,7 @@ class LoadOptions:
     n_batch: int = 512
     rpc: tuple[str, ...] = ()  # host:port of rpc-servers: the layers spread over them too
     n_seq: int = 1  # sequences (serve's slots), each with a cache of n_ctx tokens
+    kv_unified: bool = False  # the sequences in one cache (see LlamaModel.__init__)
 
 
 @dataclass(frozen=True)
@@ -107,14 +108,14 @@ class LlamaModel(Model):
         cparams.n_ctx = n_ctx * options.n_seq
         cparams.n_batch = cparams.n_ubatch = options.n_batch
         cparams.n_seq_max = options.n_seq
-        # Several sequences (serve's slots) in one cache of n_seq * n_ctx cells, each held
-        # to n_ctx by the slots themselves: with a cache per sequence, llama.cpp cuts a
-        # pass whose sequences bring unequal token counts (one slot's round of 5, three of
-        # 1) into several micro-batches, so speculation under load cost a pass per draft
-        # depth (F16 1.5B, 4 slots, 2 cores: 15.3 tok/s unified against 11.4 split). The
-        # price: each token attends over all the slots' cells (on this CPU, 4 slots at
-        # 2,000 tokens each: plain passes 284 ms against 238).
-        cparams.kv_unified = options.n_seq > 1
+        # Several sequences (serve's slots): a cache each, or one for all of n_seq * n_ctx
+        # cells (each held to n_ctx by the slots themselves). With a cache each, llama.cpp
+        # cuts a pass whose sequences bring unequal token counts (one slot's round of 5,
+        # three of 1) into several micro-batches, so speculation under load costs a pass
+        # more (F16 1.5B, 4 slots, 2 cores: 15.3 tok/s in one cache against 11.4); in one
+        # cache each token attends over every slot's cells, kept conversations included
+        # (4 slots decoding plainly: 21.5 tok/s against 24.9). serve.py chooses.
+        cparams.kv_unified = options.kv_unified and options.n_seq > 1
         cparams.n_threads = cparams.n_threads_batch = threads
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:

@@ -109,6 +109,29 @@ def default_slots(config) -> int:  # config: SessionConfig
     )
 
 
+CHEAP_DRAFT = 0.25  # draft bytes over target bytes under which drafts pay beside others
+
+
+def drafts_under_load(config) -> bool:  # config: SessionConfig
+    """Whether speculation can pay while several slots share the passes, so that the
+    slots share one KV cache (llama.cpp passes unequal rounds in one go then; see
+    LlamaModel): on a GPU, where a pass costs about the same for a few more tokens, or
+    with a draft model of at most CHEAP_DRAFT of the target's bytes (on 2 CPU cores the
+    F16 1.5B's 0.5B draft, 0.16, paid under load; the Q4_K_M pair's, 0.44, did not)."""
+    from localspec.backends.llama import supports_gpu_offload
+    from localspec.drafting import MODEL_FREE_DRAFTERS
+    from localspec.session import resolve_model
+
+    if config.target_load.n_gpu_layers != 0 and supports_gpu_offload():
+        return True
+    if config.draft in MODEL_FREE_DRAFTERS:
+        return False
+    target, draft = resolve_model(config.target), resolve_model(config.draft)
+    if not (target.is_file() and draft.is_file()):
+        return False
+    return draft.stat().st_size <= CHEAP_DRAFT * target.stat().st_size
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -125,10 +148,11 @@ def serve(args: argparse.Namespace) -> int:
         )
     config = session_config(args)
     parallel = args.parallel or default_slots(config)
+    unified = parallel > 1 and drafts_under_load(config)
     config = replace(
         config,
-        target_load=replace(config.target_load, n_seq=parallel),
-        draft_load=replace(config.draft_load, n_seq=parallel),
+        target_load=replace(config.target_load, n_seq=parallel, kv_unified=unified),
+        draft_load=replace(config.draft_load, n_seq=parallel, kv_unified=unified),
     )
     session = open_session(config, say=warn)
     try:

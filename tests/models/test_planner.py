@@ -431,7 +431,7 @@ def test_unknown_family():
 
 def test_json_shape():
     data = plan_json(plan_catalog(CATALOG, nvidia(12)))
-    assert set(data) == {"target", "draft", "drafter", "gamma", "memory", "reasons"}
+    assert set(data) == {"target", "draft", "drafter", "gamma", "slots", "memory", "reasons"}
     assert set(data["target"]) == {"id", "quant", "path", "n_gpu_layers", "n_ctx"}
     assert set(data["memory"]) == {
         *("vram_budget", "vram_estimate", "ram_budget", "ram_estimate"),
@@ -635,3 +635,12 @@ def test_the_planned_pair_is_the_same_pair_as_one_named_alike():
     planned = PairSpec("/t.gguf", "/d.gguf", 8192, 0, ("This machine: ...",))
     assert planned == PairSpec("/t.gguf", "/d.gguf", 8192, 0)
     assert planned != PairSpec("/t.gguf", "ngram", 8192, 0)
+
+
+def test_slots_fit_beside_the_pair_without_giving_up_a_gpu_layer():
+    """serve's slots: as many caches of the plan's context as fit, at most 4; on a card
+    the pair fills, one (a slot never pushes a layer off the GPU)."""
+    roomy = plan_catalog(CATALOG, apply(DESKTOP, Overrides(gpu="none", ram=64 * GiB)))
+    assert roomy.slots == 4
+    full = plan_catalog(CATALOG, nvidia(24))
+    assert full.slots == 1 and full.target.n_gpu_layers > 0

@@ -45,7 +45,9 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def session(real_paths) -> Iterator[Session]:
-    load = LoadOptions(n_ctx=2048, n_threads=2, n_seq=SLOTS)
+    load = LoadOptions(
+        n_ctx=2048, n_threads=2, n_seq=SLOTS, kv_unified=True
+    )  # one cache, as serve's
     config = SessionConfig(str(real_paths[0]), str(real_paths[1]), "auto", load, load)
     s = open_session(config)
     yield s

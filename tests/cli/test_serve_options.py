@@ -1,0 +1,26 @@
+"""`localspec serve`'s choices made before loading (fast): the slots' one cache only
+where speculation can pay beside other slots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from localspec.backends.llama import LoadOptions
+from localspec.cli.serve import drafts_under_load
+from localspec.session import SessionConfig
+
+
+def sized(path: Path, size: int) -> str:
+    with open(path, "wb") as f:  # sparse: only the size matters here
+        f.truncate(size)
+    return str(path)
+
+
+def test_one_cache_for_the_slots_only_with_a_cheap_draft_on_a_cpu(tmp_path: Path):
+    cpu = LoadOptions(n_gpu_layers=0)
+    f16 = sized(tmp_path / "target-f16.gguf", 3_090_000_000)
+    q4 = sized(tmp_path / "target-q4.gguf", 1_117_000_000)
+    draft = sized(tmp_path / "draft.gguf", 491_000_000)
+    assert drafts_under_load(SessionConfig(f16, draft, "auto", cpu, cpu))  # 0.16
+    assert not drafts_under_load(SessionConfig(q4, draft, "auto", cpu, cpu))  # 0.44
+    assert not drafts_under_load(SessionConfig(f16, "ngram", "auto", cpu, cpu))
