@@ -639,7 +639,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--edit-max-tokens", type=int, default=2048)
     p.add_argument("--prompts", type=int, default=10, help="prompts (or edits) per suite")
-    p.add_argument("--suite", choices=("chat", "edit", "all", "clients", "editor"), default="all")
+    p.add_argument(
+        "--suite", choices=("chat", "edit", "all", "clients", "editor", "alternate"), default="all"
+    )
     p.add_argument("--clients", type=int, default=4, help="concurrent clients (clients suite)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of N clients (clients suite)")
     p.add_argument("--completion-tokens", type=int, default=32, help="editor suite")

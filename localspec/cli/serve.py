@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-queue",
         type=ranged_int(0, 100_000),
         default=16,
-        help="requests that may wait; beyond, a 429 with Retry-After (default: 16)",
+        help="requests that may wait while every slot is busy; beyond, a 429 with "
+        "Retry-After (0: none wait; default: 16)",
     )
     g.add_argument(
         "--parallel",
