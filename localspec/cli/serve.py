@@ -72,13 +72,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def model_names(spec: str) -> tuple[str, tuple[str, ...]]:
-    """The name a model is served as (its catalog id, or its file's stem) and the other
-    names accepted for it."""
-    stem = Path(spec).stem
-    if spec.endswith(".gguf") or "/" in spec:
-        return stem, ()
-    return spec, (stem,) if stem != spec else ()
+def model_name(spec: str) -> str:
+    """The name a model is served as: its catalog id, or its file's stem (a request may
+    name any model: the loaded one answers, and says its name)."""
+    return Path(spec).stem if spec.endswith(".gguf") or "/" in spec else spec
 
 
 def default_slots(config) -> int:  # config: SessionConfig
@@ -157,17 +154,11 @@ def serve(args: argparse.Namespace) -> int:
     )
     session = open_session(config, say=warn)
     try:
-        name, aliases = model_names(config.target)
-        target_path = getattr(session.target, "path", None)
-        if target_path is not None:
-            aliases = (*aliases, Path(target_path).stem)
-        if args.model_name:
-            aliases, name = (name, *aliases), args.model_name
+        name = args.model_name or model_name(config.target)
         draft = Path(config.draft).stem if config.draft.endswith(".gguf") else config.draft
         options = ServerOptions(
             model_id=name,
             draft_id=draft,
-            aliases=tuple(dict.fromkeys(a for a in aliases if a != name)),
             api_key=key,
             max_queue=args.max_queue,
             parallel=parallel,

@@ -36,6 +36,7 @@ from localspec.server.errors import ApiError, error_body
 from localspec.server.guard import Guard, GuardMiddleware
 from localspec.server.infill import (
     InfillLines,
+    InfillPrompt,
     InfillRequest,
     infill_body,
     infill_prompt,
@@ -64,7 +65,6 @@ FINISH_REASONS: dict[StopReason, str] = {
 class ServerOptions:
     model_id: str  # the name clients use; the target file's stem is accepted too
     draft_id: str | None = None
-    aliases: tuple[str, ...] = ()
     api_key: str | None = None
     max_queue: int = 16
     max_body_bytes: int = 8 << 20
@@ -85,6 +85,15 @@ class Prepared:
     source: list[int] | None = None  # a free draft source (FIM: the suffix, other files)
     truncated: bool = False  # the FIM prompt was cut to fit
     lines: InfillLines | None = None  # a middle's line rule (FIM)
+
+    @classmethod
+    def infill(cls, built: InfillPrompt, config: GenerationConfig, lines: InfillLines) -> Prepared:
+        """A fill-in-the-middle prompt: its suffix and extra chunks draft, and the middle
+        is judged line by line."""
+        config = replace(config, lines=lines)
+        return cls(
+            built.tokens, config, source=built.source, truncated=built.truncated, lines=lines
+        )
 
 
 def create_app(session: Session, options: ServerOptions) -> FastAPI:
@@ -269,12 +278,8 @@ def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
             body.max_tokens or COMPLETION_DEFAULT_TOKENS,
             session.target.n_ctx,
         )
-        lines = InfillLines(body.suffix)
         config = generation_config(body, built.tokens, session, COMPLETION_DEFAULT_TOKENS)
-        config = replace(config, lines=lines)
-        return Prepared(
-            built.tokens, config, source=built.source, truncated=built.truncated, lines=lines
-        )
+        return Prepared.infill(built, config, InfillLines(body.suffix))
     prompt = session.tokenize_raw(body.prompt_text())
     if not prompt:
         raise ApiError(400, "the prompt is empty", "prompt")
@@ -282,31 +287,33 @@ def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
 
 
 def prepare_infill(body: InfillRequest, session: Session) -> Prepared:
-    target = session.target
     built = infill_prompt(
-        target,
+        session.target,
         body.input_prefix,
         body.input_suffix,
         body.input_extra,
         body.prompt,
         body.n_predict,
-        target.n_ctx,
+        session.target.n_ctx,
     )
-    room = session.engine.room(len(built.tokens))
+    room = room_for(built.tokens, session, "input_prefix")
+    limit = room if body.n_predict < 0 else min(body.n_predict, room)
+    lines = InfillLines(body.input_suffix, body.n_indent, body.t_max_predict_ms / 1e3)
+    return Prepared.infill(built, GenerationConfig(limit, body.sampling(), body.stops()), lines)
+
+
+def room_for(prompt: list[int], session: Session, param: str) -> int:
+    """Tokens the answer may take after `prompt`; a 400 where it leaves none."""
+    room = session.engine.room(len(prompt))
     if room < 1:
         raise ApiError(
             400,
-            f"the infill prompt has {len(built.tokens)} tokens; the context holds "
-            f"{target.n_ctx} with room for the answer",
-            "input_prefix",
+            f"the prompt has {len(prompt)} tokens; the context holds "
+            f"{session.target.n_ctx} with room for the answer",
+            param,
             "context_length_exceeded",
         )
-    limit = room if body.n_predict < 0 else min(body.n_predict, room)
-    lines = InfillLines(body.input_suffix, body.n_indent, body.t_max_predict_ms / 1e3)
-    config = GenerationConfig(limit, body.sampling(), body.stops(), lines=lines)
-    return Prepared(
-        built.tokens, config, source=built.source, truncated=built.truncated, lines=lines
-    )
+    return room
 
 
 def generation_config(
@@ -317,16 +324,7 @@ def generation_config(
     prompt_param: str = "prompt",
 ) -> GenerationConfig:
     """Sampling, stops and the token limit; a 400 where the prompt leaves no room."""
-    n_ctx = session.target.n_ctx
-    room = session.engine.room(len(prompt))
-    if room < 1:
-        raise ApiError(
-            400,
-            f"the prompt has {len(prompt)} tokens; the context holds {n_ctx} with room "
-            "for the answer",
-            prompt_param,
-            "context_length_exceeded",
-        )
+    room = room_for(prompt, session, prompt_param)
     # beyond what fits, the answer stops where the context is full ("length"), as
     # llama-server's does: clients send their own model's limits (128k and more)
     limit = min(body.token_limit() or default_tokens or room, room)

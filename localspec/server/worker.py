@@ -88,7 +88,8 @@ class Job:
 
 class Slot:
     """One sequence of the pair: its engine over views of that sequence (none where the
-    slot runs the session's own engine), the job it runs (None: idle), its thread."""
+    slot runs the session's own engine), the job it runs (None: idle), and the inbox its
+    thread (the worker's) takes jobs from."""
 
     def __init__(self, index: int, engine: Engine, views: list[SlotModel]) -> None:
         self.index = index

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from decoding.test_real_engine import NEAR_TIE
 from fastapi.testclient import TestClient
 
 from localspec.backends.base import common_prefix
@@ -21,7 +22,6 @@ from localspec.session import Session, SessionConfig, open_session
 
 pytestmark = pytest.mark.real
 
-NEAR_TIE = 1.0  # as in test_real_engine.py
 
 PREFIX = '''import math
 

@@ -2,8 +2,8 @@
 llama.cpp passes, and each still answers as it would alone.
 
 Greedy answers decoded together are held to plain decoding's (one-token passes on a
-model of its own) by the weaker near-tie rule of tests/decoding/test_real_engine.py: a
-batch may move a numerical near-tie, never a clear choice.
+model of its own) by the weaker near-tie rule of tests/decoding/test_real_engine.py
+(`assert_lossless`): a batch may move a numerical near-tie, never a clear choice.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from decoding.test_real_engine import assert_lossless  # the near-tie rule
 
 from localspec.backends.llama import LlamaModel, LoadOptions
 from localspec.decoding.drafters import NoDrafter
@@ -28,7 +29,6 @@ from localspec.session import Session, SessionConfig, open_session
 pytestmark = pytest.mark.real
 
 SLOTS = 3
-NEAR_TIE = 1.0  # as in test_real_engine.py
 # total variation between a cache built in shared rounds and a fresh batched read of the
 # same tokens: Q4 kernels' numerics moved it up to 0.18 here (the Q4_0 draft's); a
 # misplaced or stale cache entry moves it wholesale, toward 1
@@ -114,19 +114,6 @@ def plain(real_models, prompt: list[int], max_tokens: int) -> tuple[Finished, li
     return done, pieces
 
 
-def assert_lossless(got: Finished, want: Finished, pieces: list[Piece]) -> None:
-    for i, (a, b) in enumerate(zip(got.tokens, want.tokens, strict=False)):
-        if a != b:
-            here = pieces[i]
-            assert here.margin is not None and here.margin < NEAR_TIE, (
-                f"token {i}: {a} in a shared pass, plain decoding {b} with a clear "
-                f"margin of {here.margin:.2f}: a logic error, not numerics"
-            )
-            assert a == here.runner_up
-            return
-    assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
-
-
 def test_streams_at_once_each_answer_as_plain_decoding_does(worker, session, loop, real_models):
     prompts = [chat(session, p) for p in PROMPTS]
     shared_before = worker.batcher.log.shared
@@ -138,7 +125,7 @@ def test_streams_at_once_each_answer_as_plain_decoding_does(worker, session, loo
     for prompt, end in zip(prompts, ends, strict=True):
         assert isinstance(end, Finished), end
         want, pieces = plain(real_models, prompt, 40)
-        assert_lossless(end, want, pieces)
+        assert_lossless(end, pieces, want)
 
 
 def test_every_slots_caches_equal_a_fresh_evaluation(worker, session, loop, real_models):
