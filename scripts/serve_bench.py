@@ -34,20 +34,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
+
+from localspec.bench.servers import free_port, server
 
 ROOT = Path(__file__).resolve().parent.parent
 EDITS = (
@@ -96,37 +95,6 @@ def edit_file() -> str:
     parts += ["", "def total_area(shapes):", "    return sum(s.area() for s in shapes)", ""]
     parts += ["", "def largest(shapes):", "    return max(shapes, key=lambda s: s.area())", ""]
     return "\n".join(parts) + "\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def server(command: list[str], port: int, log: Path) -> Iterator[str]:
-    """Start a server, wait for /health, yield its base URL, stop it."""
-    with open(log, "w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                sys.exit(f"{command[0]} exited: see {log}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                sys.exit(f"{command[0]} did not come up: see {log}")
-            time.sleep(1)
-        yield f"{base}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
 
 
 def stream_one(base: str, messages: list[Any], max_tokens: int, **extra: Any) -> dict:
@@ -245,7 +213,7 @@ def chat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     stack = [server(commands[n], ports[n], logs / f"{n}.log") for n in commands]
     try:
         for name, ctx in zip(commands, stack, strict=True):
-            bases[name] = ctx.__enter__()
+            bases[name] = ctx.__enter__() + "/v1"
             warm_up(bases[name])
         for pid, spec in chosen:
             messages = [{"role": "user", "content": spec["prompt"]}]
@@ -295,7 +263,7 @@ def edit_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     stack = [server(commands[n], ports[n], logs / f"{n}-edit.log") for n in commands]
     try:
         for name, ctx in zip(commands, stack, strict=True):
-            bases[name] = ctx.__enter__()
+            bases[name] = ctx.__enter__() + "/v1"
             warm_up(bases[name])
         for i, change in enumerate(EDITS[: args.prompts]):
             messages = [
@@ -322,7 +290,7 @@ def servers(commands: dict[str, list[str]], ports: dict[str, int], logs: Path, t
     stack = [server(commands[n], ports[n], logs / f"{n}-{tag}.log") for n in commands]
     try:
         for name, ctx in zip(commands, stack, strict=True):
-            bases[name] = ctx.__enter__()
+            bases[name] = ctx.__enter__() + "/v1"
             warm_up(bases[name])
         yield bases
     finally:

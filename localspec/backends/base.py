@@ -81,6 +81,26 @@ def shared_prefix(stored: list[int], tokens: Sequence[int]) -> int:
     return n
 
 
+def moves(
+    cached: Sequence[int], tokens: Sequence[int], min_chunk: int
+) -> tuple[int, list[tuple[int, int, int]]]:
+    """What llama-server's --cache-reuse keeps of `cached` for `tokens`: the shared prefix,
+    then, in order, each run of at least `min_chunk` cached tokens that `tokens` holds
+    next, as (where tokens has it, where the cache has it, length). Runs only move back:
+    llama.cpp wants a sequence's positions to stay consecutive."""
+    n_past = common_prefix(cached, tokens)
+    head_c = head_p = n_past
+    chunks: list[tuple[int, int, int]] = []
+    while min_chunk > 0 and head_c < len(cached) and head_p < len(tokens):
+        n = common_prefix(cached[head_c:], tokens[head_p:])
+        if n >= min_chunk:
+            chunks.append((head_p, head_c, n))
+            head_p, head_c = head_p + n, head_c + n
+        else:
+            head_c += 1
+    return n_past, chunks
+
+
 def _as_list(tokens: Sequence[int]) -> list[int]:
     return tokens if isinstance(tokens, list) else list(tokens)
 
@@ -168,6 +188,30 @@ class Model(ABC):
         else:
             self.restarts += 1
             self.reset()
+
+    def reuse(self, tokens: Sequence[int], min_chunk: int) -> int:
+        """llama-server's --cache-reuse: past the prefix the cache shares with `tokens`,
+        the chunks `moves` finds (an editor's context chunk that moved up when one before
+        it went) are moved to where `tokens` has them, not read again; what the cache
+        skipped over goes. The moved entries were computed after other text, so the
+        answer is close to, not exactly, a fresh read's: a trade the user asks for.
+        Returns the tokens moved."""
+        n_past, chunks = moves(self.cached, tokens, min_chunk)
+        kept = self.cached[:n_past]
+        for head_p, head_c, n in chunks:
+            if not self._move((head_p, head_c), (head_c, head_c + n)):
+                break
+            kept += self.cached[head_c : head_c + n]
+        if len(kept) > n_past:
+            # what lies past the last moved chunk still sits at its old positions
+            self._remove_from(len(kept))
+            self.cached = kept
+        return len(kept) - n_past
+
+    def _move(self, gap: tuple[int, int], chunk: tuple[int, int]) -> bool:
+        """Drop the entries at positions [gap), move [chunk) back by the gap's width;
+        False where the backend cannot (then nothing changed)."""
+        return False
 
     @property
     def can_cut(self) -> bool:

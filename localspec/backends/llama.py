@@ -198,6 +198,20 @@ class LlamaModel(Model):
     def seq_len(self, seq: int) -> int:
         return ll.llama_memory_seq_pos_max(self._mem, seq) + 1
 
+    def move(self, seq: int, gap: tuple[int, int], chunk: tuple[int, int]) -> bool:
+        """Drop sequence `seq`'s entries at positions [gap) and move those at [chunk)
+        back by the gap's width (RoPE re-applied by llama.cpp); False where the cache
+        cannot shift (a recurrent model, M-RoPE)."""
+        if not self._can_cut or not ll.llama_memory_can_shift(self._mem):
+            return False
+        if not ll.llama_memory_seq_rm(self._mem, seq, *gap):
+            return False
+        ll.llama_memory_seq_add(self._mem, seq, *chunk, gap[0] - gap[1])
+        return True
+
+    def _move(self, gap: tuple[int, int], chunk: tuple[int, int]) -> bool:
+        return self.move(0, gap, chunk)
+
     def _remove_from(self, pos: int) -> bool:
         return self.remove_from(0, pos)
 

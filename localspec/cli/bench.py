@@ -71,10 +71,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument(
         "--suite",
-        choices=("localspec", "specbench"),
+        choices=("localspec", "specbench", "fim", "json"),
         default="localspec",
         help="localspec: the prompts file (--prompts); specbench: a seeded sample of "
-        "Spec-Bench's questions, first turns (default: %(default)s)",
+        "Spec-Bench's questions, first turns; fim: code completion (/infill) on cuts of "
+        "the standard library, localspec serve against llama-server; json: structured output "
+        "(response_format json_schema), localspec serve against llama-server "
+        "(default: %(default)s)",
+    )
+    b.add_argument(
+        "--cases",
+        type=int,
+        default=12,
+        help="--suite fim: completion cases, one-line, few-line and block middles in turn "
+        "(default %(default)s)",
     )
     b.add_argument(
         "--specbench",
@@ -157,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
         raise LocalspecError("--max-tokens must be at least 1")
     if args.repeats < 1:
         raise LocalspecError("--repeats must be at least 1")
+    if args.suite in ("fim", "json"):
+        return bench_servers(args, output_dir(args.out))
     prompts, suite = choose_prompts(args)
     if args.list_prompts:
         from localspec.bench.specbench import as_prompts_file
@@ -170,6 +182,54 @@ def run(args: argparse.Namespace) -> int:
         ours, peers = endpoints[: len(rpc)], endpoints[len(rpc) :]
         where = placement(rpc, peer_rpc, args.rpc_rtt_ms)
         return bench(args, prompts, suite, out, ours, peers, where)
+
+
+def bench_servers(args: argparse.Namespace, out: Path) -> int:
+    """The suites served over HTTP: `localspec serve` (plain and auto) against
+    llama-server (plain, -md, ngram-mod), every case on every server: code completion
+    (localspec.bench.fim) or structured output (localspec.bench.structured)."""
+    from localspec.backends.llama import default_threads
+    from localspec.bench import fim, structured
+    from localspec.bench.peer import default_bin_dir
+    from localspec.bench.servers import PairSetup
+
+    if args.cases < 1:
+        raise LocalspecError("--cases must be at least 1")
+    if args.rpc or args.prompts or args.modes != "baseline,draft,ngram,auto":
+        raise LocalspecError(
+            f"--suite {args.suite} runs its own cases and modes: drop --rpc, --prompts and --modes"
+        )
+    target, draft = resolve_pair(args.target, args.draft)
+    llama_server = (args.peer_bin or default_bin_dir()) / "llama-server"
+    if not llama_server.exists():
+        raise LocalspecError(
+            f"{llama_server} not found: run scripts/peer_speculative.sh build llama-server "
+            "(or pass --peer-bin)"
+        )
+    setup = PairSetup(
+        target=target,
+        draft=draft,
+        peer_draft=draft_file(draft, target, args) if draft is not None else None,
+        threads=args.threads or default_threads(),
+        n_ctx=args.ctx,
+        llama_server=llama_server,
+    )
+
+    def progress(line: str) -> None:
+        print(f"bench: {line}", file=sys.stderr, flush=True)
+
+    if args.suite == "json":
+        report = structured.run_json(setup, args.max_tokens, out / "logs", args.repeats, progress)
+        print(structured.to_markdown(report))
+        paths = structured.write(report, out)
+    else:
+        cases = fim.cut_cases(args.cases, args.seed)
+        completions = fim.run_fim(setup, cases, args.max_tokens, out / "logs", progress)
+        fim.audit_agreement(completions, cases, setup, args.max_tokens)
+        print(fim.to_markdown(completions))
+        paths = fim.write(completions, out)
+    print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
 
 
 def check_rpc(rpc: tuple[str, ...], peer_rpc: tuple[str, ...], rtt_ms: float) -> None:

@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
             "installed": f.installed.source if f.installed else None,
             "path": str(f.installed.path) if f.installed else None,
             "fits": f.fits,
+            "completes_code": bool(f.model and f.model.completes_code),
         }
         for f in inventory.files
         if shown(f)
@@ -87,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         print(("  " + "  ".join(cells)).rstrip())
     print(
         "\nFITS: alone at a 2048-token context, with headroom. "
-        "`localspec pull ID[:QUANT]` downloads one; `localspec plan` picks a pair."
+        "`localspec pull ID[:QUANT]` downloads one; `localspec plan` picks a pair.\n"
+        "Code completion (serve's /infill): the Qwen2.5-Coder models, the base ones best "
+        "(`localspec pull coder-fim`)."
     )
     return 0

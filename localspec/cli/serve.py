@@ -37,6 +37,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Retry-After (0: none wait; default: 16)",
     )
     g.add_argument(
+        "--cache-reuse",
+        type=ranged_int(0, 1_000_000),
+        default=0,
+        metavar="N",
+        help="as llama-server's: where an editor's context chunks moved up in the prompt, "
+        "move their cached entries (runs of at least N tokens) instead of reading them "
+        "again; the answer is then close to, not exactly, a fresh read's (default 0: off; "
+        "llama.vim and llama.vscode suggest 256)",
+    )
+    g.add_argument(
         "--parallel",
         type=ranged_int(1, 64),
         default=None,
@@ -162,6 +172,7 @@ def serve(args: argparse.Namespace) -> int:
             api_key=key,
             max_queue=args.max_queue,
             parallel=parallel,
+            cache_reuse=args.cache_reuse,
             guard=Guard.for_address(
                 args.host, is_loopback(args.host), args.allowed_host, args.cors_origin
             ),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -29,7 +29,14 @@ from localspec.decoding.events import (
     StatsRecorder,
     StopReason,
 )
-from localspec.decoding.sampling import SamplingParams, greedy_token, logits_to_probs, sample
+from localspec.decoding.grammar import Grammar, GrammarState, masked_argmax, states_along
+from localspec.decoding.sampling import (
+    Probs,
+    SamplingParams,
+    greedy_token,
+    logits_to_probs,
+    sample,
+)
 from localspec.decoding.text import LineRule, TextStream
 from localspec.decoding.verify import Verdict, verify_greedy, verify_sampled
 
@@ -40,7 +47,10 @@ class GenerationConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     trace: bool = False  # attach the target's top-2 logit margin to each piece
+    logprobs: int | None = None  # attach each token's log-probability and this many top ones
     lines: LineRule | None = None  # judges each line as it completes (fill-in-the-middle)
+    grammar: Grammar | None = None  # what the answer may be (structured output)
+    jump_forward: bool = True  # draft what the grammar alone allows next
 
 
 class Engine:
@@ -83,17 +93,20 @@ class Engine:
         params = config.sampling
         rng = np.random.default_rng(params.seed)
         rec = StatsRecorder(prompt_tokens=len(prompt))
-        out = _Output(self.target, TextStream(config.stop, config.lines), config.max_tokens)
+        stream = TextStream(config.stop, config.lines)
+        out = _Output(self.target, stream, config.max_tokens, config.trace, config.logprobs)
         tokens = list(prompt)
+        state = config.grammar.start() if config.grammar is not None else None
 
         # prefill: the target alone gives the first token (this is the TTFT)
         logits = self.target.evaluate(tokens, 1)
         if config.max_tokens == 0:  # only read the prompt into the cache (an editor's warm-up)
             yield Finished("", (), "max_tokens", rec.snapshot(final=True))
             return
-        first = self._choose(logits[0], params, tokens, rng)
+        first = self._choose(logits[0], params, tokens, rng, state)
         rec.observe_first_token()
-        yield from rec.timed(out.emit([first], 0, logits if config.trace else None))
+        yield from rec.timed(out.emit([first], 0, logits))
+        self._follow(state, [first][: out.kept_last])
         tokens.append(first)
 
         while out.stop_reason is None:
@@ -106,17 +119,20 @@ class Engine:
                 break
             started = time.perf_counter()
             budget = max(0, min(self.gamma, room - 1, out.remaining - 1))
-            draft = self._timed_draft(rec, tokens, budget, params, rng)
+            lead = self._forced(state, budget) if config.jump_forward else []
+            draft = self._timed_draft(rec, tokens + lead, budget - len(lead), params, rng)
+            draft = with_lead(lead, draft)
             # the target reads the draft up to a token it does not have, which it refuses
             n = self.readable(draft.tokens)
             logits, verify_s = self._timed_score(rec, tokens + draft.tokens[:n], n + 1)
-            verdict = self._verify(draft, logits, params, tokens, rng)
+            verdict = self._verify(draft, logits, params, tokens, rng, state)
             new = [*draft.tokens[: verdict.accepted], verdict.token]
             answered = len(out.tokens)
-            pieces = list(out.emit(new, verdict.accepted, logits if config.trace else None))
+            pieces = list(out.emit(new, verdict.accepted, logits))
+            self._follow(state, new[: out.kept_last])
             tokens.extend(new[: out.kept_last])
             outcome = Outcome(len(draft.tokens), verdict.accepted, verify_s)
-            self.trim_caches(tokens, outcome)
+            self.trim_caches(tokens, drafters_part(outcome, len(lead)))
 
             round_end = rec.end_round(
                 draft.by or self.drafter.name,
@@ -187,7 +203,12 @@ class Engine:
         params: SamplingParams,
         history: list[int],
         rng: np.random.Generator,
+        state: GrammarState | None = None,
     ) -> int:
+        if state is not None:
+            if params.greedy and params.repeat_penalty == 1.0:
+                return masked_argmax(state, logits)
+            logits = state.mask(logits)
         if params.greedy:
             return greedy_token(logits, params, history)
         return sample(logits_to_probs(logits, params, history), rng)
@@ -199,7 +220,10 @@ class Engine:
         params: SamplingParams,
         tokens: list[int],
         rng: np.random.Generator,
+        state: GrammarState | None = None,
     ) -> Verdict:
+        if state is not None:
+            return self._verify_constrained(draft, logits, params, tokens, rng, state)
         if params.greedy:
             if params.repeat_penalty == 1.0:
                 argmax = np.argmax(logits, axis=1).tolist()
@@ -215,14 +239,95 @@ class Engine:
 
         return verify_sampled(draft.tokens, draft.q, p, rng)
 
+    def _verify_constrained(
+        self,
+        draft: Draft,
+        logits: np.ndarray,
+        params: SamplingParams,
+        tokens: list[int],
+        rng: np.random.Generator,
+        state: GrammarState,
+    ) -> Verdict:
+        """Row i masked by the grammar's state after draft[:i], each row only once the
+        rows before it accepted (see localspec.decoding.grammar)."""
+        states = states_along(state, draft.tokens)
+        if params.greedy:
+            argmax: list[int] = []
+            for i, here in enumerate(states):
+                history = tokens + draft.tokens[:i]
+                argmax.append(self._choose(logits[i], params, history, rng, here))
+                if i == len(draft.tokens) or argmax[i] != draft.tokens[i]:
+                    break
+            return verify_greedy(draft.tokens, argmax)
+
+        def p(i: int) -> np.ndarray:
+            masked = next(states).mask(logits[i])
+            return logits_to_probs(masked, params, tokens + draft.tokens[:i])
+
+        return verify_sampled(draft.tokens, draft.q, p, rng)
+
+    def _forced(self, state: GrammarState | None, budget: int) -> list[int]:
+        """Jump-forward: the tokens of what the grammar alone allows next (at most
+        `budget`), as the target's tokenizer writes that text."""
+        if state is None or budget < 1:
+            return []
+        text = state.forced_text(4 * budget)
+        if not text:
+            return []
+        tokens = self.target.tokenize(text.decode("utf-8", "replace"), special=False)
+        # the last token may merge with the free text after it (` "` + `John` is ` "John`
+        # to the tokenizer), which the target would then write instead: leave it out
+        return tokens[: min(budget, max(1, len(tokens) - 1))]
+
+    def _follow(self, state: GrammarState | None, emitted: list[int]) -> None:
+        """Advance the grammar past the answer's new tokens (not an end token: the
+        answer ends there)."""
+        if state is None:
+            return
+        for token in emitted:
+            if not self.target.is_eog(token):
+                state.accept(token)
+
+
+def with_lead(lead: list[int], draft: Draft) -> Draft:
+    """The round's draft: the grammar's forced tokens (certain, q one-hot), then the
+    drafter's."""
+    if not lead:
+        return draft
+    by = "grammar" + (f"+{draft.by or 'draft'}" if draft.tokens else "")
+    q: list[Probs | None] = [None] * len(lead)
+    return replace(draft, tokens=[*lead, *draft.tokens], q=q + draft.q, by=by)
+
+
+def drafters_part(outcome: Outcome, lead: int) -> Outcome:
+    """What the drafter's own tokens (after `lead` forced ones) met: untested where a
+    forced token was refused; the pass's time pro rata, as its batch was larger."""
+    if not lead:
+        return outcome
+    own = outcome.drafted - lead
+    accepted = outcome.accepted - lead
+    share = (own + 1) / (outcome.drafted + 1)
+    if accepted < 0:
+        return Outcome(0, 0, outcome.verify_s * share)
+    return Outcome(own, accepted, outcome.verify_s * share)
+
 
 class _Output:
     """Turns emitted tokens into pieces, and notices every reason to stop."""
 
-    def __init__(self, target: Model, stream: TextStream, max_tokens: int) -> None:
+    def __init__(
+        self,
+        target: Model,
+        stream: TextStream,
+        max_tokens: int,
+        trace: bool = False,
+        logprobs: int | None = None,
+    ) -> None:
         self.target = target
         self.stream = stream
         self.max_tokens = max_tokens
+        self.trace = trace
+        self.logprobs = logprobs
         self.tokens: list[int] = []
         self.stop_reason: StopReason | None = None
         self.kept_last = 0  # how many of the last emit's tokens belong to the answer
@@ -231,8 +336,9 @@ class _Output:
     def remaining(self) -> int:
         return self.max_tokens - len(self.tokens)
 
-    def emit(self, new: list[int], drafted: int, logits: np.ndarray | None) -> Iterator[Piece]:
-        """`new`: the round's tokens, of which the first `drafted` came from the draft."""
+    def emit(self, new: list[int], drafted: int, logits: np.ndarray) -> Iterator[Piece]:
+        """`new`: the round's tokens, of which the first `drafted` came from the draft;
+        row i of `logits` scored new[i]."""
         self.kept_last = 0
         for i, token in enumerate(new):
             source: Source = "draft" if i < drafted else "target"
@@ -242,7 +348,8 @@ class _Output:
                 return
             self.tokens.append(token)
             text = self.stream.push(self.target.token_bytes(token))
-            yield Piece(text, token, source, *_top2(logits, i))
+            traced = _top2(logits, i) if self.trace else (None, None)
+            yield Piece(text, token, source, *traced, *self._logprobs(logits[i], token))
             if self.stream.stopped:
                 self.stop_reason = "stop_string"
                 return
@@ -250,11 +357,23 @@ class _Output:
                 self.stop_reason = "max_tokens"
                 return
 
+    def _logprobs(
+        self, row: np.ndarray, token: int
+    ) -> tuple[float | None, tuple[tuple[int, float], ...]]:
+        """log p(token) under the target's own distribution (the row's softmax, before
+        any sampling transform or grammar), and the `logprobs` most likely tokens'."""
+        if self.logprobs is None:
+            return None, ()
+        x = row.astype(np.float64)
+        lp = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+        k = min(self.logprobs, len(lp))
+        top = np.argpartition(lp, -k)[-k:] if k else np.empty(0, dtype=np.int64)
+        top = top[np.argsort(-lp[top], kind="stable")]
+        return float(lp[token]), tuple((int(t), float(lp[t])) for t in top)
 
-def _top2(logits: np.ndarray | None, i: int) -> tuple[float | None, int | None]:
+
+def _top2(logits: np.ndarray, i: int) -> tuple[float | None, int | None]:
     """(top-2 logit gap, second choice) of row i, when tracing."""
-    if logits is None:
-        return None, None
     first, second = np.argpartition(logits[i], -2)[-2:][::-1]
     if logits[i][second] > logits[i][first]:
         first, second = second, first

@@ -94,6 +94,10 @@ class Piece:
     source: Source
     margin: float | None = None  # when tracing: the target's top-2 logit gap here
     runner_up: int | None = None  # when tracing: the target's second choice here
+    # when asked for (logprobs): the target's log-probability of this token, and of its
+    # most likely ones, (token, log-probability), from the pass that scored it
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,11 @@ class LineRule(Protocol):
         """`line` (without its newline) completes after the text `before`."""
         ...
 
+    def check_start(self, before: str, start: str) -> Verdict:
+        """The start of a line not yet complete ("drop" ends the answer before it, as
+        soon as that is clear, rather than after the whole line is written)."""
+        ...
+
 
 class TextStream:
     """Feed each emitted token's bytes; get back the text that is safe to show."""
@@ -76,6 +81,10 @@ class TextStream:
             out, self._held = out + line + "\n", self._held[nl + 1 :]
             if verdict == "end":
                 self.stopped, self._held = True, ""
+        # a line may end the answer before it completes (llama-server's indentation)
+        rule, held = self._lines, self._held
+        if not self.stopped and held and rule and rule.check_start(self.text + out, held) == "drop":
+            self.stopped, self._held = True, ""
         self.text += out
         return out
 

@@ -97,6 +97,7 @@ class ModelEntry:
     shape: Shape
     quants: tuple[Quant, ...]
     drafts: tuple[str, ...] = ()  # a target's drafts; empty = every draft of its family
+    completes_code: bool = False  # trained to fill in the middle (serve's /infill)
 
     def quant(self, name: str | None = None) -> Quant:
         """The named quantization, or the default one (Q4_K_M, else the smallest)."""

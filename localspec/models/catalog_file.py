@@ -95,6 +95,7 @@ _MODEL: dict[str, Any] = {
     "revision": str,
     "quants": dict,
     "drafts": list,
+    "completes_code": bool,
 }
 _SHAPE: dict[str, Any] = {
     "layers": int,
@@ -292,6 +293,7 @@ class _Reader:
             shape=shape,
             quants=tuple(sorted(quants, key=lambda q: q.rank)),
             drafts=tuple(drafts),
+            completes_code=bool(d.get("completes_code", False)),
         )
 
     def quant(

@@ -240,9 +240,10 @@ def register(
 
 def match_family(catalog: Catalog, info: GgufInfo) -> str | None:
     """The catalog family a GGUF belongs to: same architecture, a vocabulary within
-    llama.cpp's draft tolerance (128 tokens), and the most words of its name in common."""
+    llama.cpp's draft tolerance (128 tokens), and the most words of its name in common
+    (whole words: "code" is not "coder")."""
     best: tuple[int, int, str] | None = None
-    name = info.name.lower()
+    name = set(re.split(r"[^a-z0-9.]+", info.name.lower()))
     for f in catalog.families:
         if f.architecture != info.architecture:
             continue
@@ -250,7 +251,7 @@ def match_family(catalog: Catalog, info: GgufInfo) -> str | None:
         if not any(abs(v - info.vocab) <= 128 for v in vocabs):
             continue
         words = set(re.split(r"[^a-z0-9.]+", f.name.lower())) - {"", "instruct", "x"}
-        score = (sum(w in name for w in words), -len(f.id), f.id)
+        score = (len(words & name), -len(f.id), f.id)
         if best is None or score > best:
             best = score
     return best[2] if best else None

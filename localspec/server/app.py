@@ -28,8 +28,16 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from localspec.backends.base import ModelError
+from localspec.backends.llama import LlamaModel
+from localspec.backends.llama_grammar import (
+    GrammarError,
+    LlamaGrammar,
+    json_object_grammar,
+    schema_grammar,
+)
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.events import Event, Finished, Piece, Stats, StopReason
+from localspec.decoding.grammar import Grammar
 from localspec.server.chat import ToolCall, ToolCallStream, template_messages, template_tools
 from localspec.server.chat import tool_prefill as make_prefill
 from localspec.server.errors import ApiError, error_body
@@ -69,6 +77,7 @@ class ServerOptions:
     max_queue: int = 16
     max_body_bytes: int = 8 << 20
     parallel: int = 1  # slots: requests decoded at once
+    cache_reuse: int = 0  # move cached chunks of at least this many tokens (0: off)
     # which Host and Origin headers are answered (by default any: `serve` sets its own)
     guard: Guard = field(default_factory=lambda: Guard(None, frozenset({"*"})))
 
@@ -97,7 +106,7 @@ class Prepared:
 
 
 def create_app(session: Session, options: ServerOptions) -> FastAPI:
-    worker = Worker(session, options.max_queue, options.parallel)
+    worker = Worker(session, options.max_queue, options.parallel, options.cache_reuse)
     metrics = worker.metrics
 
     @asynccontextmanager
@@ -187,7 +196,14 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         job, prepared = await start(
             request, lambda: prepare_chat(body, session), f"chat {short_id()}"
         )
-        answer = Answer(job, prepared, options.model_id, "chat.completion", worker.withdraw)
+        answer = Answer(
+            job,
+            prepared,
+            options.model_id,
+            "chat.completion",
+            worker.withdraw,
+            session.target.token_bytes,
+        )
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return sse(answer.stream_chat(usage))
@@ -199,7 +215,14 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         job, prepared = await start(
             request, lambda: prepare_completion(body, session), f"completion {short_id()}"
         )
-        answer = Answer(job, prepared, options.model_id, "text_completion", worker.withdraw)
+        answer = Answer(
+            job,
+            prepared,
+            options.model_id,
+            "text_completion",
+            worker.withdraw,
+            session.target.token_bytes,
+        )
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return sse(answer.stream_completion(usage))
@@ -212,7 +235,9 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         job, prepared = await start(
             request, lambda: prepare_infill(body, session), f"infill {short_id()}"
         )
-        answer = Answer(job, prepared, options.model_id, "infill", worker.withdraw)
+        answer = Answer(
+            job, prepared, options.model_id, "infill", worker.withdraw, session.target.token_bytes
+        )
 
         def build(_events: list[Event], done: Finished) -> dict[str, Any]:
             whole = infill_body(
@@ -332,7 +357,57 @@ def generation_config(
         sampling = body.sampling()
     except ValueError as e:
         raise ApiError(400, str(e)) from None
-    return GenerationConfig(max_tokens=limit, sampling=sampling, stop=body.stops())
+    return GenerationConfig(
+        max_tokens=limit,
+        sampling=sampling,
+        stop=body.stops(),
+        grammar=request_grammar(body, session),
+        logprobs=body.logprob_count(),
+    )
+
+
+def request_grammar(body: ChatRequest | CompletionRequest, session: Session) -> Grammar | None:
+    """What the answer must follow: `response_format` (json_object, json_schema) or
+    llama-server's `grammar` (GBNF), compiled for the target; a 400 naming what is wrong."""
+    fmt = getattr(body, "response_format", None) or {}
+    kind = fmt.get("type", "text")
+    text, param = body.grammar, "grammar"
+    if kind not in ("text", "json_object", "json_schema"):
+        raise ApiError(
+            400,
+            f"response_format {kind!r}: use text, json_object or json_schema",
+            "response_format.type",
+        )
+    if kind != "text":
+        if text is not None:
+            raise ApiError(
+                400, "response_format and grammar name two grammars; send one", "grammar"
+            )
+        if getattr(body, "tools", None):
+            raise ApiError(
+                400, "response_format with tools is not supported: send one", "response_format"
+            )
+        param = "response_format.json_schema.schema"
+        if kind == "json_object":
+            text = json_object_grammar()
+        else:
+            schema = (fmt.get("json_schema") or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise ApiError(
+                    400, "response_format.json_schema.schema must be a JSON schema object", param
+                )
+            try:
+                text = schema_grammar(schema)
+            except GrammarError as e:
+                raise ApiError(400, str(e), param) from None
+    if text is None:
+        return None
+    if not isinstance(session.target, LlamaModel):
+        raise ApiError(400, "structured output needs a llama.cpp model", param)
+    try:
+        return LlamaGrammar(session.target, text)
+    except GrammarError as e:
+        raise ApiError(400, str(e), param) from None
 
 
 # --- answering -------------------------------------------------------------------------
@@ -347,8 +422,11 @@ class Answer:
         model: str,
         kind: str,
         withdraw: Callable[[Job], None],
+        token_bytes: Callable[[int], bytes] = lambda _: b"",
     ) -> None:
         self.job = job
+        self.token_bytes = token_bytes
+        self.logprobs = prepared.config.logprobs is not None
         self.withdraw = withdraw  # the client left: free its place at once
         self.model = model
         self.kind = kind
@@ -390,7 +468,7 @@ class Answer:
             "index": 0,
             "message": message,
             "finish_reason": self.finish_reason(done, bool(calls)),
-            "logprobs": None,
+            "logprobs": self.chat_logprobs(events),
         }
         return self.envelope("chat.completion", [choice]) | self.figures(done)
 
@@ -399,7 +477,7 @@ class Answer:
             "index": 0,
             "text": done.text,
             "finish_reason": self.finish_reason(done, False),
-            "logprobs": None,
+            "logprobs": self.completion_logprobs(events),
         }
         return self.envelope("text_completion", [choice]) | self.figures(done)
 
@@ -415,11 +493,16 @@ class Answer:
     async def stream_chat(self, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
         yield self.chat_chunk({"role": "assistant", "content": ""})
         called = 0
+        scored: list[Event] = []  # pieces whose log-probabilities are not yet sent
         async for event in self.events():
+            if isinstance(event, Piece) and self.logprobs:
+                scored.append(event)
             if isinstance(event, Piece) and event.text:
                 content, calls = self.calls.push(event.text) if self.calls else (event.text, [])
                 for delta in self.deltas(content, calls, called):
-                    yield self.chat_chunk(delta)
+                    logprobs = self.chat_logprobs(scored) if "content" in delta else None
+                    scored = [] if logprobs else scored
+                    yield self.chat_chunk(delta, logprobs=logprobs)
                 called += len(calls)
             elif isinstance(event, Finished):
                 content, calls = self.calls.flush() if self.calls else ("", [])
@@ -434,9 +517,13 @@ class Answer:
                 yield last | self.figures(event, include_usage)
 
     async def stream_completion(self, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+        scored: list[Event] = []
         async for event in self.events():
+            if isinstance(event, Piece) and self.logprobs:
+                scored.append(event)
             if isinstance(event, Piece) and event.text:
-                yield self.completion_chunk(event.text)
+                yield self.completion_chunk(event.text, logprobs=self.completion_logprobs(scored))
+                scored = []
             elif isinstance(event, Finished):
                 last = self.completion_chunk("", self.finish_reason(event, False))
                 if include_usage:
@@ -471,13 +558,53 @@ class Answer:
         out += [{"tool_calls": [call.as_dict(before + i)]} for i, call in enumerate(calls)]
         return out
 
-    def chat_chunk(self, delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+    def chat_chunk(
+        self, delta: dict[str, Any], reason: str | None = None, logprobs: Any = None
+    ) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
         return self.envelope("chat.completion.chunk", [choice])
 
-    def completion_chunk(self, text: str, reason: str | None = None) -> dict[str, Any]:
-        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+    def completion_chunk(
+        self, text: str, reason: str | None = None, logprobs: Any = None
+    ) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
         return self.envelope("text_completion", [choice])
+
+    # --- log-probabilities, as OpenAI shapes them ---------------------------------------
+    def scored(self, events: list[Event]) -> list[Piece]:
+        return [e for e in events if isinstance(e, Piece) and e.logprob is not None]
+
+    def token_entry(self, token: int, logprob: float) -> dict[str, Any]:
+        raw = self.token_bytes(token)
+        text = raw.decode("utf-8", "replace")
+        return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+    def chat_logprobs(self, events: list[Event]) -> dict[str, Any] | None:
+        """{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}"""
+        if not self.logprobs:
+            return None
+        content = [
+            self.token_entry(p.token, p.logprob or 0.0)
+            | {"top_logprobs": [self.token_entry(t, lp) for t, lp in p.top_logprobs]}
+            for p in self.scored(events)
+        ]
+        return {"content": content} if content else None
+
+    def completion_logprobs(self, events: list[Event]) -> dict[str, Any] | None:
+        """The legacy shape: tokens, token_logprobs, top_logprobs ({token: logprob})."""
+        if not self.logprobs:
+            return None
+        pieces = self.scored(events)
+        tokens = [self.token_entry(p.token, 0.0)["token"] for p in pieces]
+        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        return {
+            "tokens": tokens,
+            "token_logprobs": [p.logprob for p in pieces],
+            "top_logprobs": [
+                {self.token_entry(t, 0.0)["token"]: lp for t, lp in p.top_logprobs} for p in pieces
+            ],
+            "text_offset": offsets,
+        }
 
     # --- the parts ---------------------------------------------------------------------
     def envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:

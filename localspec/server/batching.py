@@ -228,6 +228,9 @@ class SlotModel(Model):
     def _remove_from(self, pos: int) -> bool:
         return self.shared.remove_from(self.seq, pos)
 
+    def _move(self, gap: tuple[int, int], chunk: tuple[int, int]) -> bool:
+        return self.shared.move(self.seq, gap, chunk)
+
     @property
     def can_cut(self) -> bool:
         return self.shared.can_cut

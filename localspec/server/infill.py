@@ -169,14 +169,21 @@ class InfillLines:
         if self.rejoin and line.strip() == self.rejoin:
             self.why = "rejoin"
             return "drop"
-        # a later line (the first one goes on from the cursor) that ends the block
-        indent = len(line) - len(line.lstrip(" \t"))
-        if self.n_indent and before and line.strip() and indent < self.n_indent:
-            self.why = "limit"
+        if self.check_start(before, line + "\n") == "drop":
             return "drop"
         if self.t_max_predict_s and self.elapsed() > self.t_max_predict_s:
             self.why = "limit"
             return "end"
+        return "keep"
+
+    def check_start(self, before: str, start: str) -> Verdict:
+        """llama-server's indentation rule: a later line (the first goes on from the
+        cursor) whose first character after its indentation (a newline: a blank line)
+        sits left of `n_indent` ends the middle."""
+        text = start.lstrip(" \t")
+        if self.n_indent and before and text and len(start) - len(text) < self.n_indent:
+            self.why = "limit"
+            return "drop"
         return "keep"
 
     def start(self) -> None:

@@ -12,7 +12,7 @@ editor each keep theirs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from localspec.backends.base import common_prefix
@@ -63,12 +63,17 @@ def plan_step(wants: Sequence[Want], budget: int) -> dict[int, int]:
     return shares
 
 
-def pick_slot(prompt: Sequence[int], idle: Mapping[int, tuple[Sequence[int], float]]) -> int:
-    """The idle slot for `prompt`: the one whose cache shares the longest prefix with it,
-    where that is at least SIMILAR of the prompt; else the one used least recently (a
-    few shared tokens, a chat template's opening, are not worth another's cache).
-    `idle` maps a slot to (its cached tokens, when it was last used)."""
-    shared = {s: common_prefix(cache, prompt) for s, (cache, _used) in idle.items()}
+def pick_slot(
+    prompt: Sequence[int],
+    idle: Mapping[int, tuple[Sequence[int], float]],
+    keeps: Callable[[Sequence[int], Sequence[int]], int] = common_prefix,
+) -> int:
+    """The idle slot for `prompt`: the one whose cache keeps the most of it (the longest
+    shared prefix; with --cache-reuse, the chunks it would move too), where that is at
+    least SIMILAR of the prompt; else the one used least recently (a few shared tokens, a
+    chat template's opening, are not worth another's cache). `idle` maps a slot to (its
+    cached tokens, when it was last used)."""
+    shared = {s: keeps(cache, prompt) for s, (cache, _used) in idle.items()}
     best = max(idle, key=lambda s: (shared[s], -idle[s][1]))
     if shared[best] >= SIMILAR * len(prompt):
         return best

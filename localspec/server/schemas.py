@@ -122,7 +122,9 @@ class GenerationBody(Body):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logprobs: bool | int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     logit_bias: dict[str, float] | None = None
+    grammar: str | None = None  # llama-server's: a GBNF grammar the answer follows
 
     def sampling(self) -> SamplingParams:
         """OpenAI's defaults (temperature 1, top_p 1) where the request says nothing;
@@ -152,8 +154,6 @@ class GenerationBody(Body):
                 raise ApiError(
                     400, f"{name} is not supported; use repeat_penalty (llama.cpp's)", name
                 )
-        if self.logprobs:
-            raise ApiError(400, "logprobs are not supported", "logprobs")
         if self.logit_bias:
             raise ApiError(400, "logit_bias is not supported", "logit_bias")
 
@@ -169,15 +169,18 @@ class ChatRequest(GenerationBody):
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def logprob_count(self) -> int | None:
+        """How many top log-probabilities each token carries (None: no logprobs)."""
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+            return None
+        return self.top_logprobs or 0
+
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
         for i, message in enumerate(self.messages):
             refuse_parts(message.content, f"messages[{i}].content")
-        kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
-            raise ApiError(
-                400, f"response_format {kind!r} is not supported", "response_format.type"
-            )
 
 
 class CompletionRequest(GenerationBody):
@@ -188,6 +191,14 @@ class CompletionRequest(GenerationBody):
 
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+    def logprob_count(self) -> int | None:
+        """The legacy API's `logprobs: N`: each token's and its N most likely ones'."""
+        if self.logprobs is None or self.logprobs is False:
+            return None
+        if not 0 <= int(self.logprobs) <= 20:
+            raise ApiError(400, "logprobs must be between 0 and 20", "logprobs")
+        return int(self.logprobs)
 
     def prompt_text(self) -> str:
         if isinstance(self.prompt, str):

@@ -21,10 +21,10 @@ import math
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from localspec.backends.base import Cancelled, common_prefix
+from localspec.backends.base import Cancelled, common_prefix, moves
 from localspec.backends.llama import LlamaModel
 from localspec.decoding.adaptive import AdaptiveDrafter, Load
 from localspec.decoding.engine import Engine, GenerationConfig
@@ -110,9 +110,12 @@ class Slot:
 
 
 class Worker:
-    def __init__(self, session: Session, max_queue: int = 16, parallel: int = 1) -> None:
+    def __init__(
+        self, session: Session, max_queue: int = 16, parallel: int = 1, cache_reuse: int = 0
+    ) -> None:
         self.session = session
         self.max_queue = max_queue
+        self.cache_reuse = cache_reuse  # llama-server's --cache-reuse (0: off, exact)
         self.metrics = Metrics(self.depth)
         self.batcher = Batcher()
         self.slots = self._make_slots(parallel)
@@ -209,9 +212,15 @@ class Worker:
             if not idle:
                 return
             job = self._waiting.pop(0)
-            slot = self.slots[pick_slot(job.prompt, idle)]
+            slot = self.slots[pick_slot(job.prompt, idle, self._keeps)]
             slot.job = job
             slot.inbox.put(job)
+
+    def _keeps(self, cached: Sequence[int], prompt: Sequence[int]) -> int:
+        """How much of `prompt` a slot's cache keeps: its shared prefix, and the chunks
+        --cache-reuse would move."""
+        n_past, chunks = moves(cached, prompt, self.cache_reuse)
+        return n_past + sum(n for _p, _c, n in chunks)
 
     def _serve(self, slot: Slot) -> None:
         while (job := slot.inbox.get()) is not None:
@@ -232,6 +241,8 @@ class Worker:
 
     def _decode(self, slot: Slot, job: Job) -> None:
         engine = self._engine_for(slot.engine, job)
+        if self.cache_reuse:  # the draft model reads what moved again, within its window
+            engine.target.reuse(job.prompt, self.cache_reuse)
         # the engine reads at least the prompt's last token, for its logits
         job.cached_tokens = min(common_prefix(slot.cached, job.prompt), len(job.prompt) - 1)
         batch: Delivery = []

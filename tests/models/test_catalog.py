@@ -43,7 +43,10 @@ def test_families_and_sizes_the_issue_asks_for():
 def test_every_model_has_its_quantizations_shape_and_sources():
     for m in CATALOG.models:
         names = {q.name for q in m.quants}
-        assert {"Q4_K_M", "Q8_0"} <= names, m.id
+        # the base coders come as the hub has them: ggml-org's Q8_0, Q4_K_M where published
+        assert (
+            {"Q8_0"} <= names if m.family == "qwen2.5-coder-base" else {"Q4_K_M", "Q8_0"} <= names
+        )
         s = m.shape
         assert s.layers > 0 and s.kv_heads > 0 and s.head_dim > 0 and s.vocab > 1000
         assert s.context >= 8192
@@ -53,6 +56,23 @@ def test_every_model_has_its_quantizations_shape_and_sources():
         sizes = [q.size for q in m.quants]
         assert sizes == sorted(sizes), f"{m.id}: quantizations out of order"
         assert CATALOG.drafts_for(m) if m.role == "target" else True
+
+
+def test_the_completion_pair_is_base_coders_and_chat_stays_instruct():
+    pair = CATALOG.pair("coder-fim")
+    assert pair is not None and pair.quant == "Q8_0"
+    target, draft = CATALOG.model(pair.target), CATALOG.model(pair.draft)
+    assert target.completes_code and draft.completes_code
+    assert target.family == draft.family == "qwen2.5-coder-base"
+    for m in (target, draft):  # llama.cpp's --fim-qwen-1.5b-default files, checked
+        q8 = m.quant("Q8_0")
+        assert q8.hub is not None and q8.hub.repo.startswith("ggml-org/") and q8.sha256
+    assert not any(
+        m.completes_code
+        for m in CATALOG.models
+        if m.family != "qwen2.5-coder" and m.family != "qwen2.5-coder-base"
+    )
+    assert CATALOG.model("qwen2.5-coder-1.5b-instruct").completes_code
 
 
 def test_split_ggufs_are_globs():

@@ -48,3 +48,27 @@ def test_a_request_goes_to_the_slot_that_shares_the_longest_prefix():
     assert pick_slot([42], idle) == 2
     # a chat template's opening shared, no more: not worth the chat's cache either
     assert pick_slot([1, 2, 40, 41, 42, 43, 44, 45], idle) == 2
+
+
+def test_cache_reuse_moves_chunks_back_in_order():
+    from localspec.backends.base import moves
+
+    cached = [1, 2, 10, 11, 12, 13, 20, 21, 22, 23, 9]
+    prompt = [1, 2, 20, 21, 22, 23, 30, 31]  # chunk 10-13 went, 20-23 moved up
+    assert moves(cached, prompt, 4) == (2, [(2, 6, 4)])
+    assert moves(cached, prompt, 5) == (2, [])  # shorter runs are read again
+    assert moves(cached, prompt, 0) == (2, [])  # off
+    assert moves([1, 2, 3], [1, 2, 3], 1) == (3, [])
+
+
+def test_with_cache_reuse_a_slot_is_picked_for_what_it_would_move():
+    from localspec.backends.base import moves
+
+    def keeps(cache, prompt):
+        n_past, chunks = moves(cache, prompt, 4)
+        return n_past + sum(n for *_, n in chunks)
+
+    prompt = [7, *range(100, 140)]  # another's first chunk went: only 1 token is a prefix
+    idle = {0: ([7, 1, 2, 3, 4, 5, 6, *range(100, 140)], 2.0), 1: ([7, 8], 1.0)}
+    assert pick_slot(prompt, idle) == 1  # by prefix: the least recently used
+    assert pick_slot(prompt, idle, keeps) == 0

@@ -1,0 +1,149 @@
+"""llama.cpp's grammar engine as a `Grammar` (localspec.decoding.grammar): GBNF parsed by
+libllama (`llama_sampler_init_grammar`), JSON schemas turned into GBNF by llama.cpp's own
+converter (the Python port shipped with llama-cpp-python), the state advanced and
+cloned by the sampler's accept and clone."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from typing import Any
+
+import llama_cpp.llama_cpp as ll
+import numpy as np
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+from localspec.backends.llama import LlamaModel
+from localspec.errors import LocalspecError
+
+TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
+TAIL = 64  # bytes of the answer a state keeps, for its style
+SPACE = ord(" ")
+
+
+def spaced_after(tail: bytes) -> bool:
+    """Whether the answer put a space after its last character the time before (yes
+    where that character has not come before)."""
+    if not tail:
+        return True
+    at = tail.rfind(tail[-1:], 0, len(tail) - 1)
+    return at < 0 or tail[at + 1 : at + 2] == b" "
+
+
+class GrammarError(LocalspecError):
+    """A grammar or schema llama.cpp cannot use; one line that says what."""
+
+
+def schema_grammar(schema: Any) -> str:
+    """GBNF for a JSON schema, by llama.cpp's converter; a GrammarError naming what it
+    could not convert."""
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as e:  # the converter raises bare Exceptions and ValueErrors
+        raise GrammarError(f"the JSON schema cannot be turned into a grammar: {e}") from None
+
+
+def json_object_grammar() -> str:
+    """Any JSON object (OpenAI's response_format json_object)."""
+    return JSON_GBNF
+
+
+class LlamaGrammar:
+    """GBNF compiled for `model`'s vocabulary."""
+
+    def __init__(self, model: LlamaModel, gbnf: str, root: str = "root") -> None:
+        self.model = model
+        self.gbnf, self.root = gbnf.encode(), root.encode()
+        LlamaGrammarState(self)  # parse it now: a bad grammar is the request's error
+        self._bytes: list[int] | None = None
+
+    def start(self) -> LlamaGrammarState:
+        return LlamaGrammarState(self)
+
+    def byte_tokens(self) -> list[int]:
+        """token id of each printable ASCII character (-1: none), for forced_text."""
+        if self._bytes is None:
+            ids = [-1] * 128
+            for c in range(32, 127):
+                found = self.model.tokenize(chr(c), special=False)
+                if len(found) == 1:
+                    ids[c] = found[0]
+            for c in (9, 10):  # tab, newline
+                found = self.model.tokenize(chr(c), special=False)
+                ids[c] = found[0] if len(found) == 1 else -1
+            self._bytes = ids
+        return self._bytes
+
+
+class LlamaGrammarState:
+    def __init__(
+        self, grammar: LlamaGrammar, sampler: ctypes.c_void_p | None = None, tail: bytes = b""
+    ) -> None:
+        self.grammar = grammar
+        self.tail = tail  # the answer's last bytes: its style of optional spaces
+        if sampler is None:
+            sampler = ll.llama_sampler_init_grammar(
+                grammar.model._vocab, grammar.gbnf, grammar.root
+            )
+            if not sampler:
+                raise GrammarError("llama.cpp could not parse the grammar (GBNF)")
+        self._sampler = sampler
+
+    def _apply(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        """The logits of `ids` after the grammar's mask (-inf: refused)."""
+        data = np.empty(len(ids), dtype=TOKEN_DATA)
+        data["id"], data["logit"], data["p"] = ids, logits, 0.0
+        array = ll.llama_token_data_array(
+            data=data.ctypes.data_as(ll.llama_token_data_p),
+            size=len(ids),
+            selected=-1,
+            sorted=False,
+        )
+        ll.llama_sampler_apply(self._sampler, ctypes.byref(array))
+        return data["logit"]
+
+    def allows(self, token: int) -> bool:
+        return bool(np.isfinite(self._apply(np.array([token]), np.zeros(1)))[0])
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        n = len(logits)
+        return self._apply(np.arange(n, dtype=np.int32), logits).astype(logits.dtype)
+
+    def accept(self, token: int) -> None:
+        ll.llama_sampler_accept(self._sampler, token)
+        self.tail = (self.tail + self.grammar.model.token_bytes(token))[-TAIL:]
+
+    def clone(self) -> LlamaGrammarState:
+        sampler = ll.llama_sampler_clone(self._sampler)
+        return LlamaGrammarState(self.grammar, sampler, self.tail)
+
+    def forced_text(self, limit: int) -> bytes:
+        """Probed one character at a time over the single-character tokens (a byte-level
+        vocabulary has one for each): where exactly one is allowed and the grammar is not
+        complete, that character is forced. Where the other choice is an optional space
+        (llama.cpp's schemas put `space ::= " "?` between a JSON answer's parts), the
+        answer's own style decides: a space if one followed the same character last
+        time (or nothing came before it yet)."""
+        table = self.grammar.byte_tokens()
+        ids = np.array([t for t in table if t >= 0], dtype=np.int32)
+        chars = [c for c, t in enumerate(table) if t >= 0]
+        eog = self.grammar.model.special_ids[1]
+        here, out = self.clone(), bytearray()
+        while len(out) < limit:
+            allowed = np.flatnonzero(np.isfinite(here._apply(ids, np.zeros(len(ids)))))
+            if here.allows(eog) or not 1 <= len(allowed) <= 2:
+                break
+            choice = [chars[i] for i in allowed]
+            if len(choice) == 2:
+                if SPACE not in choice:
+                    break
+                other = choice[1 - choice.index(SPACE)]
+                choice = [SPACE if spaced_after(here.tail) else other]
+            out.append(choice[0])
+            here.accept(int(table[choice[0]]))
+        return bytes(out)
+
+    def __del__(self) -> None:
+        if getattr(self, "_sampler", None):
+            ll.llama_sampler_free(self._sampler)
+            self._sampler = None

@@ -1,0 +1,395 @@
+"""`localspec bench --suite fim`: code completion as editors ask for it, against
+llama.cpp's `llama-server /infill`.
+
+The cases are cut from code no one here wrote (the Python standard library's sources, a
+seeded choice of file and cursor): a middle of one line, of a few lines, or a function's
+body, with the lines before the cursor as the prefix, those after it as the suffix, and a
+chunk of another file of the same package as `input_extra`, the body llama.vim and
+llama.vscode send. Every server gets the same requests, greedy, case for case and in a
+rotating order (one machine state for all): `localspec serve` decoding plainly and with
+`--gamma auto`, and `llama-server` plain, with the draft model (`-md`) and with its
+`ngram-mod` drafter. Each case is then sent again with one more character typed, as the
+next keystroke would: how much of the prompt each server reads again, and how long it
+takes.
+
+Per mode: latency (client side, request to answer: what an editor waits), its p50 and
+p95, the decode part alone (the server's predicted_ms), exact matches with the true
+middle, and agreement with localspec's plain decoding (each difference audited: the two
+tokens' logits at the first difference, in one pass of the target).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import platform
+import random
+import statistics
+import sysconfig
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from localspec.bench.servers import MODES, PairSetup, free_port, pair_servers, server
+from localspec.errors import LocalspecError
+
+KINDS = ("line", "lines", "block")
+# llama.vim sends 256 lines before the cursor, 64 after and chunks of 64 lines; these
+# are smaller, so that a case takes seconds, not a minute, on a laptop's CPU
+PREFIX_LINES, SUFFIX_LINES, EXTRA_LINES = 32, 8, 24
+MAX_BLOCK = 12  # a function body of at most this many lines
+NEAR_TIE = 1.0  # logits: the tests' bound for a batched-vs-single difference
+SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "lib2to3", "encodings", "__pycache__"}
+
+
+@dataclass(frozen=True)
+class FimCase:
+    name: str  # "path/file.py:LINE"
+    kind: str  # one of KINDS
+    prefix: str  # the lines before the cursor's line
+    typed: str  # the cursor's line up to the cursor: its indentation (llama.vim's `prompt`)
+    middle: str  # what the author wrote there
+    suffix: str  # the lines after the middle
+    extra: tuple[tuple[str, str], ...]  # (filename, text): other files' chunks
+
+    def body(self, n_predict: int, keystroke: bool = False) -> dict[str, Any]:
+        """llama.vim's /infill body, greedy; `keystroke`: one more character typed."""
+        typed = self.typed + (self.middle[:1] if keystroke else "")
+        return {
+            "input_prefix": self.prefix,
+            "input_suffix": self.suffix,
+            "input_extra": [{"filename": f, "text": t} for f, t in self.extra],
+            "prompt": typed,
+            "n_predict": n_predict,
+            "n_indent": len(self.typed),
+            "cache_prompt": True,
+            "temperature": 0,
+            "top_k": 40,
+            "top_p": 0.99,
+            "return_tokens": True,
+            "stream": False,
+        }
+
+
+# --- cutting cases ---------------------------------------------------------------------
+def source_files(root: Path) -> list[Path]:
+    """Python sources under `root`, tests and third-party packages left out, sorted."""
+    return sorted(
+        p
+        for p in root.rglob("*.py")
+        if not SKIP_DIRS & set(p.relative_to(root).parts[:-1]) and p.stat().st_size > 2000
+    )
+
+
+def indent_of(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def middle_span(source: str, kind: str, rng: random.Random) -> tuple[int, int] | None:
+    """[start, end) lines of a middle of `kind` in `source`, or None where it has none:
+    `line`/`lines` are 1 or 2-4 one-line statements in a row inside a block, `block` a
+    function's body of at most MAX_BLOCK lines."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    lines = source.splitlines()
+    if kind == "block":
+        bodies = [
+            (node.body[0].lineno - 1, node.end_lineno or 0)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body[0].lineno > node.lineno  # not `def f(): return x`
+            and 2 <= (node.end_lineno or 0) - node.body[0].lineno + 1 <= MAX_BLOCK
+        ]
+        return rng.choice(bodies) if bodies else None
+    one_line = {  # statement lines (0-based) of one-line statements in an indented block
+        node.lineno - 1
+        for node in ast.walk(tree)
+        if isinstance(node, ast.stmt)
+        and not isinstance(node, ast.Expr)  # docstrings and bare calls' strings
+        and node.end_lineno == node.lineno
+        and node.col_offset > 0
+        and "\t" not in lines[node.lineno - 1]
+    }
+    n = 1 if kind == "line" else rng.randint(2, 4)
+    spans = [
+        (i, i + n)
+        for i in sorted(one_line)
+        if i >= PREFIX_LINES // 2
+        and all(
+            j in one_line and indent_of(lines[j]) == indent_of(lines[i]) for j in range(i, i + n)
+        )
+    ]
+    return rng.choice(spans) if spans else None
+
+
+def cut_cases(count: int, seed: int, root: Path | None = None) -> list[FimCase]:
+    """`count` cases, the kinds in turn, from a seeded choice of files under `root`
+    (default: the standard library)."""
+    root = root or Path(sysconfig.get_paths()["stdlib"])
+    files = source_files(root)
+    if len(files) < 2:
+        raise LocalspecError(f"no Python sources to cut completion cases from under {root}")
+    rng = random.Random(seed)
+    cases: list[FimCase] = []
+    tries = 0
+    while len(cases) < count:
+        tries += 1
+        if tries > 100 * count:
+            raise LocalspecError(f"could not cut {count} completion cases from {root}")
+        path = rng.choice(files)
+        kind = KINDS[len(cases) % len(KINDS)]
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        lines = source.splitlines(keepends=True)
+        span = middle_span(source, kind, rng)
+        if span is None:
+            continue
+        start, end = span
+        first = lines[start]
+        typed = first[: indent_of(first)]
+        siblings = [p for p in files if p.parent == path.parent and p != path] or files
+        other = rng.choice(siblings)
+        try:
+            other_lines = other.read_text(encoding="utf-8").splitlines(keepends=True)
+        except (OSError, UnicodeDecodeError):
+            continue
+        at = rng.randrange(max(1, len(other_lines) - EXTRA_LINES))
+        cases.append(
+            FimCase(
+                name=f"{path.relative_to(root)}:{start + 1}",
+                kind=kind,
+                prefix="".join(lines[max(0, start - PREFIX_LINES) : start]),
+                typed=typed,
+                middle=first[len(typed) :] + "".join(lines[start + 1 : end]),
+                suffix="".join(lines[end : end + SUFFIX_LINES]),
+                extra=(
+                    (
+                        str(other.relative_to(root)),
+                        "".join(other_lines[at : at + EXTRA_LINES]),
+                    ),
+                ),
+            )
+        )
+    return cases
+
+
+# --- the requests ------------------------------------------------------------------------
+def infill(client: httpx.Client, base: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One /infill request: the answer and its client-side latency."""
+    started = time.perf_counter()
+    r = client.post(f"{base}/infill", json=body)
+    latency = time.perf_counter() - started
+    if r.status_code != 200:
+        raise LocalspecError(f"{base}/infill answered {r.status_code}: {r.text[:200]}")
+    answer = r.json()
+    timings = answer.get("timings", {})
+    return {
+        "latency_s": latency,
+        "content": answer.get("content", ""),
+        "tokens": answer.get("tokens", []),
+        "prompt_tokens": answer.get("tokens_evaluated", 0),
+        "prompt_n": timings.get("prompt_n", 0),
+        "prompt_ms": timings.get("prompt_ms", 0.0),
+        "predicted_n": timings.get("predicted_n", 0),
+        "predicted_ms": timings.get("predicted_ms", 0.0),
+    }
+
+
+@dataclass
+class FimRow:
+    case: str
+    kind: str
+    mode: str
+    first: dict[str, Any]  # the case's request
+    keystroke: dict[str, Any]  # the same with one more character typed
+    exact: bool  # the middle equals the author's
+    agrees: bool | None = None  # equal to localspec-plain's (None: not compared)
+    audit: str = ""  # where it differs from localspec-plain: the two tokens' margin
+
+
+@dataclass
+class FimReport:
+    setup: dict[str, Any]
+    cases: list[dict[str, str]]
+    rows: list[FimRow] = field(default_factory=list)
+
+
+def same_middle(answer: str, middle: str) -> bool:
+    """Equal but for trailing whitespace on each line (editors trim it)."""
+
+    def norm(text: str) -> list[str]:
+        return [line.rstrip() for line in text.rstrip().splitlines()]
+
+    return norm(answer) == norm(middle)
+
+
+def run_fim(
+    setup: PairSetup,
+    cases: list[FimCase],
+    n_predict: int,
+    logs: Path,
+    progress: Callable[[str], None] = lambda _: None,
+) -> FimReport:
+    """Every case on every server, in a rotating order; then the agreement audit."""
+    ports = {m: free_port() for m in MODES}
+    cmds = pair_servers(setup, ports)
+    report = FimReport(
+        setup={k: str(v) for k, v in asdict(setup).items()}
+        | {"n_predict": n_predict, "python": platform.python_version()},
+        cases=[{"name": c.name, "kind": c.kind} for c in cases],
+    )
+    logs.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack, httpx.Client(timeout=600) as client:
+        bases = {}
+        for mode, cmd in cmds.items():
+            progress(f"starting {mode}")
+            bases[mode] = stack.enter_context(server(cmd, ports[mode], logs / f"{mode}.log"))
+            warm = cases[-1].body(8)  # a first request pays for what a server sets up lazily
+            infill(client, bases[mode], warm | {"input_extra": [], "input_prefix": "x = 1\n"})
+        names = list(bases)
+        for i, case in enumerate(cases):
+            order = names[i % len(names) :] + names[: i % len(names)]
+            for mode in order:
+                progress(f"case {i + 1}/{len(cases)} {case.name} ({case.kind}): {mode}")
+                first = infill(client, bases[mode], case.body(n_predict))
+                again = infill(client, bases[mode], case.body(n_predict, keystroke=True))
+                report.rows.append(
+                    FimRow(
+                        case.name,
+                        case.kind,
+                        mode,
+                        first,
+                        again,
+                        same_middle(first["content"], case.middle),
+                    )
+                )
+    return report
+
+
+def audit_agreement(
+    report: FimReport, cases: list[FimCase], setup: PairSetup, n_predict: int
+) -> None:
+    """Compare every mode's tokens with localspec-plain's; where they differ, score the
+    first difference in one pass of the target: a near-tie, or a defect."""
+    from localspec.backends.llama import LlamaModel, LoadOptions
+    from localspec.bench.audit import first_difference
+    from localspec.server.infill import ExtraChunk, infill_prompt
+
+    plain = {r.case: r for r in report.rows if r.mode == "localspec-plain"}
+    differ = []
+    for row in report.rows:
+        base = plain.get(row.case)
+        if base is None or row.mode == "localspec-plain":
+            continue
+        a, b = base.first["tokens"], row.first["tokens"]
+        row.agrees = a == b
+        if not row.agrees:
+            differ.append((row, a, b))
+    if not differ:
+        return
+    model = LlamaModel(setup.target, LoadOptions(n_ctx=setup.n_ctx, n_threads=setup.threads))
+    try:
+        by_name = {c.name: c for c in cases}
+        for row, a, b in differ:
+            case = by_name[row.case]
+            extra = [ExtraChunk(filename=f, text=t) for f, t in case.extra]
+            built = infill_prompt(
+                model, case.prefix, case.suffix, extra, case.typed, n_predict, setup.n_ctx
+            )
+            i = first_difference(a, b)
+            if i is None or i >= min(len(a), len(b)):
+                row.audit = f"the same tokens, one stopped sooner ({len(a)} vs {len(b)})"
+                continue
+            logits = model.evaluate([*built.tokens, *a[:i]], 1)[0]
+            gap = float(logits[a[i]] - logits[b[i]])
+            verdict = "near-tie" if abs(gap) < NEAR_TIE else "DEFECT"
+            row.audit = f"{verdict}: token {i}, logit gap {gap:.3f}"
+            model.reset()
+    finally:
+        model.close()
+
+
+# --- the report -----------------------------------------------------------------------------
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def to_markdown(report: FimReport) -> str:
+    rows = report.rows
+    modes = [m for m in MODES if any(r.mode == m for r in rows)]
+    by = {(r.mode, r.case): r for r in rows}
+    cases = [c["name"] for c in report.cases]
+    ref = "llama-server" if "llama-server" in modes else "localspec-plain"
+    lines = [
+        f"# Code completion (/infill): {len(cases)} cases cut from the standard library",
+        "",
+        f"Each case: {PREFIX_LINES} lines before the cursor, {SUFFIX_LINES} after it, one "
+        f"chunk of {EXTRA_LINES} lines of another file; n_predict "
+        f"{report.setup.get('n_predict', '?')}, greedy. Python {report.setup.get('python', '?')}'s "
+        "standard library.",
+        "",
+        "Latency: client side, request to answer (s). Decode: the server's predicted_ms. "
+        "Keystroke: the same request with one more character typed; re-read: the share of "
+        "its prompt read again.",
+        "",
+        f"| mode | p50 s | p95 s | p50 / {ref} | worst case / {ref} | decode p50 ms | exact "
+        "| = plain | keystroke p50 s | keystroke / " + ref + " | re-read p50 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    ref_p50 = statistics.median(by[ref, c].first["latency_s"] for c in cases)
+    ref_key = statistics.median(by[ref, c].keystroke["latency_s"] for c in cases)
+    for m in modes:
+        mine = [by[m, c] for c in cases]
+        lat = [r.first["latency_s"] for r in mine]
+        key = [r.keystroke["latency_s"] for r in mine]
+        worst = max(by[m, c].first["latency_s"] / by[ref, c].first["latency_s"] for c in cases)
+        reread = [r.keystroke["prompt_n"] / max(1, r.keystroke["prompt_tokens"]) for r in mine]
+        agree = [r.agrees for r in mine if r.agrees is not None]
+        lines.append(
+            f"| {m} | {statistics.median(lat):.2f} | {pct(lat, 0.95):.2f} "
+            f"| {statistics.median(lat) / ref_p50:.2f}x | {worst:.2f}x "
+            f"| {statistics.median(r.first['predicted_ms'] for r in mine):.0f} "
+            f"| {sum(r.exact for r in mine)}/{len(mine)} "
+            f"| {f'{sum(agree)}/{len(agree)}' if agree else '-'} "
+            f"| {statistics.median(key):.2f} | {statistics.median(key) / ref_key:.2f}x "
+            f"| {100 * statistics.median(reread):.0f}% |"
+        )
+    for kind in KINDS:
+        kc = [c["name"] for c in report.cases if c["kind"] == kind]
+        if not kc:
+            continue
+        cells = [
+            f"{m} {statistics.median(by[m, c].first['latency_s'] for c in kc):.2f}" for m in modes
+        ]
+        lines.append(f"\n{kind} ({len(kc)}): median latency " + ", ".join(cells))
+    audits = [f"- {r.case} {r.mode}: {r.audit}" for r in rows if r.audit]
+    if audits:
+        lines += ["", "Differences from localspec-plain's middle:", *audits]
+    return "\n".join(lines) + "\n"
+
+
+def write(report: FimReport, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    data = {
+        "setup": report.setup,
+        "cases": report.cases,
+        "rows": [asdict(r) for r in report.rows],
+    }
+    paths = [out / "fim.json", out / "fim.md"]
+    for path, text in zip(paths, (json.dumps(data, indent=1), to_markdown(report)), strict=True):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    return paths

@@ -1,0 +1,294 @@
+"""`localspec bench --suite json`: structured output as agents ask for it, against
+llama.cpp's `llama-server` with the same schema.
+
+A few schemas of what agents request (a tool call's arguments, extraction results, a
+plan, a review), each with a request in words, sent to every server as OpenAI's
+`response_format: json_schema`, greedy, streamed, case for case in a rotating order:
+`localspec serve` decoding plainly under the grammar and with `--gamma auto` (its drafts
+and the grammar's jump-forward drafts), and `llama-server` plainly, with the draft model
+(`-md`) and with its `ngram-mod` drafter. Per mode: decode tok/s (client side, tokens
+after the first over the time after it), TTFT, whether each answer parses and follows its
+schema, and whether it equals localspec's constrained plain decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from localspec.bench.servers import MODES, PairSetup, free_port, pair_servers, server
+from localspec.errors import LocalspecError
+
+STRING = {"type": "string"}
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "write_file": (
+        "Write a Python module with a function that checks whether a string is a "
+        "palindrome, and a test for it. Give the file to write.",
+        {
+            "type": "object",
+            "properties": {"path": STRING, "content": STRING},
+            "required": ["path", "content"],
+            "additionalProperties": False,
+        },
+    ),
+    "extract_contact": (
+        "Extract the contact: 'Hi, I'm Dana Whitfield, lead engineer at Norrland Robotics. "
+        "Reach me at dana.w@norrland.example or +46 8 555 0199. I'm 41.'",
+        {
+            "type": "object",
+            "properties": {
+                "name": STRING,
+                "company": STRING,
+                "role": STRING,
+                "email": STRING,
+                "phone": STRING,
+                "age": {"type": "integer"},
+            },
+            "required": ["name", "company", "role", "email", "phone", "age"],
+            "additionalProperties": False,
+        },
+    ),
+    "plan_steps": (
+        "Plan how to add a --verbose flag to a Python command-line tool that uses argparse.",
+        {
+            "type": "object",
+            "properties": {
+                "goal": STRING,
+                "steps": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"file": STRING, "change": STRING},
+                        "required": ["file", "change"],
+                        "additionalProperties": False,
+                    },
+                    "maxItems": 5,
+                },
+            },
+            "required": ["goal", "steps"],
+            "additionalProperties": False,
+        },
+    ),
+    "review": (
+        "Review this code: def avg(xs): return sum(xs) / len(xs)",
+        {
+            "type": "object",
+            "properties": {
+                "summary": STRING,
+                "issues": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "severity": {"enum": ["low", "medium", "high"]},
+                            "message": STRING,
+                        },
+                        "required": ["severity", "message"],
+                        "additionalProperties": False,
+                    },
+                    "maxItems": 4,
+                },
+            },
+            "required": ["summary", "issues"],
+            "additionalProperties": False,
+        },
+    ),
+    "http_call": (
+        "Create the HTTP request that creates a GitHub issue titled 'Crash on start' in "
+        "the repository octo/widgets.",
+        {
+            "type": "object",
+            "properties": {
+                "method": {"enum": ["GET", "POST", "PUT", "PATCH", "DELETE"]},
+                "url": STRING,
+                "headers": {
+                    "type": "object",
+                    "properties": {"Accept": STRING, "Authorization": STRING},
+                    "required": ["Accept", "Authorization"],
+                    "additionalProperties": False,
+                },
+                "body": STRING,
+            },
+            "required": ["method", "url", "headers", "body"],
+            "additionalProperties": False,
+        },
+    ),
+    "classify": (
+        'Which language is this, and how sure are you? fn main() { println!("hi"); }',
+        {
+            "type": "object",
+            "properties": {
+                "language": {"enum": ["python", "rust", "go", "c", "javascript", "other"]},
+                "confidence": {"type": "number"},
+                "evidence": STRING,
+            },
+            "required": ["language", "confidence", "evidence"],
+            "additionalProperties": False,
+        },
+    ),
+}
+
+
+@dataclass
+class JsonRow:
+    case: str
+    mode: str
+    tokens: int
+    ttft_s: float
+    tokens_per_s: float
+    text: str
+    valid: bool
+    why: str = ""  # why it is not valid
+    agrees: bool | None = None  # equal to localspec-plain's answer
+
+
+@dataclass
+class JsonReport:
+    setup: dict[str, Any]
+    rows: list[JsonRow] = field(default_factory=list)
+
+
+def check(text: str, schema: dict[str, Any]) -> tuple[bool, str]:
+    """Whether `text` is JSON that follows `schema` (jsonschema where installed, else
+    parsing only)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        return False, f"not JSON: {e.msg}"
+    try:
+        import jsonschema
+    except ImportError:
+        return True, ""
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError as e:
+        return False, e.message
+    return True, ""
+
+
+def ask(client: httpx.Client, base: str, prompt: str, schema: dict[str, Any], n: int) -> dict:
+    """One streamed greedy request with the schema: TTFT, tok/s, tokens and the text."""
+    body = {
+        "model": "any",
+        "messages": [{"role": "user", "content": prompt}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        "temperature": 0,
+        "max_tokens": n,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    first = last = None
+    text, tokens = "", 0
+    with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            r.read()
+            raise LocalspecError(f"{base} answered {r.status_code}: {r.text[:200]}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            now = time.perf_counter()
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    first, last = first or now, now
+                    text += piece
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    span = (last or started) - (first or started)
+    return {
+        "tokens": tokens,
+        "ttft_s": (first or started) - started,
+        "tokens_per_s": (tokens - 1) / span if span > 0 else 0.0,
+        "text": text,
+    }
+
+
+def run_json(
+    setup: PairSetup,
+    max_tokens: int,
+    logs: Path,
+    repeats: int = 1,
+    progress: Callable[[str], None] = lambda _: None,
+) -> JsonReport:
+    ports = {m: free_port() for m in MODES}
+    commands = pair_servers(setup, ports)
+    report = JsonReport({k: str(v) for k, v in asdict(setup).items()} | {"max_tokens": max_tokens})
+    logs.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack, httpx.Client(timeout=600) as client:
+        bases = {}
+        for mode, cmd in commands.items():
+            progress(f"starting {mode}")
+            bases[mode] = stack.enter_context(server(cmd, ports[mode], logs / f"{mode}.log"))
+            ask(client, bases[mode], "Say hi.", {"type": "object"}, 8)  # warm-up
+        names = list(bases)
+        for r in range(repeats):
+            for i, (case, (prompt, schema)) in enumerate(CASES.items()):
+                k = (i + r) % len(names)
+                for mode in names[k:] + names[:k]:
+                    progress(f"{case}: {mode}")
+                    got = ask(client, bases[mode], prompt, schema, max_tokens)
+                    valid, why = check(got["text"], schema)
+                    report.rows.append(JsonRow(case, mode, **got, valid=valid, why=why))
+    plain = {(r.case): r.text for r in report.rows if r.mode == "localspec-plain"}
+    for row in report.rows:
+        if row.mode != "localspec-plain" and row.case in plain:
+            row.agrees = row.text == plain[row.case]
+    return report
+
+
+def to_markdown(report: JsonReport) -> str:
+    modes = [m for m in MODES if any(r.mode == m for r in report.rows)]
+    ref = "llama-server" if "llama-server" in modes else "localspec-plain"
+
+    def rate(mode: str) -> float:
+        return statistics.median(r.tokens_per_s for r in report.rows if r.mode == mode)
+
+    lines = [
+        f"# Structured output (response_format json_schema): {len(CASES)} schemas",
+        "",
+        "Decode tok/s: client side, streamed, median over the cases. Valid: parses and "
+        "follows its schema. = plain: the same text as localspec's constrained plain "
+        "decoding.",
+        "",
+        f"| mode | tok/s | / localspec-plain | / {ref} | TTFT p50 s | valid | = plain |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m in modes:
+        mine = [r for r in report.rows if r.mode == m]
+        agree = [r.agrees for r in mine if r.agrees is not None]
+        lines.append(
+            f"| {m} | {rate(m):.2f} | {rate(m) / rate('localspec-plain'):.2f}x "
+            f"| {rate(m) / rate(ref):.2f}x | {statistics.median(r.ttft_s for r in mine):.2f} "
+            f"| {sum(r.valid for r in mine)}/{len(mine)} "
+            f"| {f'{sum(agree)}/{len(agree)}' if agree else '-'} |"
+        )
+    cells = []
+    for case in CASES:
+        rates = {r.mode: r.tokens_per_s for r in report.rows if r.case == case}
+        cells.append(f"- {case}: " + ", ".join(f"{m} {rates[m]:.1f}" for m in modes if m in rates))
+    bad = [f"- {r.case} {r.mode}: {r.why}" for r in report.rows if not r.valid]
+    return (
+        "\n".join([*lines, "", "tok/s by case:", *cells, *(["", "Invalid:", *bad] if bad else [])])
+        + "\n"
+    )
+
+
+def write(report: JsonReport, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"setup": report.setup, "rows": [asdict(r) for r in report.rows]}
+    paths = [out / "json.json", out / "json.md"]
+    for path, text in zip(paths, (json.dumps(data, indent=1), to_markdown(report)), strict=True):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    return paths

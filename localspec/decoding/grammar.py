@@ -1,0 +1,72 @@
+"""Constrained decoding: what the answer may be (a JSON schema, a GBNF grammar), as a
+state that follows the answer token by token.
+
+Speculation stays exact under a grammar: row i of a verify pass is masked by the state
+after the tokens before it (the accepted text, then draft[:i]), so greedy output is
+constrained plain decoding's, and the rejection test compares the draft's q with the
+masked target p (a drafted token the grammar refuses has p = 0: always rejected, and the
+residual holds allowed tokens only). Rows are masked lazily: verification stops at the
+first rejection, and past a refused token there is no state to mask with.
+
+Where the grammar leaves a single way on for several characters (a key, a colon, the
+quote that opens a string), those characters are a free draft ("jump-forward"):
+`forced_text` finds them, the target's tokenizer turns them into tokens, and the target
+verifies them with the rest of the round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+import numpy as np
+
+
+class GrammarState(Protocol):
+    def allows(self, token: int) -> bool:
+        """Whether `token` may come next (an end-of-generation token: where the grammar
+        is complete)."""
+        ...
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """`logits` with every token the grammar refuses next at -inf (a copy)."""
+        ...
+
+    def accept(self, token: int) -> None:
+        """Advance past `token`, which must be allowed."""
+        ...
+
+    def clone(self) -> GrammarState: ...
+
+    def forced_text(self, limit: int) -> bytes:
+        """The characters (at most `limit`) that are the only way on from here."""
+        ...
+
+
+class Grammar(Protocol):
+    """A compiled grammar for one vocabulary; each answer follows a state of its own."""
+
+    def start(self) -> GrammarState: ...
+
+
+def states_along(state: GrammarState, tokens: Sequence[int]) -> Iterator[GrammarState]:
+    """The state before tokens[0], before tokens[1], ... and after the last, each made
+    only when asked for (a clone: `state` itself does not move). Stops at a token the
+    grammar refuses, whose successors have no state."""
+    here = state.clone()
+    yield here
+    for token in tokens:
+        if not here.allows(token):
+            return
+        here = here.clone()
+        here.accept(token)
+        yield here
+
+
+def masked_argmax(state: GrammarState, row: np.ndarray) -> int:
+    """The best token the grammar allows: the row's own argmax where it is allowed (one
+    token checked), else the argmax of the masked row (the whole vocabulary checked)."""
+    best = int(np.argmax(row))
+    if state.allows(best):
+        return best
+    return int(np.argmax(state.mask(row)))

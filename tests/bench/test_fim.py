@@ -1,0 +1,67 @@
+"""The completion suite's cases (cut from real code: the standard library) and its
+report, without servers; tests/bench/test_fim_real.py runs it on the real pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localspec.bench.fim import KINDS, FimReport, FimRow, cut_cases, same_middle, to_markdown
+from localspec.errors import LocalspecError
+
+
+def test_cases_are_seeded_cuts_of_real_files():
+    cases = cut_cases(6, seed=3)
+    assert [c.name for c in cases] == [c.name for c in cut_cases(6, seed=3)]
+    assert [c.name for c in cases] != [c.name for c in cut_cases(6, seed=4)]
+    assert [c.kind for c in cases] == list(KINDS) * 2
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for c in cases:
+        path, line = c.name.rsplit(":", 1)
+        source = (root / path).read_text(encoding="utf-8")
+        # the case is a slice of the file, cut at the cursor
+        assert c.prefix + c.typed + c.middle + c.suffix in source
+        assert source.splitlines()[int(line) - 1].startswith(c.typed + c.middle.splitlines()[0])
+        assert c.middle.strip() and c.typed.strip() == "" and len(c.typed) > 0
+        lines = c.middle.splitlines()
+        assert len(lines) == 1 if c.kind == "line" else len(lines) >= 2
+        ((extra_name, extra_text),) = c.extra
+        assert extra_name != path and extra_text in (root / extra_name).read_text(encoding="utf-8")
+        body = c.body(64, keystroke=True)
+        assert body["prompt"] == c.typed + c.middle[0] and body["n_indent"] == len(c.typed)
+
+
+def test_a_tree_without_sources_is_a_clear_error(tmp_path: Path):
+    with pytest.raises(LocalspecError, match="no Python sources"):
+        cut_cases(2, 0, tmp_path)
+
+
+def test_same_middle_ignores_trailing_blanks_only():
+    assert same_middle("x = 1  \n\n", "x = 1\n")
+    assert not same_middle("x = 2\n", "x = 1\n")
+
+
+def row(case: str, mode: str, latency: float, agrees: bool | None = None) -> FimRow:
+    first = {"latency_s": latency, "predicted_ms": 100.0, "prompt_n": 900, "prompt_tokens": 1000}
+    key = {"latency_s": latency / 4, "prompt_n": 100, "prompt_tokens": 1000}
+    return FimRow(case, "line", mode, first, key, exact=mode != "llama-server", agrees=agrees)
+
+
+def test_the_report_gives_ratios_to_llama_server_plain_and_the_worst_case():
+    rows = [
+        row("a.py:1", "llama-server", 2.0),
+        row("b.py:1", "llama-server", 4.0),
+        row("a.py:1", "localspec-auto", 1.0, True),
+        row("b.py:1", "localspec-auto", 4.4, False),
+    ]
+    rows[-1].audit = "near-tie: token 3, logit gap 0.120"
+    cases = [{"name": "a.py:1", "kind": "line"}, {"name": "b.py:1", "kind": "line"}]
+    md = to_markdown(FimReport({}, cases, rows))
+    auto = next(line for line in md.splitlines() if line.startswith("| localspec-auto"))
+    cells = [c.strip() for c in auto.split("|")[1:-1]]
+    assert cells[3] == "0.90x" and cells[4] == "1.10x"  # 2.7 / 3.0; b: 4.4 / 4.0
+    assert cells[6] == "2/2" and cells[7] == "1/2" and cells[10] == "10%"
+    assert "b.py:1 localspec-auto: near-tie" in md

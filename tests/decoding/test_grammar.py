@@ -1,0 +1,128 @@
+"""Speculation under a grammar, on toy Markov models with a two-state grammar: greedy
+output is constrained plain decoding's for every drafter and γ, and sampled output follows
+the constrained target's law (chi-square), the draft model drafting unconstrained."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from decoding.test_lossless_sampling import PARAMS, V, chi2, critical
+
+from localspec.backends.toy import ToyModel, markov
+from localspec.decoding.drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
+from localspec.decoding.engine import Engine, GenerationConfig
+from localspec.decoding.grammar import states_along
+from localspec.decoding.sampling import SamplingParams, logits_to_probs
+
+# after an even token only odd ones (and 7); otherwise anything but 0 and 7
+ALLOWED = {0: [1, 2, 3, 4, 5, 6], 1: [1, 3, 7]}
+
+
+class Parity:
+    def __init__(self, state: int = 0) -> None:
+        self.state = state
+
+    def allows(self, token: int) -> bool:
+        return token in ALLOWED[self.state]
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        out = np.full_like(logits, -np.inf)
+        out[ALLOWED[self.state]] = logits[ALLOWED[self.state]]
+        return out
+
+    def accept(self, token: int) -> None:
+        assert self.allows(token), (self.state, token)
+        self.state = 1 if token % 2 == 0 else 0
+
+    def clone(self) -> Parity:
+        return Parity(self.state)
+
+    def forced_text(self, limit: int) -> bytes:
+        return b""
+
+
+class ParityGrammar:
+    def start(self) -> Parity:
+        return Parity()
+
+
+def follows(tokens) -> bool:
+    state = Parity()
+    for t in tokens:
+        if not state.allows(t):
+            return False
+        state.accept(t)
+    return True
+
+
+def test_states_along_a_draft_stop_at_a_refused_token():
+    states = list(states_along(Parity(), [2, 3, 0, 5]))  # 0 is refused in state 0
+    assert [s.state for s in states] == [0, 1, 0]
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("kind", ["draft_model", "ngram"])
+def test_constrained_greedy_equals_constrained_plain_decoding(kind: str, gamma: int):
+    target = ToyModel(markov(V, seed=1), n_vocab=V, name="target")
+    config = GenerationConfig(40, SamplingParams(temperature=0), grammar=ParityGrammar())
+    prompt = [3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3]
+    plain = list(Engine(target, NoDrafter(), 0).generate(prompt, config))[-1]
+    assert follows(plain.tokens) and len(plain.tokens) == 40
+    unconstrained = list(
+        Engine(target, NoDrafter(), 0).generate(
+            prompt, GenerationConfig(40, SamplingParams(temperature=0))
+        )
+    )[-1]
+    assert not follows(unconstrained.tokens)  # the grammar changes the answer here
+    drafter: Drafter = (
+        DraftModel(ToyModel(markov(V, seed=2), n_vocab=V), p_min=0.0)
+        if kind == "draft_model"
+        else NgramDrafter()
+    )
+    spec = list(Engine(target, drafter, gamma).generate(prompt, config))[-1]
+    assert spec.tokens == plain.tokens
+    assert spec.stats.drafted > 0
+    if kind == "ngram":  # the constrained answer loops: its n-grams are accepted
+        assert spec.stats.accepted > 0
+
+
+def test_constrained_sampling_follows_the_constrained_law():
+    target_fn = markov(V, seed=1)
+    target = ToyModel(target_fn, n_vocab=V, name="target")
+    drafter = DraftModel(ToyModel(markov(V, seed=2), n_vocab=V, name="draft"), p_min=0.0)
+    params = SamplingParams(**PARAMS)
+    prompt = [3]
+    engine = Engine(target, drafter, gamma=3)
+    grammar = ParityGrammar()
+
+    def run(config):  # run_many's loop, with the grammar in the config
+        counts = np.zeros((4, V))
+        drafted = accepted = 0
+        for seed in range(3000):
+            done = list(engine.generate(prompt, config(seed)))[-1]
+            for k, tok in enumerate(done.tokens):
+                counts[k, tok] += 1
+            drafted, accepted = drafted + done.stats.drafted, accepted + done.stats.accepted
+        return counts, drafted, accepted
+
+    counts, drafted, accepted = run(
+        lambda seed: GenerationConfig(4, replace(params, seed=seed), grammar=grammar)
+    )
+    assert 0 < accepted < drafted
+    # the constrained chain: the state after a token is its parity, so the law of the
+    # k-th token follows from the first token's (state 0) and the masked transitions
+    masked = np.array(
+        [
+            logits_to_probs(Parity(1 if a % 2 == 0 else 0).mask(target_fn([a])), params, [])
+            for a in range(V)
+        ]
+    )
+    law = logits_to_probs(Parity(0).mask(target_fn(prompt)), params, [])
+    for k in range(4):
+        if (law > 0).sum() == 1:  # one possible token: every answer has it
+            assert counts[k][law > 0].sum() == counts[k].sum(), k
+        else:
+            assert chi2(counts[k], law) < critical(law), k
+        law = law @ masked

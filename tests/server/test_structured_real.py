@@ -1,0 +1,185 @@
+"""Structured output on the real default pair, through the `openai` SDK: a json_schema
+answer that validates and equals constrained plain decoding, json_object, llama-server's
+GBNF `grammar`, jump-forward drafts where the grammar forces the text, and one-line 400s
+for what cannot be honoured."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import jsonschema
+import openai
+import pytest
+from decoding.test_real_engine import assert_lossless
+from fastapi.testclient import TestClient
+
+from localspec.backends.llama import LoadOptions
+from localspec.backends.llama_grammar import LlamaGrammar, schema_grammar
+from localspec.decoding.drafters import NoDrafter
+from localspec.decoding.engine import Engine, GenerationConfig
+from localspec.decoding.events import Finished, Piece, RoundEnd
+from localspec.decoding.sampling import SamplingParams
+from localspec.server.app import ServerOptions, create_app
+from localspec.session import Session, SessionConfig, open_session
+
+pytestmark = pytest.mark.real
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+    },
+    "required": ["name", "age", "languages"],
+    "additionalProperties": False,
+}
+ASK = "Make up a programmer: their name, age and up to three languages they use."
+
+
+@pytest.fixture(scope="module")
+def session(real_paths) -> Iterator[Session]:
+    load = LoadOptions(n_ctx=2048, n_threads=2)
+    s = open_session(SessionConfig(str(real_paths[0]), str(real_paths[1]), "auto", load, load))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(session: Session) -> Iterator[openai.OpenAI]:
+    """The real SDK over the app in-process (TestClient is an httpx.Client)."""
+    with TestClient(create_app(session, ServerOptions("coder"))) as http:
+        yield openai.OpenAI(
+            base_url="http://testserver/v1", api_key="x", max_retries=0, http_client=http
+        )
+
+
+def schema_format(schema: dict) -> dict:
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "person", "schema": schema, "strict": True},
+    }
+
+
+def test_a_json_schema_answer_validates_and_equals_constrained_plain_decoding(
+    session: Session, client: openai.OpenAI
+):
+    reply = client.chat.completions.create(
+        model="coder",
+        messages=[{"role": "user", "content": ASK}],
+        response_format=schema_format(PERSON),  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=80,
+    )
+    text = reply.choices[0].message.content or ""
+    jsonschema.validate(json.loads(text), PERSON)
+    assert reply.choices[0].finish_reason == "stop"
+    # the same prompt, decoded plainly under the same grammar
+    prompt = session.tokenize_raw(session.prompt_text([{"role": "user", "content": ASK}], None))
+    grammar = LlamaGrammar(session.target, schema_grammar(PERSON))
+    config = GenerationConfig(80, SamplingParams(temperature=0), trace=True, grammar=grammar)
+    events = list(Engine(session.target, NoDrafter(), 0).generate(prompt, config))
+    plain = events[-1]
+    assert isinstance(plain, Finished)
+    spec_tokens = tuple(session.target.tokenize(text, special=False))
+    pieces = [e for e in events if isinstance(e, Piece)]
+    if text != plain.text:  # a batched pass may move a near-tie, never a clear choice
+        served = Finished(text, spec_tokens, plain.stop_reason, plain.stats)
+        assert_lossless(served, pieces, plain)
+
+
+def test_jump_forward_drafts_what_the_grammar_forces(session: Session):
+    """With no drafter at all, the forced parts (keys, quotes, colons) are drafted by the
+    grammar and the target accepts nearly all of them."""
+    grammar = LlamaGrammar(session.target, schema_grammar(PERSON))
+    prompt = session.tokenize_raw(session.prompt_text([{"role": "user", "content": ASK}], None))
+    config = GenerationConfig(80, SamplingParams(temperature=0), grammar=grammar)
+    events = list(Engine(session.target, NoDrafter(), 8).generate(prompt, config))
+    rounds = [e for e in events if isinstance(e, RoundEnd) and e.drafter.startswith("grammar")]
+    drafted = sum(r.drafted for r in rounds)
+    accepted = sum(r.accepted for r in rounds)
+    assert drafted >= 6, drafted  # "name", "age", "languages" and their punctuation
+    assert accepted >= 0.8 * drafted, (accepted, drafted)
+    done = events[-1]
+    assert isinstance(done, Finished)
+    jsonschema.validate(json.loads(done.text), PERSON)
+    # and the answer is constrained plain decoding's
+    plain = list(Engine(session.target, NoDrafter(), 0).generate(prompt, config))[-1]
+    assert isinstance(plain, Finished) and plain.text == done.text
+
+
+def test_json_object_and_a_gbnf_grammar(client: openai.OpenAI):
+    reply = client.chat.completions.create(
+        model="coder",
+        messages=[{"role": "user", "content": "Give me a JSON object with a key 'ok'."}],
+        response_format={"type": "json_object"},
+        temperature=0,
+        max_tokens=40,
+    )
+    assert isinstance(json.loads(reply.choices[0].message.content or ""), dict)
+    reply = client.chat.completions.create(
+        model="coder",
+        messages=[{"role": "user", "content": "Is Python dynamically typed?"}],
+        temperature=0.7,
+        max_tokens=8,
+        extra_body={"grammar": 'root ::= "yes" | "no"'},
+    )
+    assert reply.choices[0].message.content in ("yes", "no")
+
+
+def test_what_cannot_be_honoured_gets_a_400_that_names_it(client: openai.OpenAI):
+    messages = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="coder",
+            messages=messages,
+            extra_body={"grammar": "root ::= ("},  # type: ignore[arg-type]
+        )
+    assert "grammar" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="coder",
+            messages=messages,  # type: ignore[arg-type]
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": []}},  # type: ignore[typeddict-item]
+        )
+    assert "json_schema.schema" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="coder",
+            messages=messages,  # type: ignore[arg-type]
+            response_format={"type": "yaml"},  # type: ignore[typeddict-item]
+        )
+    assert "yaml" in str(e.value)
+
+
+def test_logprobs_come_from_the_verify_pass_and_match_a_plain_pass(
+    session: Session, client: openai.OpenAI
+):
+    import numpy as np
+
+    messages = [{"role": "user", "content": "Name a prime number."}]
+    reply = client.chat.completions.create(
+        model="coder", messages=messages, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3
+    )
+    content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content and len(content) == reply.usage.completion_tokens  # type: ignore[union-attr]
+    for entry in content:  # greedy: the chosen token is the most likely one
+        assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+    assert "".join(e.token for e in content) == reply.choices[0].message.content
+    prompt = session.tokenize_raw(session.prompt_text(messages, None))
+    session.target.reset()
+    row = session.target.evaluate(prompt, 1)[0].astype(np.float64)
+    plain = row.max() - (row.max() + np.log(np.exp(row - row.max()).sum()))
+    assert content[0].logprob == pytest.approx(plain, abs=1e-3)
+    streamed = client.chat.completions.create(
+        model="coder", messages=messages, temperature=0, max_tokens=8, logprobs=True, stream=True
+    )
+    entries = [
+        e
+        for c in streamed
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content or []
+    ]
+    assert [e.token for e in entries] == [e.token for e in content]
