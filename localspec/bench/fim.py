@@ -290,10 +290,11 @@ def audit_agreement(
         base = plain.get(row.case)
         if base is None or row.mode == "localspec-plain":
             continue
-        a, b = base.first["tokens"], row.first["tokens"]
-        row.agrees = a == b
+        # the middles as the editor gets them (a line dropped at the end was still
+        # decoded, so the tokens may run on where the content does not)
+        row.agrees = row.first["content"] == base.first["content"]
         if not row.agrees:
-            differ.append((row, a, b))
+            differ.append((row, base.first["tokens"], row.first["tokens"]))
     if not differ:
         return
     model = LlamaModel(setup.target, LoadOptions(n_ctx=setup.n_ctx, n_threads=setup.threads))
@@ -307,7 +308,7 @@ def audit_agreement(
             )
             i = first_difference(a, b)
             if i is None or i >= min(len(a), len(b)):
-                row.audit = f"the same tokens, one stopped sooner ({len(a)} vs {len(b)})"
+                row.audit = f"the same tokens, stopped elsewhere ({len(a)} vs {len(b)})"
                 continue
             logits = model.evaluate([*built.tokens, *a[:i]], 1)[0]
             gap = float(logits[a[i]] - logits[b[i]])

@@ -382,3 +382,28 @@ def test_under_load_a_round_times_only_itself_alone():
     d._last = Choice("none", 0, 1.0)
     d.accept([1, 2, 3], Outcome(0, 0, 0.9))
     assert d.verify.seconds == before
+
+
+def test_a_completion_starts_from_the_priors_fitted_for_completions():
+    from localspec.decoding.adaptive import (
+        FIM_NGRAM_PRIOR,
+        FIM_PREDICTION_PRIOR,
+        NGRAM_PRIOR,
+        AdaptiveDrafter,
+        ngram_key,
+        prediction_key,
+    )
+    from localspec.decoding.prediction import Prediction
+
+    auto = AdaptiveDrafter()
+    auto.alpha[ngram_key(4)].observe(4, 4)  # what a conversation taught it
+    taught = auto.alpha[ngram_key(4)].alpha[:]
+    auto.predict(Prediction([1, 2, 3], 10, anchored=False))  # a fill-in-the-middle
+    assert auto.alpha[prediction_key(8)].alpha[0] == FIM_PREDICTION_PRIOR[8]
+    assert auto.alpha[ngram_key(3)].alpha[0] == FIM_NGRAM_PRIOR[3]
+    auto.predict(Prediction([1, 2, 3], 10, anchored=False))  # the next keystroke
+    auto.predict(None)  # a chat again: what it had learned comes back
+    assert auto.alpha[ngram_key(4)].alpha == taught
+    assert auto.alpha[ngram_key(2)].alpha[0] == NGRAM_PRIOR[2]
+    auto.predict(Prediction([1, 2, 3], 10))  # an edit's prediction keeps its own priors
+    assert auto.alpha[prediction_key(8)].alpha[0] != FIM_PREDICTION_PRIOR[8]
