@@ -34,13 +34,19 @@ class GrammarError(LocalspecError):
     """A grammar or schema llama.cpp cannot use; one line that says what."""
 
 
+# The Python port's string character lets control characters through (a raw newline in
+# a string: not JSON); llama.cpp's C++ converter, llama-server's, refuses them.
+PORT_CHAR, CPP_CHAR = r'char ::= [^"\\] |', r'char ::= [^"\\\x7F\x00-\x1F] |'
+
+
 def schema_grammar(schema: Any) -> str:
-    """GBNF for a JSON schema, by llama.cpp's converter; a GrammarError naming what it
-    could not convert."""
+    """GBNF for a JSON schema, by llama.cpp's converter (its Python port, with the C++
+    one's string characters); a GrammarError naming what it could not convert."""
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        gbnf = json_schema_to_gbnf(json.dumps(schema))
     except Exception as e:  # the converter raises bare Exceptions and ValueErrors
         raise GrammarError(f"the JSON schema cannot be turned into a grammar: {e}") from None
+    return gbnf.replace(PORT_CHAR, CPP_CHAR)
 
 
 def json_object_grammar() -> str:

@@ -290,9 +290,10 @@ def audit_agreement(
         base = plain.get(row.case)
         if base is None or row.mode == "localspec-plain":
             continue
-        # the middles as the editor gets them (a line dropped at the end was still
-        # decoded, so the tokens may run on where the content does not)
-        row.agrees = row.first["content"] == base.first["content"]
+        # the middles as the editor gets them: a line dropped at the end was still
+        # decoded (the tokens run on where the content does not), and llama-server keeps
+        # the indentation of the line it cut
+        row.agrees = same_middle(row.first["content"], base.first["content"])
         if not row.agrees:
             differ.append((row, base.first["tokens"], row.first["tokens"]))
     if not differ:

@@ -1,0 +1,59 @@
+"""The structured-output suite's checks and report, without servers (the real runs:
+`localspec bench --suite json`; the engine under a grammar:
+tests/server/test_structured_real.py)."""
+
+from __future__ import annotations
+
+from localspec.bench.structured import CASES, JsonReport, JsonRow, check, to_markdown
+
+
+def test_every_case_has_a_schema_the_converter_takes():
+    from localspec.backends.llama_grammar import schema_grammar
+
+    for prompt, schema in CASES.values():
+        assert prompt and "root ::=" in schema_grammar(schema)
+
+
+def test_answers_are_checked_against_their_schema():
+    _, schema = CASES["classify"]
+    assert check('{"language": "rust", "confidence": 0.9, "evidence": "fn main"}', schema)[0]
+    ok, why = check('{"language": "cobol", "confidence": 0.9, "evidence": ""}', schema)
+    assert not ok and "cobol" in why
+    assert check("{", schema) == (
+        False,
+        "not JSON: Expecting property name enclosed in double quotes",
+    )
+
+
+def test_the_report_gives_ratios_to_plain_and_to_llama_server():
+    rows = [
+        JsonRow(
+            case,
+            mode,
+            50,
+            0.5,
+            rate,
+            "{}",
+            True,
+            agrees=None if mode == "localspec-plain" else True,
+        )
+        for case in CASES
+        for mode, rate in (
+            ("localspec-plain", 10.0),
+            ("localspec-auto", 15.0),
+            ("llama-server", 12.0),
+        )
+    ]
+    md = to_markdown(JsonReport({}, rows))
+    auto = next(line for line in md.splitlines() if line.startswith("| localspec-auto"))
+    cells = [c.strip() for c in auto.split("|")[1:-1]]
+    assert cells[1:4] == ["15.00", "1.50x", "1.25x"]
+    assert cells[5] == f"{len(CASES)}/{len(CASES)}" and cells[6] == f"{len(CASES)}/{len(CASES)}"
+
+
+def test_strings_refuse_control_characters_as_llama_cpps_converter_does():
+    """The Python port's `char` let a raw newline into a string (not JSON)."""
+    from localspec.backends.llama_grammar import schema_grammar
+
+    gbnf = schema_grammar({"type": "object", "properties": {"a": {"type": "string"}}})
+    assert r'char ::= [^"\\\x7F\x00-\x1F] |' in gbnf
