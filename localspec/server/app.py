@@ -38,7 +38,13 @@ from localspec.backends.llama_grammar import (
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.events import Event, Finished, Piece, Stats, StopReason
 from localspec.decoding.grammar import Grammar
-from localspec.server.chat import ToolCall, ToolCallStream, template_messages, template_tools
+from localspec.server.chat import (
+    ToolCall,
+    ToolCallDeltas,
+    ToolCallStream,
+    template_messages,
+    template_tools,
+)
 from localspec.server.chat import tool_prefill as make_prefill
 from localspec.server.errors import ApiError, error_body
 from localspec.server.guard import Guard, GuardMiddleware
@@ -56,6 +62,7 @@ from localspec.server.schemas import (
     content_text,
     parse,
 )
+from localspec.server.thinking import ThinkSplit, opens_thinking
 from localspec.server.worker import Failed, Job, Worker
 from localspec.session import Session
 
@@ -94,6 +101,7 @@ class Prepared:
     source: list[int] | None = None  # a free draft source (FIM: the suffix, other files)
     truncated: bool = False  # the FIM prompt was cut to fit
     lines: InfillLines | None = None  # a middle's line rule (FIM)
+    thinking: tuple[bool, bool] = (False, False)  # (a thinking model, the block is open)
 
     @classmethod
     def infill(cls, built: InfillPrompt, config: GenerationConfig, lines: InfillLines) -> Prepared:
@@ -288,7 +296,8 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
         predicted = content_text(body.prediction.content)
         prediction = session.target.tokenize(predicted, special=False) or None
     config = generation_config(body, prompt, session, None, "messages")
-    return Prepared(prompt, config, prediction, prefill, tools is not None)
+    thinking = opens_thinking(session.target.chat_template(), text)
+    return Prepared(prompt, config, prediction, prefill, tools is not None, thinking=thinking)
 
 
 def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
@@ -432,9 +441,10 @@ class Answer:
         self.kind = kind
         self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{short_id()}"
         self.created = int(time.time())
-        self.calls = ToolCallStream() if prepared.tools else None
-        if self.calls is not None and prepared.prefill:
-            self.calls.push(prepared.prefill)  # the server's own words are not content
+        self.tools, self.prefill = prepared.tools, prepared.prefill
+        self.thinks, self.thinking_open = prepared.thinking
+        self.reasoning_tokens = 0
+        self._opening = 0  # tokens that may be opening a thinking block
 
     # --- not streamed ----------------------------------------------------------------
     async def collect(
@@ -459,8 +469,11 @@ class Answer:
         self.withdraw(self.job)
 
     def chat_body(self, events: list[Event], done: Finished) -> dict[str, Any]:
-        text, calls = self.split("".join(e.text for e in events if isinstance(e, Piece)))
+        reasoning, answer = self.think([e for e in events if isinstance(e, Piece)])
+        text, calls = self.split(answer)
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning:
+            message["reasoning_content"] = reasoning
         if calls:
             message["content"] = text.strip() or None
             message["tool_calls"] = [call.as_dict() for call in calls]
@@ -481,35 +494,73 @@ class Answer:
         }
         return self.envelope("text_completion", [choice]) | self.figures(done)
 
+    def think(self, pieces: list[Piece]) -> tuple[str, str]:
+        """A thinking model's reasoning and its answer (the pieces' text else)."""
+        if not self.thinks:
+            return "", "".join(p.text for p in pieces)
+        split = ThinkSplit.opened(self.thinking_open)
+        reasoning, content = "", ""
+        for piece in pieces:
+            r, c = self.think_piece(split, piece)
+            reasoning, content = reasoning + r, content + c
+        r, c = split.flush()
+        return reasoning + r, content + c
+
+    def think_piece(self, split: ThinkSplit, piece: Piece) -> tuple[str, str]:
+        """One piece through the split; a token written inside the block (its marks
+        included) counts as a reasoning token."""
+        before = split.state
+        r, c = split.push(piece.text)
+        if piece.token < 0:
+            return r, c
+        if before == split.state == "start":  # the block's opening, or not: not yet known
+            self._opening += 1
+        elif "think" in (before, split.state):
+            self.reasoning_tokens += 1 + (self._opening if before == "start" else 0)
+            self._opening = 0
+        return r, c
+
     def split(self, text: str) -> tuple[str, list[ToolCall]]:
         """The whole answer's content and tool calls."""
-        if self.calls is None:
+        if not self.tools:
             return text, []
-        content, calls = self.calls.push(text)
-        rest, more = self.calls.flush()
-        return content + rest, calls + more
+        calls = ToolCallStream()
+        calls.push(self.prefill)  # the server's own words are not content
+        content, found = calls.push(text)
+        rest, more = calls.flush()
+        return content + rest, found + more
 
     # --- streamed --------------------------------------------------------------------
     async def stream_chat(self, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
         yield self.chat_chunk({"role": "assistant", "content": ""})
-        called = 0
+        calls = ToolCallDeltas() if self.tools else None
+        if calls is not None:  # a forced call's head: its name goes out, not as content
+            for delta in calls.push(self.prefill):
+                if "tool_calls" in delta:
+                    yield self.chat_chunk(delta)
+        split = ThinkSplit.opened(self.thinking_open) if self.thinks else None
         scored: list[Event] = []  # pieces whose log-probabilities are not yet sent
         async for event in self.events():
             if isinstance(event, Piece) and self.logprobs:
                 scored.append(event)
             if isinstance(event, Piece) and event.text:
-                content, calls = self.calls.push(event.text) if self.calls else (event.text, [])
-                for delta in self.deltas(content, calls, called):
+                text = event.text
+                if split is not None:
+                    reasoning, text = self.think_piece(split, event)
+                    if reasoning:
+                        yield self.chat_chunk({"reasoning_content": reasoning})
+                for delta in calls.push(text) if calls else [{"content": text}] if text else []:
                     logprobs = self.chat_logprobs(scored) if "content" in delta else None
                     scored = [] if logprobs else scored
                     yield self.chat_chunk(delta, logprobs=logprobs)
-                called += len(calls)
             elif isinstance(event, Finished):
-                content, calls = self.calls.flush() if self.calls else ("", [])
-                for delta in self.deltas(content, calls, called):
+                reasoning, text = split.flush() if split is not None else ("", "")
+                if reasoning:
+                    yield self.chat_chunk({"reasoning_content": reasoning})
+                tail = (calls.push(text) if text else []) + calls.flush() if calls else []
+                for delta in tail or ([{"content": text}] if text else []):
                     yield self.chat_chunk(delta)
-                called += len(calls)
-                reason = self.finish_reason(event, called > 0)
+                reason = self.finish_reason(event, bool(calls and calls.calls))
                 last = self.chat_chunk({}, reason)
                 if include_usage:
                     yield last
@@ -551,12 +602,6 @@ class Answer:
                 yield event
         finally:  # over either way: a slot stops within the round, the queue drops it
             self.withdraw(self.job)
-
-    @staticmethod
-    def deltas(content: str, calls: list[ToolCall], before: int) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = [{"content": content}] if content else []
-        out += [{"tool_calls": [call.as_dict(before + i)]} for i, call in enumerate(calls)]
-        return out
 
     def chat_chunk(
         self, delta: dict[str, Any], reason: str | None = None, logprobs: Any = None
@@ -637,7 +682,7 @@ class Answer:
             "completion_tokens_details": {
                 "accepted_prediction_tokens": accepted,
                 "rejected_prediction_tokens": rejected,
-                "reasoning_tokens": 0,
+                "reasoning_tokens": self.reasoning_tokens,
             },
         }
 

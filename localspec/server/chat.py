@@ -2,13 +2,16 @@
 
 Templates that support tools (Qwen2.5's, Hermes-style) describe them in the system turn
 and have the model answer a call as `<tool_call>{"name": ..., "arguments": {...}}
-</tool_call>`; `ToolCallStream` splits such calls out of the streamed answer, holding
-back text that may be the start of one, as stop strings are held back.
+</tool_call>`; `ToolCallStream` splits such calls out of the answer, holding back text
+that may be the start of one, as stop strings are held back; `ToolCallDeltas` streams
+them as OpenAI does: each call's id and name as soon as the name is written, then its
+arguments in pieces as they are written.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,7 +141,7 @@ class ToolCallStream:
                 self._held = self._held[start + len(OPEN) :]
                 self._in_call = True
                 continue
-            keep = _open_prefix(self._held)
+            keep = held_prefix(self._held)
             content += self._held[: len(self._held) - keep]
             self._held = self._held[len(self._held) - keep :]
             return content, calls
@@ -156,9 +159,124 @@ class ToolCallStream:
         return "", [call]
 
 
-def _open_prefix(text: str) -> int:
-    """Length of the longest suffix of `text` that begins `<tool_call>`."""
-    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if text.endswith(OPEN[:n]):
+def held_prefix(text: str, mark: str = OPEN) -> int:
+    """Length of the longest suffix of `text` that begins `mark`."""
+    for n in range(min(len(mark) - 1, len(text)), 0, -1):
+        if text.endswith(mark[:n]):
             return n
     return 0
+
+
+# a call's head as Qwen's and Hermes' templates have it written: its name, then its
+# arguments object
+HEAD = re.compile(
+    r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*\{'
+)
+
+
+@dataclass
+class ToolCallDeltas:
+    """Feed the streamed answer's text; get OpenAI's chunk deltas back: `content`, and
+    for each call first `{index, id, type, function: {name, arguments: ""}}` once its
+    name is written, then `{index, function: {arguments: piece}}` as the arguments
+    object is written (its end found by depth, outside strings). A call written another
+    way (the arguments first, or not an object) goes out whole at its close, one that
+    does not parse as text. `calls` counts the calls begun."""
+
+    _held: str = ""
+    _body: str | None = None  # the open call's text so far (None: outside a call)
+    _sent: int = 0  # how much of the body's arguments went out
+    _depth: int = 0
+    _in_string: bool = False
+    _escaped: bool = False
+    _started: bool = False
+    _done: bool = False  # the arguments object closed
+    calls: int = 0
+
+    def push(self, text: str) -> list[dict[str, Any]]:
+        self._held += text
+        out: list[dict[str, Any]] = []
+        while True:
+            if self._body is None:
+                start = self._held.find(OPEN)
+                if start < 0:
+                    keep = held_prefix(self._held)
+                    shown, self._held = (
+                        self._held[: len(self._held) - keep],
+                        self._held[len(self._held) - keep :],
+                    )
+                    return out + ([{"content": shown}] if shown else [])
+                if start:
+                    out.append({"content": self._held[:start]})
+                self._held = self._held[start + len(OPEN) :]
+                self._open()
+                continue
+            end = self._held.find(CLOSE)
+            upto = end if end >= 0 else len(self._held) - held_prefix(self._held, CLOSE)
+            self._body += self._held[:upto]
+            self._held = self._held[upto:]
+            out += self._advance()
+            if end < 0:
+                return out
+            self._held = self._held[len(CLOSE) :]
+            out += self._close()
+
+    def flush(self) -> list[dict[str, Any]]:
+        """The end of the answer: an unclosed call ends here."""
+        if self._body is None:
+            held, self._held = self._held, ""
+            return [{"content": held}] if held else []
+        self._body += self._held
+        self._held = ""
+        return self._advance() + self._close()
+
+    def _open(self) -> None:
+        self._body, self._sent, self._depth = "", 0, 0
+        self._in_string = self._escaped = self._started = self._done = False
+
+    def _advance(self) -> list[dict[str, Any]]:
+        assert self._body is not None
+        out: list[dict[str, Any]] = []
+        if not self._started:
+            head = HEAD.match(self._body)
+            if head is None:
+                return out
+            self._started, self._sent = True, head.end() - 1  # from the arguments' "{"
+            call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function"}
+            function = {"name": json.loads(head.group(1)), "arguments": ""}
+            out.append({"tool_calls": [{"index": self.calls, **call, "function": function}]})
+            self.calls += 1
+        if self._done:
+            return out
+        end = self._sent
+        for i in range(self._sent, len(self._body)):
+            ch = self._body[i]
+            if self._in_string:
+                escaped, self._escaped = self._escaped, not self._escaped and ch == "\\"
+                self._in_string = escaped or ch != '"'
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+            end = i + 1
+            if self._depth == 0:
+                self._done = True
+                break
+        piece, self._sent = self._body[self._sent : end], end
+        if piece:
+            out.append(
+                {"tool_calls": [{"index": self.calls - 1, "function": {"arguments": piece}}]}
+            )
+        return out
+
+    def _close(self) -> list[dict[str, Any]]:
+        body, self._body = self._body or "", None
+        if self._started:
+            return []
+        call = parse_call(body)
+        if call is None:
+            return [{"content": OPEN + body + CLOSE}]
+        self.calls += 1
+        return [{"tool_calls": [call.as_dict(self.calls - 1)]}]

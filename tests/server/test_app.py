@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from localspec.backends.toy import TEMPLATE as TOY_TEMPLATE
 from localspec.backends.toy import ToyModel, scripted
 from localspec.decoding.adaptive import auto_engine
 from localspec.decoding.engine import GenerationConfig
@@ -324,3 +325,89 @@ def test_fill_in_the_middle_with_a_model_without_fim_tokens_is_a_400(client: Tes
     assert "no fill-in-the-middle tokens" in error["message"] and "\n" not in error["message"]
     suffixed = {"prompt": "def f(x):\n", "suffix": "\n", "max_tokens": 8}
     assert_error(client.post("/v1/completions", json=suffixed, headers=AUTH), 400)
+
+
+def replay_deltas(text: str, step: int = 3) -> tuple[str, list[dict]]:
+    from localspec.server.chat import ToolCallDeltas
+
+    stream, deltas = ToolCallDeltas(), []
+    for i in range(0, len(text), step):
+        deltas += stream.push(text[i : i + step])
+    deltas += stream.flush()
+    content = "".join(d.get("content", "") for d in deltas)
+    return content, [c for d in deltas for c in d.get("tool_calls", [])]
+
+
+def test_a_streamed_call_sends_its_name_first_then_its_arguments_as_written():
+    args = {"path": "a.py", "content": 'print("}{")\n' * 5, "n": [1, {"x": 2}]}
+    text = 'Writing it.<tool_call>\n{"name": "write_file", "arguments": '
+    text += json.dumps(args) + "}\n</tool_call>"
+    content, calls = replay_deltas(text)
+    assert content == "Writing it."
+    first, *pieces = calls
+    assert first["function"] == {"name": "write_file", "arguments": ""} and first["id"]
+    assert len(pieces) > 10  # the arguments came in pieces, as they were written
+    assert all(p["index"] == 0 and "name" not in p["function"] for p in pieces)
+    assert json.loads("".join(p["function"]["arguments"] for p in pieces)) == args
+
+
+def test_streamed_calls_are_indexed_and_other_shapes_go_out_whole_or_as_text():
+    text = (
+        '<tool_call>{"name": "a", "arguments": {"q": "\\"x\\""}}</tool_call>'
+        '<tool_call>{"arguments": {"y": 1}, "name": "b"}</tool_call>'
+        "<tool_call>not json</tool_call> done"
+    )
+    content, calls = replay_deltas(text, step=5)
+    assert content == "<tool_call>not json</tool_call> done"
+    starts = [c for c in calls if "id" in c]
+    assert [(c["index"], c["function"]["name"]) for c in starts] == [(0, "a"), (1, "b")]
+    a_args = "".join(c["function"]["arguments"] for c in calls if c["index"] == 0)
+    assert json.loads(a_args) == {"q": '"x"'}
+    assert json.loads(starts[1]["function"]["arguments"]) == {"y": 1}  # whole, at its close
+
+
+# --- thinking models --------------------------------------------------------------------
+THOUGHT = "<think>\nThe user greets me.\nI greet back.\n</think>\n\nHello!"
+
+
+class Thinker(ToyModel):
+    """A toy model whose template knows `<think>` (as Qwen3's does)."""
+
+    def chat_template(self) -> str | None:
+        return TOY_TEMPLATE + "{# <think> #}"
+
+
+@pytest.fixture
+def thinker() -> Iterator[TestClient]:
+    session = Session(auto_engine(Thinker(scripted(THOUGHT), n_vocab=258, n_ctx=512), None))
+    with TestClient(create_app(session, ServerOptions("toy"))) as c:
+        yield c
+
+
+def test_a_thinking_models_block_goes_to_reasoning_content(thinker: TestClient):
+    body = thinker.post("/v1/chat/completions", json=chat(temperature=0)).json()
+    message = body["choices"][0]["message"]
+    assert message["reasoning_content"] == "\nThe user greets me.\nI greet back.\n"
+    assert message["content"] == "Hello!"
+    reasoning = body["usage"]["completion_tokens_details"]["reasoning_tokens"]
+    assert reasoning == len("<think>\nThe user greets me.\nI greet back.\n</think>")
+    r = thinker.post("/v1/chat/completions", json=chat(temperature=0, stream=True))
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+    assert "".join(d.get("content") or "" for d in deltas) == "Hello!"
+
+
+def test_the_split_holds_marks_back_and_knows_a_block_the_prompt_opened():
+    from localspec.server.thinking import ThinkSplit
+
+    for inside, text in ((False, THOUGHT), (True, THOUGHT[len("<think>") :])):
+        split, reasoning, content = ThinkSplit.opened(inside), "", ""
+        for i in range(0, len(text), 2):
+            r, c = split.push(text[i : i + 2])
+            reasoning, content = reasoning + r, content + c
+            assert "<" not in r + c  # no part of a mark ever shows
+        r, c = split.flush()
+        assert (reasoning + r, content + c) == ("\nThe user greets me.\nI greet back.\n", "Hello!")
+    split = ThinkSplit.opened(False)  # a model that does not think this time
+    assert split.push("Hi") == ("", "Hi") and split.push(" there") == ("", " there")

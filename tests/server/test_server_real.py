@@ -294,7 +294,10 @@ def test_a_tool_call_round_trips(client: openai.OpenAI):
     _, chunks = streamed(client, messages, tools=tools, tool_choice="required", max_tokens=30)
     deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices]
     calls = [d[0] for d in deltas if d]
-    assert calls and calls[0].function.name == "get_weather"
+    assert calls and calls[0].function.name == "get_weather" and calls[0].id
+    # then the arguments, in pieces as they were written
+    arguments = "".join(c.function.arguments or "" for c in calls)
+    assert len(calls) > 2 and json.loads(arguments) == {"city": "Paris"}
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
 
     result = {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 °C"}
