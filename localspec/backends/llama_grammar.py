@@ -17,17 +17,18 @@ from localspec.backends.llama import LlamaModel
 from localspec.errors import LocalspecError
 
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
-TAIL = 64  # bytes of the answer a state keeps, for its style
+TAIL = 256  # bytes of the answer a state keeps, for its style
 SPACE = ord(" ")
+WHITESPACE = frozenset(b" \t\n")
 
 
-def spaced_after(tail: bytes) -> bool:
-    """Whether the answer put a space after its last character the time before (yes
-    where that character has not come before)."""
-    if not tail:
-        return True
-    at = tail.rfind(tail[-1:], 0, len(tail) - 1)
-    return at < 0 or tail[at + 1 : at + 2] == b" "
+def in_style(tail: bytes, allowed: set[int]) -> int | None:
+    """Where the grammar leaves the choice of whitespace (a JSON answer's parts may be
+    spaced, or on lines of their own): what followed the answer's last character the
+    time before, where that is allowed (a space where it has not come before)."""
+    at = tail.rfind(tail[-1:], 0, len(tail) - 1) if tail else -1
+    guess = tail[at + 1] if at >= 0 else SPACE
+    return guess if guess in allowed else None
 
 
 class GrammarError(LocalspecError):
@@ -37,16 +38,20 @@ class GrammarError(LocalspecError):
 # The Python port's string character lets control characters through (a raw newline in
 # a string: not JSON); llama.cpp's C++ converter, llama-server's, refuses them.
 PORT_CHAR, CPP_CHAR = r'char ::= [^"\\] |', r'char ::= [^"\\\x7F\x00-\x1F] |'
+# and its `space` lets the parts of an answer stand on lines of their own, as models write
+# JSON (held to one optional space, they write worse: a review answer ran on in a string)
+PORT_SPACE, CPP_SPACE = 'space ::= " "?', r'space ::= | " " | "\n"{1,2} [ \t]{0,20}'
 
 
 def schema_grammar(schema: Any) -> str:
     """GBNF for a JSON schema, by llama.cpp's converter (its Python port, with the C++
-    one's string characters); a GrammarError naming what it could not convert."""
+    one's string characters and spaces: llama-server's grammar); a GrammarError naming
+    what it could not convert."""
     try:
         gbnf = json_schema_to_gbnf(json.dumps(schema))
     except Exception as e:  # the converter raises bare Exceptions and ValueErrors
         raise GrammarError(f"the JSON schema cannot be turned into a grammar: {e}") from None
-    return gbnf.replace(PORT_CHAR, CPP_CHAR)
+    return gbnf.replace(PORT_CHAR, CPP_CHAR).replace(PORT_SPACE, CPP_SPACE)
 
 
 def json_object_grammar() -> str:
@@ -126,27 +131,30 @@ class LlamaGrammarState:
     def forced_text(self, limit: int) -> bytes:
         """Probed one character at a time over the single-character tokens (a byte-level
         vocabulary has one for each): where exactly one is allowed and the grammar is not
-        complete, that character is forced. Where the other choice is an optional space
-        (llama.cpp's schemas put `space ::= " "?` between a JSON answer's parts), the
-        answer's own style decides: a space if one followed the same character last
-        time (or nothing came before it yet)."""
+        complete, that character is forced. Where the choice is only whitespace or the
+        one character it precedes (`space` between a JSON answer's parts), the answer's
+        own style guesses (`in_style`): a draft, not a certainty, that the target checks."""
         table = self.grammar.byte_tokens()
         ids = np.array([t for t in table if t >= 0], dtype=np.int32)
         chars = [c for c, t in enumerate(table) if t >= 0]
         eog = self.grammar.model.special_ids[1]
         here, out = self.clone(), bytearray()
         while len(out) < limit:
-            allowed = np.flatnonzero(np.isfinite(here._apply(ids, np.zeros(len(ids)))))
-            if here.allows(eog) or not 1 <= len(allowed) <= 2:
+            found = np.flatnonzero(np.isfinite(here._apply(ids, np.zeros(len(ids)))))
+            allowed = {chars[i] for i in found}
+            if not allowed or here.allows(eog):
                 break
-            choice = [chars[i] for i in allowed]
-            if len(choice) == 2:
-                if SPACE not in choice:
-                    break
-                other = choice[1 - choice.index(SPACE)]
-                choice = [SPACE if spaced_after(here.tail) else other]
-            out.append(choice[0])
-            here.accept(int(table[choice[0]]))
+            solid = allowed - WHITESPACE
+            if len(allowed) == 1:
+                char: int | None = allowed.pop()
+            elif len(solid) <= 1:
+                char = in_style(here.tail, allowed) or (min(solid) if solid else None)
+            else:
+                break
+            if char is None:
+                break
+            out.append(char)
+            here.accept(int(table[char]))
         return bytes(out)
 
     def __del__(self) -> None:

@@ -57,3 +57,20 @@ def test_strings_refuse_control_characters_as_llama_cpps_converter_does():
 
     gbnf = schema_grammar({"type": "object", "properties": {"a": {"type": "string"}}})
     assert r'char ::= [^"\\\x7F\x00-\x1F] |' in gbnf
+
+
+def test_parts_of_an_answer_may_stand_on_lines_of_their_own_as_in_llama_server():
+    from localspec.backends.llama_grammar import schema_grammar
+
+    gbnf = schema_grammar({"type": "object", "properties": {"a": {"type": "integer"}}})
+    assert r'space ::= | " " | "\n"{1,2} [ \t]{0,20}' in gbnf
+
+
+def test_whitespace_is_guessed_in_the_answers_own_style():
+    from localspec.backends.llama_grammar import in_style
+
+    ws = set(b" \n\t\"")
+    assert in_style(b'{\n  "a": 1,\n  "b": 2,', ws) == ord("\n")  # as after the last ","
+    assert in_style(b'{ "a": 1, "b": 2,', ws) == ord(" ")
+    assert in_style(b'{"a": 1,', ws) == ord(" ")  # a first "," : a space
+    assert in_style(b'{"a":"x","b":', set(b" \n\t1")) is None  # '"' is not allowed here
