@@ -23,9 +23,22 @@ WHITESPACE = frozenset(b" \t\n")
 
 
 def in_style(tail: bytes, allowed: set[int]) -> int | None:
-    """Where the grammar leaves the choice of whitespace (a JSON answer's parts may be
-    spaced, or on lines of their own): what followed the answer's last character the
-    time before, where that is allowed (a space where it has not come before)."""
+    """Where the grammar leaves the whitespace between a JSON answer's parts open (or
+    the one character after it), a guess in the answer's own style: on a new line, the
+    last line's indentation, then the character; after other whitespace, the character;
+    after a character, what followed it the time before (a space where it has not come
+    before). None where the guess is not allowed."""
+    solid = allowed - WHITESPACE
+    line = tail.rfind(b"\n")
+    if line >= 0 and not tail[line + 1 :].strip():  # in a new line's indentation
+        last = tail[tail.rfind(b"\n", 0, line) + 1 : line]
+        indent = last[: len(last) - len(last.lstrip())]
+        at = len(tail) - line - 1
+        if at < len(indent):
+            return indent[at] if indent[at] in allowed else None
+        return min(solid) if len(solid) == 1 else None
+    if tail and tail[-1] in WHITESPACE:
+        return min(solid) if len(solid) == 1 else None
     at = tail.rfind(tail[-1:], 0, len(tail) - 1) if tail else -1
     guess = tail[at + 1] if at >= 0 else SPACE
     return guess if guess in allowed else None
@@ -148,7 +161,7 @@ class LlamaGrammarState:
             if len(allowed) == 1:
                 char: int | None = allowed.pop()
             elif len(solid) <= 1:
-                char = in_style(here.tail, allowed) or (min(solid) if solid else None)
+                char = in_style(here.tail, allowed)
             else:
                 break
             if char is None:

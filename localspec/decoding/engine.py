@@ -277,7 +277,7 @@ class Engine:
         tokens = self.target.tokenize(text.decode("utf-8", "replace"), special=False)
         # the last token may merge with the free text after it (` "` + `John` is ` "John`
         # to the tokenizer), which the target would then write instead: leave it out
-        return tokens[: min(budget, max(1, len(tokens) - 1))]
+        return tokens[: min(budget, len(tokens) - 1)]
 
     def _follow(self, state: GrammarState | None, emitted: list[int]) -> None:
         """Advance the grammar past the answer's new tokens (not an end token: the

@@ -70,7 +70,10 @@ def test_whitespace_is_guessed_in_the_answers_own_style():
     from localspec.backends.llama_grammar import in_style
 
     ws = set(b" \n\t\"")
-    assert in_style(b'{\n  "a": 1,\n  "b": 2,', ws) == ord("\n")  # as after the last ","
-    assert in_style(b'{ "a": 1, "b": 2,', ws) == ord(" ")
-    assert in_style(b'{"a": 1,', ws) == ord(" ")  # a first "," : a space
+    assert in_style(b'{ "a": 1, "b": 2,', ws) == ord(" ")  # on one line: as the last ","
+    assert in_style(b'{"a": 1,"b": 2,', ws) == ord('"')
+    assert in_style(b'{"a": 1,', ws) == ord(" ")  # a first ",": a space
+    assert in_style(b'{\n  "a": 1,\n  "b": 2,', ws) == ord("\n")  # over lines
+    assert in_style(b'{\n  "a": 1,\n', ws) == ord(" ")  # the last line's indentation
+    assert in_style(b'{\n  "a": 1,\n  ', ws) == ord('"')  # then the key
     assert in_style(b'{"a":"x","b":', set(b" \n\t1")) is None  # '"' is not allowed here

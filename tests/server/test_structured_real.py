@@ -89,24 +89,35 @@ def test_a_json_schema_answer_validates_and_equals_constrained_plain_decoding(
         assert_lossless(served, pieces, plain)
 
 
-def test_jump_forward_drafts_what_the_grammar_forces(session: Session):
-    """With no drafter at all, the forced parts (keys, quotes, colons) are drafted by the
-    grammar and the target accepts nearly all of them."""
-    grammar = LlamaGrammar(session.target, schema_grammar(PERSON))
+def grammar_rounds(session: Session, grammar: LlamaGrammar) -> tuple[list[RoundEnd], Finished]:
+    """The engine with no drafter of its own (γ 8): only the grammar drafts."""
     prompt = session.tokenize_raw(session.prompt_text([{"role": "user", "content": ASK}], None))
     config = GenerationConfig(80, SamplingParams(temperature=0), grammar=grammar)
     events = list(Engine(session.target, NoDrafter(), 8).generate(prompt, config))
     rounds = [e for e in events if isinstance(e, RoundEnd) and e.drafter.startswith("grammar")]
-    drafted = sum(r.drafted for r in rounds)
-    accepted = sum(r.accepted for r in rounds)
-    assert drafted >= 6, drafted  # "name", "age", "languages" and their punctuation
-    assert accepted >= 0.8 * drafted, (accepted, drafted)
-    done = events[-1]
-    assert isinstance(done, Finished)
-    jsonschema.validate(json.loads(done.text), PERSON)
-    # and the answer is constrained plain decoding's
     plain = list(Engine(session.target, NoDrafter(), 0).generate(prompt, config))[-1]
-    assert isinstance(plain, Finished) and plain.text == done.text
+    done = events[-1]
+    assert isinstance(done, Finished) and isinstance(plain, Finished)
+    assert done.text == plain.text  # the drafts change nothing but the speed
+    return rounds, done
+
+
+def test_jump_forward_drafts_what_the_grammar_forces(session: Session):
+    """Where the grammar forces the text (keys, quotes, separators), the target accepts
+    what is drafted for it; where it leaves whitespace open (a schema's answer), the
+    answer's style is a guess, mostly right."""
+    forced = LlamaGrammar(
+        session.target,
+        r'root ::= "{\"name\": \"" [A-Za-z ]+ "\", \"age\": " [0-9]+ '
+        r'", \"languages\": [\"" [A-Za-z+#]+ "\"]}"',
+    )
+    rounds, done = grammar_rounds(session, forced)
+    drafted, accepted = sum(r.drafted for r in rounds), sum(r.accepted for r in rounds)
+    assert drafted >= 6 and accepted >= 0.9 * drafted, (accepted, drafted, done.text)
+    rounds, done = grammar_rounds(session, LlamaGrammar(session.target, schema_grammar(PERSON)))
+    jsonschema.validate(json.loads(done.text), PERSON)
+    drafted, accepted = sum(r.drafted for r in rounds), sum(r.accepted for r in rounds)
+    assert accepted >= 6 and accepted >= 0.5 * drafted, (accepted, drafted, done.text)
 
 
 def test_json_object_and_a_gbnf_grammar(client: openai.OpenAI):
