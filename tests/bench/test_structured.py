@@ -69,7 +69,7 @@ def test_parts_of_an_answer_may_stand_on_lines_of_their_own_as_in_llama_server()
 def test_whitespace_is_guessed_in_the_answers_own_style():
     from localspec.backends.llama_grammar import in_style
 
-    ws = set(b" \n\t\"")
+    ws = set(b' \n\t"')
     assert in_style(b'{ "a": 1, "b": 2,', ws) == ord(" ")  # on one line: as the last ","
     assert in_style(b'{"a": 1,"b": 2,', ws) == ord('"')
     assert in_style(b'{"a": 1,', ws) == ord(" ")  # a first ",": a space
