@@ -6,6 +6,10 @@ the last accepted token and the draft in one batched pass (`score`), giving p_1.
 emitted. Both KV caches follow the accepted text through `Model.evaluate`, so a rejected
 tail is dropped at the start of the next call. With γ = 0 a round is plain decoding.
 
+Under a grammar (structured output) each row of a pass is masked by the grammar's state
+after the tokens before it, and what the grammar alone allows next is drafted first
+(jump-forward): see localspec.decoding.grammar.
+
 A target whose cache cannot drop a rejected tail (a recurrent or hybrid model) would
 re-read the whole text after every rejection: it decodes plainly, and `notes` says why.
 """
