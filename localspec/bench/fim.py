@@ -35,8 +35,9 @@ from typing import Any
 
 import httpx
 
-from localspec.bench.servers import MODES, PairSetup, free_port, pair_servers, server
+from localspec.bench.servers import MODES, PairSetup, start_pair_servers
 from localspec.errors import LocalspecError
+from localspec.paths import write_atomic
 
 KINDS = ("line", "lines", "block")
 # llama.vim sends 256 lines before the cursor, 64 after and chunks of 64 lines; these
@@ -240,21 +241,16 @@ def run_fim(
     progress: Callable[[str], None] = lambda _: None,
 ) -> FimReport:
     """Every case on every server, in a rotating order; then the agreement audit."""
-    ports = {m: free_port() for m in MODES}
-    cmds = pair_servers(setup, ports)
     report = FimReport(
         setup={k: str(v) for k, v in asdict(setup).items()}
         | {"n_predict": n_predict, "python": platform.python_version()},
         cases=[{"name": c.name, "kind": c.kind} for c in cases],
     )
-    logs.mkdir(parents=True, exist_ok=True)
+    warm = cases[-1].body(8) | {"input_extra": [], "input_prefix": "x = 1\n"}
     with ExitStack() as stack, httpx.Client(timeout=600) as client:
-        bases = {}
-        for mode, cmd in cmds.items():
-            progress(f"starting {mode}")
-            bases[mode] = stack.enter_context(server(cmd, ports[mode], logs / f"{mode}.log"))
-            warm = cases[-1].body(8)  # a first request pays for what a server sets up lazily
-            infill(client, bases[mode], warm | {"input_extra": [], "input_prefix": "x = 1\n"})
+        bases = start_pair_servers(
+            stack, setup, logs, lambda base: infill(client, base, warm), progress
+        )
         names = list(bases)
         for i, case in enumerate(cases):
             order = names[i % len(names) :] + names[: i % len(names)]
@@ -383,15 +379,12 @@ def to_markdown(report: FimReport) -> str:
 
 
 def write(report: FimReport, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
     data = {
         "setup": report.setup,
         "cases": report.cases,
         "rows": [asdict(r) for r in report.rows],
     }
     paths = [out / "fim.json", out / "fim.md"]
-    for path, text in zip(paths, (json.dumps(data, indent=1), to_markdown(report)), strict=True):
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+    write_atomic(paths[0], json.dumps(data, indent=1))
+    write_atomic(paths[1], to_markdown(report))
     return paths

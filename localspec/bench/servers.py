@@ -7,8 +7,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,3 +104,22 @@ MODES = (
     "llama-server-md",
     "llama-server-ngram-mod",
 )
+
+
+def start_pair_servers(
+    stack: ExitStack,
+    setup: PairSetup,
+    logs: Path,
+    warm: Callable[[str], object],
+    progress: Callable[[str], None],
+) -> dict[str, str]:
+    """Every mode's server started (stopped with `stack`) and warmed up by `warm(base)`
+    (a first request pays for what a server sets up lazily): mode -> base URL."""
+    ports = {m: free_port() for m in MODES}
+    logs.mkdir(parents=True, exist_ok=True)
+    bases = {}
+    for mode, cmd in pair_servers(setup, ports).items():
+        progress(f"starting {mode}")
+        bases[mode] = stack.enter_context(server(cmd, ports[mode], logs / f"{mode}.log"))
+        warm(bases[mode])
+    return bases

@@ -24,8 +24,9 @@ from typing import Any
 
 import httpx
 
-from localspec.bench.servers import MODES, PairSetup, free_port, pair_servers, server
+from localspec.bench.servers import MODES, PairSetup, start_pair_servers
 from localspec.errors import LocalspecError
+from localspec.paths import write_atomic
 
 STRING = {"type": "string"}
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -220,16 +221,15 @@ def run_json(
     repeats: int = 1,
     progress: Callable[[str], None] = lambda _: None,
 ) -> JsonReport:
-    ports = {m: free_port() for m in MODES}
-    commands = pair_servers(setup, ports)
     report = JsonReport({k: str(v) for k, v in asdict(setup).items()} | {"max_tokens": max_tokens})
-    logs.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack, httpx.Client(timeout=600) as client:
-        bases = {}
-        for mode, cmd in commands.items():
-            progress(f"starting {mode}")
-            bases[mode] = stack.enter_context(server(cmd, ports[mode], logs / f"{mode}.log"))
-            ask(client, bases[mode], "Say hi.", {"type": "object"}, 8)  # warm-up
+        bases = start_pair_servers(
+            stack,
+            setup,
+            logs,
+            lambda base: ask(client, base, "Say hi.", {"type": "object"}, 8),
+            progress,
+        )
         names = list(bases)
         for r in range(repeats):
             for i, (case, (prompt, schema)) in enumerate(CASES.items()):
@@ -284,11 +284,8 @@ def to_markdown(report: JsonReport) -> str:
 
 
 def write(report: JsonReport, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
     data = {"setup": report.setup, "rows": [asdict(r) for r in report.rows]}
     paths = [out / "json.json", out / "json.md"]
-    for path, text in zip(paths, (json.dumps(data, indent=1), to_markdown(report)), strict=True):
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+    write_atomic(paths[0], json.dumps(data, indent=1))
+    write_atomic(paths[1], to_markdown(report))
     return paths

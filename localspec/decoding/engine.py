@@ -54,7 +54,6 @@ class GenerationConfig:
     logprobs: int | None = None  # attach each token's log-probability and this many top ones
     lines: LineRule | None = None  # judges each line as it completes (fill-in-the-middle)
     grammar: Grammar | None = None  # what the answer may be (structured output)
-    jump_forward: bool = True  # draft what the grammar alone allows next
 
 
 class Engine:
@@ -123,7 +122,7 @@ class Engine:
                 break
             started = time.perf_counter()
             budget = max(0, min(self.gamma, room - 1, out.remaining - 1))
-            lead = self._forced(state, budget) if config.jump_forward else []
+            lead = self._forced(state, budget)
             draft = self._timed_draft(rec, tokens + lead, budget - len(lead), params, rng)
             draft = with_lead(lead, draft)
             # the target reads the draft up to a token it does not have, which it refuses
