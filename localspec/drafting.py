@@ -8,4 +8,5 @@ definition instead of copies.
 from __future__ import annotations
 
 GAMMA_MAX = 8  # the most tokens drafted in one round (adaptive γ and the planner's search)
-MODEL_FREE_DRAFTERS = ("ngram", "none")  # drafters that need no draft model
+# drafters that need no draft model file ("mtp": the target's own MTP head)
+MODEL_FREE_DRAFTERS = ("ngram", "mtp", "none")

@@ -16,12 +16,13 @@ from typing import Any, TypedDict
 
 from localspec.backends.base import LoadFailed, Model, ModelError, check_compatible
 from localspec.backends.llama import LlamaModel, LoadOptions, supports_gpu_offload
+from localspec.backends.mtp import MtpHead
 from localspec.backends.quantize import draft_to_load
 from localspec.decoding.adaptive import auto_engine
-from localspec.decoding.drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
+from localspec.decoding.drafters import Drafter, DraftModel, MtpDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Event
-from localspec.drafting import MODEL_FREE_DRAFTERS
+from localspec.drafting import GAMMA_MAX, MODEL_FREE_DRAFTERS
 
 
 class Message(TypedDict):
@@ -61,6 +62,7 @@ class Session:
         self.config = config  # how the engine was made, to make more (serve's slots)
         self.target = engine.target
         self.draft_model = draft_model
+        self.head: MtpHead | None = None  # the target's MTP head, where it drafts
         self._template: object | None = None
         self.notes: list[str] = list(engine.notes)  # what loading had to give up, for the user
         self.lock = threading.Lock()  # one generation at a time per loaded pair
@@ -114,6 +116,8 @@ class Session:
         return self.engine.generate(self.tokenize_raw(text), config, cancel)
 
     def close(self) -> None:
+        if self.head is not None:
+            self.head.close()
         self.target.close()
         if self.draft_model is not None:
             self.draft_model.close()
@@ -216,10 +220,33 @@ def with_cpu_draft(config: SessionConfig, say: Callable[[str], None]) -> Session
 
 def _load(config: SessionConfig) -> Session:
     draft_path = None if config.draft in MODEL_FREE_DRAFTERS else resolve_model(config.draft)
+    # a hybrid target (Qwen3.5) keeps snapshots of its recurrent state to roll a rejected
+    # draft back to; other models ignore this
+    rollback = 0 if config.draft == "none" else GAMMA_MAX
+    mtp = config.draft == "mtp"
+    target_load = replace(config.target_load, rollback=rollback, mtp=mtp)
     target, draft_model = load_pair(
-        resolve_model(config.target), config.target_load, draft_path, config.draft_load
+        resolve_model(config.target), target_load, draft_path, config.draft_load
     )
-    session = Session(make_engine(target, draft_model, config), draft_model, config)
+    head = None
+    if mtp:
+        try:
+            head = MtpHead(target)
+        except BaseException:
+            target.close()
+            raise
+    notes = []
+    if draft_model is not None and not draft_model.can_cut:
+        # it drafts a token a pass, and its state rolls back only within a pass
+        notes.append(
+            f"n-gram drafting: the draft model {draft_model.name} is a recurrent or hybrid "
+            "model, whose state cannot drop a rejected draft"
+        )
+        draft_model.close()
+        draft_model, config = None, replace(config, draft="ngram")
+    session = Session(make_engine(target, draft_model, config, head), draft_model, config)
+    session.head = head
+    session.notes += notes
     if target.n_ctx < config.target_load.n_ctx:
         session.notes.append(
             f"context capped at {target.n_ctx} tokens: {target.name} was trained for that"
@@ -250,15 +277,19 @@ def draft_on_gpu(load: LoadOptions) -> bool:
     return load.n_gpu_layers != 0 and supports_gpu_offload()
 
 
-def make_engine(target: Model, draft_model: Model | None, config: SessionConfig) -> Engine:
-    """The drafter the config names: none, n-grams or the draft model, fixed or auto."""
+def make_engine(
+    target: Model, draft_model: Model | None, config: SessionConfig, head: MtpHead | None = None
+) -> Engine:
+    """The drafter the config names: none, n-grams, the draft model or the target's MTP
+    head (n-grams where it has none to give: serve's other slots), fixed or auto."""
     if config.draft == "none":
         return Engine(target, NoDrafter(), 0)
+    mtp = MtpDrafter(head, config.p_min) if head is not None else None
     if config.gamma == "auto":
-        return auto_engine(target, draft_model)
+        return auto_engine(target, draft_model, mtp)
     if not isinstance(config.gamma, int):
         raise ModelError(f"gamma must be a number or 'auto', not {config.gamma!r}")
-    drafter: Drafter = (
+    drafter: Drafter = mtp or (
         NgramDrafter() if draft_model is None else DraftModel(draft_model, config.p_min)
     )
     return Engine(target, drafter, config.gamma)

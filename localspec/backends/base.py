@@ -6,10 +6,12 @@ the last k: it keeps the longest common prefix, drops the rest (`llama_memory_se
 and decodes only what is new. Prefill, verification, rollback after a rejection,
 re-syncing the draft model and reusing a chat's earlier turns are all this one call.
 
-A recurrent or hybrid model (Mamba, RWKV, Jamba, Qwen3-Next, Granite 4.0-H) keeps one
-state, not one entry per position, so its cache cannot drop a suffix (`can_cut` is
-False and `_remove_from` fails). The cache then starts over and the next call re-reads
-the text from the start: slow, but the logits stay those of the text.
+A recurrent or hybrid model (Mamba, RWKV, Jamba, Qwen3.5, Granite 4.0-H) keeps one
+state, not one entry per position, so its cache cannot drop a suffix, except through
+snapshots of that state after the last few tokens of a pass, where llama.cpp keeps them
+(`cut_depth` of them; `can_cut` is False where there are none). A cut they do not cover
+fails in `_remove_from`: the cache then starts over and the next call re-reads the text
+from the start: slow, but the logits stay those of the text.
 """
 
 from __future__ import annotations
@@ -217,6 +219,12 @@ class Model(ABC):
     def can_cut(self) -> bool:
         """Whether the cache can drop a suffix (a rejected draft) in place."""
         return True
+
+    @property
+    def cut_depth(self) -> int | None:
+        """The most tokens of its last pass the cache can drop (a recurrent state's
+        snapshots); None: any suffix."""
+        return None
 
     def kv_len(self) -> int:
         """Positions the backend itself holds (tests compare it with `cached`)."""

@@ -51,6 +51,11 @@ class GgufInfo:
     embd_bytes: int  # token embeddings and the small tensors outside the layers
     output_bytes: int  # the output head; 0 when it reuses the token embeddings
     split_count: int = 1
+    mtp_layers: int = 0  # MTP ("nextn") blocks after the trunk, counted in `layers`
+    experts: int = 0  # a MoE's routed experts per layer (0: dense)
+    experts_used: int = 0  # of which each token uses this many
+    expert_bytes: tuple[int, ...] = ()  # the routed experts' bytes of each layer (MoE)
+    recurrent: bool = False  # some layers keep a recurrent state (Mamba, Gated DeltaNet)
 
     @property
     def total_bytes(self) -> int:
@@ -112,12 +117,15 @@ def gguf_info(paths: Path | Iterable[Path]) -> GgufInfo:
     embedding = int(key("embedding_length"))
     heads = int(key("attention.head_count", 1)) or 1
     per_layer = [0] * layers
+    experts = [0] * layers
     embd = output = 0
     for name, size in tensors.items():
         if m := re.match(r"blk\.(\d+)\.", name):
             index = int(m.group(1))
             if index < layers:
                 per_layer[index] += size
+                if "_exps." in name:  # ffn_{gate,up,down}_exps: the routed experts
+                    experts[index] += size
                 continue
         if name.startswith("output."):
             output += size
@@ -141,6 +149,11 @@ def gguf_info(paths: Path | Iterable[Path]) -> GgufInfo:
         embd_bytes=embd,
         output_bytes=output if "output.weight" in tensors else 0,
         split_count=int(kv.get("split.count", 1)),
+        mtp_layers=int(key("nextn_predict_layers")),
+        experts=int(key("expert_count")),
+        experts_used=int(key("expert_used_count")),
+        expert_bytes=tuple(experts) if any(experts) else (),
+        recurrent=any(".ssm_" in name for name in tensors),
     )
 
 

@@ -2,14 +2,18 @@
 
 Hand-built batches carry a logits flag only on the positions being scored, so a
 verification pass costs one batched decode and returns just γ+1 rows; rollback is
-`llama_memory_seq_rm`, which fails on recurrent and hybrid models (see base.py for
-what happens then). Nothing here samples: logits go back to the engine as numpy.
+`llama_memory_seq_rm`. A recurrent or hybrid model's state cannot drop tokens, except
+where llama.cpp keeps snapshots of it after each of the last tokens of a pass
+(`n_rs_seq`, Qwen3.5/3.6, Nemotron-H, LFM2): `LoadOptions.rollback` asks for them, and a
+rejected draft of at most that many tokens is rolled back exactly (see base.py for what
+happens to a cut they do not cover). Nothing here samples: logits go back to the engine as numpy.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +53,11 @@ class LoadOptions:
     rpc: tuple[str, ...] = ()  # host:port of rpc-servers: the layers spread over them too
     n_seq: int = 1  # sequences (serve's slots), each with a cache of n_ctx tokens
     kv_unified: bool = False  # the sequences in one cache (see LlamaModel.__init__)
+    # A recurrent/hybrid model's state snapshots (llama.cpp's n_rs_seq): a rejected draft
+    # of up to this many tokens rolls back exactly. Each costs one more copy of the
+    # recurrent state per sequence; 0 for plain decoding.
+    rollback: int = 0
+    mtp: bool = False  # load the GGUF's MTP head(s) too (localspec.backends.mtp drafts with them)
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class LlamaModel(Model):
         self.name = path.stem
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 999
+        mparams.load_mtp = options.mtp
         if options.rpc:  # llama.cpp reads the list while loading: keep it alive till then
             devices = rpc.target_devices(options.rpc)
             mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
@@ -117,6 +127,10 @@ class LlamaModel(Model):
         # (4 slots decoding plainly: 21.5 tok/s against 24.9). serve.py chooses.
         cparams.kv_unified = options.kv_unified and options.n_seq > 1
         cparams.n_threads = cparams.n_threads_batch = threads
+        self._recurrent = bool(
+            ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
+        )
+        cparams.n_rs_seq = options.rollback if self._recurrent else 0
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             ll.llama_model_free(self._model)
@@ -131,11 +145,12 @@ class LlamaModel(Model):
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self._piece_cache: dict[int, bytes] = {}
-        # one state for the whole text (Mamba, RWKV; Jamba, Qwen3-Next: partly): no
-        # suffix can be dropped from it
-        self._can_cut = not (
-            ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
-        )
+        # One state for the whole text (Mamba, RWKV; Qwen3.5, Jamba: partly): it rolls back
+        # only through llama.cpp's snapshots, which it keeps for the architectures that
+        # support them (0 for the others, Mamba among them).
+        self._snapshots = ll.llama_n_rs_seq(self._ctx) if self._recurrent else 0
+        self._last_pass: dict[int, int] = {}  # sequence -> tokens its last pass decoded
+        self.on_pass: list[Callable[[list[Part]], None]] = []  # hears of each pass (MTP)
 
     # --- the cache ------------------------------------------------------------------
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
@@ -172,6 +187,7 @@ class LlamaModel(Model):
     def _run(self, parts: list[Part]) -> None:
         batch, i = self._batch, 0
         for part in parts:
+            self._last_pass[part.seq] = len(part.tokens)
             first_scored = len(part.tokens) - part.n_logits
             for j, tok in enumerate(part.tokens):
                 batch.token[i] = tok
@@ -184,6 +200,8 @@ class LlamaModel(Model):
         rc = ll.llama_decode(self._ctx, batch)
         if rc != 0:
             raise ContextFull(f"llama_decode failed ({rc}): KV cache full")
+        for hear in self.on_pass:
+            hear(parts)
 
     def _logits(self, n: int) -> np.ndarray:
         if n == 0:
@@ -192,7 +210,16 @@ class LlamaModel(Model):
         return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
 
     def remove_from(self, seq: int, pos: int) -> bool:
-        """Drop sequence `seq`'s cache entries at positions >= pos."""
+        """Drop sequence `seq`'s cache entries at positions >= pos. A recurrent state
+        rolls back to a snapshot only: once between passes, to a token of the last pass
+        (a snapshot older than that pass says nothing; llama.cpp would still accept it)."""
+        if self._recurrent and pos > 0:
+            drop = self.seq_len(seq) - pos
+            if drop <= 0:
+                return True
+            if drop > self._snapshots or drop >= self._last_pass.get(seq, 0):
+                return False
+            self._last_pass[seq] = 0  # a snapshot is used once
         return bool(ll.llama_memory_seq_rm(self._mem, seq, pos, -1))
 
     def seq_len(self, seq: int) -> int:
@@ -202,7 +229,7 @@ class LlamaModel(Model):
         """Drop sequence `seq`'s entries at positions [gap) and move those at [chunk)
         back by the gap's width (RoPE re-applied by llama.cpp); False where the cache
         cannot shift (a recurrent model, M-RoPE)."""
-        if not self._can_cut or not ll.llama_memory_can_shift(self._mem):
+        if self._recurrent or not ll.llama_memory_can_shift(self._mem):
             return False
         if not ll.llama_memory_seq_rm(self._mem, seq, *gap):
             return False
@@ -217,7 +244,11 @@ class LlamaModel(Model):
 
     @property
     def can_cut(self) -> bool:
-        return self._can_cut
+        return not self._recurrent or self._snapshots > 0
+
+    @property
+    def cut_depth(self) -> int | None:
+        return self._snapshots if self._recurrent else None
 
     def kv_len(self) -> int:
         return self.seq_len(0)

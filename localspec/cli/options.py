@@ -41,7 +41,12 @@ def gamma_arg(text: str) -> int | str:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", "-t", help="target model: a .gguf path or a catalog id")
-    g.add_argument("--draft", "-d", help="draft: a .gguf path, a catalog id, 'ngram' or 'none'")
+    g.add_argument(
+        "--draft",
+        "-d",
+        help="draft: a .gguf path, a catalog id, 'mtp' (the target's own MTP head, the "
+        "default where its GGUF has one), 'ngram' or 'none'",
+    )
     g.add_argument(
         "--gamma",
         "-g",
@@ -152,8 +157,8 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
         n_ctx = n_ctx or pair.n_ctx
         if n_gpu_layers is None and not rpc:  # over RPC every layer goes to the servers
             n_gpu_layers = pair.n_gpu_layers
-    if draft is None:
-        draft = "ngram"
+    if draft is None:  # the target's own MTP head where its GGUF has one, else n-grams
+        draft = "mtp" if has_mtp_head(target) else "ngram"
     load = LoadOptions(
         n_ctx=n_ctx or 4096,
         n_threads=args.threads,
@@ -168,3 +173,17 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
         target_load=load,
         draft_load=LoadOptions(n_ctx=load.n_ctx, n_threads=args.threads),
     )
+
+
+def has_mtp_head(target: str) -> bool:
+    """Whether the target's GGUF carries MTP blocks (read from its header; False where it
+    cannot be read: loading it says why)."""
+    from localspec.backends.gguf import gguf_info_or_none
+    from localspec.session import resolve_model
+
+    try:
+        path = resolve_model(target)
+    except LocalspecError:
+        return False
+    info = gguf_info_or_none([path]) if path.is_file() else None
+    return info is not None and info.mtp_layers > 0

@@ -58,7 +58,14 @@ from itertools import accumulate
 import numpy as np
 
 from localspec.backends.base import Model
-from localspec.decoding.drafters import UNBOUNDED, Draft, DraftModel, NgramIndex, Outcome
+from localspec.decoding.drafters import (
+    UNBOUNDED,
+    Draft,
+    DraftModel,
+    MtpDrafter,
+    NgramIndex,
+    Outcome,
+)
 from localspec.decoding.engine import Engine
 from localspec.decoding.prediction import Prediction
 from localspec.decoding.sampling import Probs, SamplingParams
@@ -264,9 +271,17 @@ class AdaptiveDrafter:
 
     name = "auto"
 
-    def __init__(self, draft_model: Model | None = None, cost_ratio: float = 0.3) -> None:
-        """`cost_ratio`: prior for c / T(1) until the draft model has been timed."""
-        self.model = DraftModel(draft_model) if draft_model is not None else None
+    def __init__(
+        self,
+        draft_model: Model | None = None,
+        cost_ratio: float = 0.3,
+        head: MtpDrafter | None = None,
+    ) -> None:
+        """`cost_ratio`: prior for c / T(1) until the draft model has been timed. `head`:
+        the target's MTP head, drafting in the draft model's place (and priced as one)."""
+        self.model: DraftModel | MtpDrafter | None = head
+        if head is None and draft_model is not None:
+            self.model = DraftModel(draft_model)
         self.cost_ratio = cost_ratio
         self.ngrams = NgramIndex(n_max=4, n_min=2)  # 1-token matches are mostly noise
         self.alpha = {"draft": Acceptance.prior(0.7)} | {
@@ -606,8 +621,11 @@ def free_key(source: str, n: int) -> str:
     return keys.get(source, ngram_key)(n)
 
 
-def auto_engine(target: Model, draft: Model | None) -> Engine:
+def auto_engine(target: Model, draft: Model | None, head: MtpDrafter | None = None) -> Engine:
     """The engine `--gamma auto` runs: hybrid drafting with an adaptive γ (up to
     GAMMA_MAX, deeper for a prediction that keeps matching)."""
     ratio = draft.size_bytes / target.size_bytes if draft and target.size_bytes else 0.3
-    return Engine(target, AdaptiveDrafter(draft, cost_ratio=ratio), PREDICTION_GAMMA_MAX)
+    if head is not None:
+        ratio = head.head.cost_ratio
+    drafter = AdaptiveDrafter(draft, cost_ratio=ratio, head=head)
+    return Engine(target, drafter, PREDICTION_GAMMA_MAX)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from localspec.decoding.sampling import (
     sample,
     top2,
 )
+
+if TYPE_CHECKING:
+    from localspec.backends.mtp import MtpHead
 
 
 @dataclass(frozen=True)
@@ -179,17 +182,9 @@ class DraftModel:
         qs: list[Probs | None] = []
         seq, _ = self.view(context)
         for i in range(gamma):
-            logits = self._step(seq)
-            if params.greedy:
-                x, confidence = top2(penalize(logits, params, seq))
-                q = None  # greedy verification needs no q
-            else:
-                q = logits_to_probs(logits, params, seq)
-                confidence = float(q.max())
-            if confidence < p_min_at(p_min, i):
+            x, q = pick(self._step(seq), params, seq, rng, p_min_at(p_min, i))
+            if x is None:
                 break
-            if q is not None:
-                x = sample(q, rng)
             qs.append(q)
             tokens.append(x)
             seq.append(x)
@@ -210,6 +205,68 @@ class DraftModel:
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         # drop the rejected draft tokens now, as the target does
         self.model.rollback(self._seen_as(tokens)[0])
+
+
+class MtpDrafter:
+    """The target's own MTP head (localspec.backends.mtp): a draft model that reads the
+    target's hidden states, not just its tokens, and needs no second file. It drafts as
+    DraftModel does (q, `p_min`, the timings `auto` prices it by); its catch-up reads
+    what the target's passes have read since its last draft."""
+
+    name = "mtp"
+
+    def __init__(self, head: MtpHead, p_min: float | Sequence[float] = 0.5) -> None:
+        self.head = head
+        self.p_min = p_min
+        self.step_s = 0.0  # moving average of a one-token step
+        self.catchup_s = 0.0  # same, per token of a catch-up batch
+
+    @property
+    def busy_s(self) -> float:
+        return self.head.busy_s
+
+    @property
+    def n_ctx(self) -> int:
+        return self.head.n_ctx
+
+    def unread(self, context: Sequence[int]) -> int:
+        return self.head.unread(context)
+
+    def draft(
+        self,
+        context: Sequence[int],
+        gamma: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        p_min: float | Sequence[float] | None = None,
+    ) -> Draft:
+        p_min = self.p_min if p_min is None else p_min
+        head, last = self.head, len(context) - 1
+        # the unread tokens, each with the trunk's h before it, then the last token
+        entries = [(context[p], p, head.row(p - 1)) for p in range(head.read(context), last + 1)]
+        tokens: list[int] = []
+        qs: list[Probs | None] = []
+        seq = list(context)
+        for i in range(gamma):
+            busy = head.busy_s
+            logits, h = head.step(entries)
+            took = head.busy_s - busy
+            if len(entries) == 1:
+                self.step_s = _ema(self.step_s, took)
+            else:
+                self.catchup_s = _ema(self.catchup_s, took / len(entries))
+            x, q = pick(logits, params, seq, rng, p_min_at(p_min, i))
+            if x is None:
+                break
+            qs.append(q)
+            tokens.append(x)
+            seq.append(x)
+            entries = [(x, last + 1 + i, h)]  # its own state stands in for the trunk's
+        head.settle(context)
+        return Draft(tokens, qs)
+
+    def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
+        pass  # the head follows the target's passes
 
 
 class NgramDrafter:
@@ -241,6 +298,24 @@ def copy_on(context: Sequence[int], start: int, gamma: int) -> list[int]:
     len(context) - start, so it drafts γ deep instead of stopping at the end."""
     period = len(context) - start
     return [context[start + j % period] for j in range(gamma)]
+
+
+def pick(
+    logits: np.ndarray,
+    params: SamplingParams,
+    seq: Sequence[int],
+    rng: np.random.Generator,
+    p_min: float,
+) -> tuple[int | None, Probs | None]:
+    """A draft model's next token and the q it was drawn from (None when greedy: greedy
+    verification needs none); no token where its confidence is below p_min."""
+    if params.greedy:
+        x, confidence = top2(penalize(logits, params, seq))
+        return (x if confidence >= p_min else None), None
+    q = logits_to_probs(logits, params, seq)
+    if float(q.max()) < p_min:
+        return None, q
+    return sample(q, rng), q
 
 
 def p_min_at(p_min: float | Sequence[float], i: int) -> float:

@@ -10,8 +10,9 @@ Under a grammar (structured output) each row of a pass is masked by the grammar'
 after the tokens before it, and what the grammar alone allows next is drafted first
 (jump-forward): see localspec.decoding.grammar.
 
-A target whose cache cannot drop a rejected tail (a recurrent or hybrid model) would
-re-read the whole text after every rejection: it decodes plainly, and `notes` says why.
+A target whose cache cannot drop a rejected tail (a recurrent or hybrid model without
+state snapshots) would re-read the whole text after every rejection: it decodes plainly,
+and `notes` says why. One with snapshots drafts at most as deep as they reach.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class Engine:
                 "cannot drop a rejected draft"
             )
             drafter, gamma = NoDrafter(), 0
+        depth = target.cut_depth
+        if depth is not None and gamma > depth:
+            gamma = depth  # a verify pass of γ+1 tokens rolls back at most γ
         self.target = target
         self.drafter = drafter
         self.gamma = gamma

@@ -1,0 +1,180 @@
+"""A target's own MTP head (multi-token prediction, "nextn" layers) as a draft model.
+
+Qwen3.5/3.6 and DeepSeek-style GGUFs carry extra decoder block(s) after the trunk,
+trained to predict token p+1 from the embedding of token p and the trunk's hidden state
+h_{p-1} (the state that predicted token p). llama.cpp runs them in a second context of
+the same model (`LLAMA_CONTEXT_TYPE_MTP`) with a KV cache of its own, as its `draft-mtp`
+does (common/speculative.cpp):
+
+- every target pass outputs h for each of its tokens (`llama_set_embeddings_nextn`);
+  `MtpHead` keeps the rows the head has not read yet;
+- before drafting, the head reads what it has not: token x_p with h_{p-1}, in one batch
+  (its catch-up);
+- a draft step reads the last token with h_{n-2}, predicts x_n, and goes on with its own
+  output state in place of the trunk's for the tokens it drafted; those entries leave
+  its cache after the round (the trunk's rows replace them once the target read them).
+
+The functions it needs are in llama.cpp's staging header (src/llama-ext.h), exported
+with C++ names: bound here by those names.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Sequence
+
+import llama_cpp as ll
+import numpy as np
+
+from localspec.backends.base import ModelError, shared_prefix
+from localspec.backends.llama import LlamaModel, Part
+
+WINDOW = 512  # the most unread positions a catch-up reads (older ones are skipped)
+
+_lib = ll.llama_cpp._lib  # type: ignore[attr-defined]
+_set_nextn = _lib._Z26llama_set_embeddings_nextnP13llama_contextbb
+_set_nextn.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool]
+_set_nextn.restype = None
+_nextn_rows = _lib._Z26llama_get_embeddings_nextnP13llama_context
+_nextn_rows.argtypes = [ctypes.c_void_p]
+_nextn_rows.restype = ctypes.POINTER(ctypes.c_float)
+_nextn_row = _lib._Z30llama_get_embeddings_nextn_ithP13llama_contexti
+_nextn_row.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+_nextn_row.restype = ctypes.POINTER(ctypes.c_float)
+
+
+def mtp_layers(model: LlamaModel) -> int:
+    """How many MTP heads the loaded GGUF has (0: none, or not loaded)."""
+    return int(ll.llama_model_n_layer_nextn(model._model))
+
+
+class MtpHead:
+    """The MTP head of `target` (loaded with `LoadOptions.mtp`), drafting for its
+    sequence 0. `cached` is the text its KV cache holds (positions before `_start` were
+    skipped, see `read`)."""
+
+    def __init__(self, target: LlamaModel) -> None:
+        if mtp_layers(target) == 0:
+            raise ModelError(f"{target.name} has no MTP head (or it was not loaded)")
+        self.target = target
+        self.name = f"{target.name} (MTP head)"
+        self.n_embd = int(ll.llama_model_n_embd_out(target._model))
+        cparams = ll.llama_context_default_params()
+        cparams.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
+        cparams.n_ctx = ll.llama_n_ctx(target._ctx)
+        cparams.n_batch = cparams.n_ubatch = target.n_batch
+        cparams.n_seq_max = target.n_seq
+        threads = ll.llama_n_threads(target._ctx)
+        cparams.n_threads = cparams.n_threads_batch = threads
+        self._ctx = ll.llama_init_from_model(target._model, cparams)
+        if not self._ctx:
+            raise ModelError(f"llama.cpp could not make a context for {self.name}")
+        self._mem = ll.llama_get_memory(self._ctx)
+        self._batch = ll.llama_batch_ext_init(self._ctx)
+        _set_nextn(target._ctx, True, False)  # h for every token of a pass, not only scored ones
+        _set_nextn(self._ctx, True, True)
+        self.cached: list[int] = []
+        self._start = 0  # positions before it are not in the cache (a skipped stretch)
+        self._rows: dict[int, np.ndarray] = {}  # position -> the trunk's h there, unread
+        self._zeros = np.zeros(self.n_embd, dtype=np.float32)
+        self.busy_s = 0.0
+        self.n_ctx = target.n_ctx
+        # c / T(1) before it is timed: one decoder block and the output head, over the
+        # trunk's layers and its output head (weights read, a pass's cost on a GPU)
+        n_params = max(1, int(ll.llama_model_n_params(target._model)))
+        head_params = target.n_vocab * self.n_embd
+        self.cost_ratio = 1 / max(1, ll.llama_model_n_layer(target._model)) + head_params / n_params
+        target.on_pass.append(self._keep_rows)
+
+    # --- the trunk's rows -------------------------------------------------------------
+    def _keep_rows(self, parts: Sequence[Part]) -> None:
+        """After a target pass: keep h of each of sequence 0's tokens (copies: the next
+        pass overwrites them)."""
+        offset = 0
+        for part in parts:
+            if part.seq == 0:
+                n = len(part.tokens)
+                ptr = _nextn_rows(self.target._ctx)
+                rows = np.ctypeslib.as_array(ptr, shape=(offset + n, self.n_embd))
+                for j in range(max(0, n - WINDOW - 1), n):
+                    self._rows[part.pos + j] = rows[offset + j].copy()
+            offset += len(part.tokens)
+        if len(self._rows) > 2 * WINDOW:  # what a catch-up would skip anyway
+            newest = max(self._rows)
+            self._rows = {p: r for p, r in self._rows.items() if p >= newest - WINDOW}
+
+    def row(self, pos: int) -> np.ndarray:
+        """h_pos, or zeros where no pass of this text kept it (the head's input there is
+        then poorer: its drafts may be worse, the output is the target's either way)."""
+        return self._rows.get(pos, self._zeros) if pos >= 0 else self._zeros
+
+    # --- the head's cache -------------------------------------------------------------
+    def _held(self, context: Sequence[int]) -> int:
+        """How much of context[:-1] the cache holds (none where they part before the end
+        of a skipped stretch: the entries after it were read after other text)."""
+        held = shared_prefix(self.cached, context[:-1]) if self.cached else 0
+        return held if held >= self._start else 0
+
+    def unread(self, context: Sequence[int]) -> int:
+        """Positions the first draft step after `context` reads (its catch-up and the last
+        token)."""
+        last = len(context) - 1
+        return last + 1 - max(self._held(context), last - WINDOW)
+
+    def read(self, context: Sequence[int]) -> int:
+        """Make the cache hold what it can keep of context[:-1]; the first position still
+        to read, the draft step's batch starts there (a stretch longer than WINDOW is
+        read from its last WINDOW positions on)."""
+        last = len(context) - 1
+        held = self._held(context)
+        start = max(held, last - WINDOW)
+        if start > held:  # skip: the cache goes on from `start`, with nothing before
+            held, self._start = 0, start
+        elif held == 0:
+            self._start = 0
+        if held < len(self.cached) or held == 0:
+            ll.llama_memory_seq_rm(self._mem, 0, held, -1)
+        self.cached = list(context[:start])
+        return start
+
+    def step(self, entries: Sequence[tuple[int, int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        """One pass of the head over (token, position, h) entries, the last scored: its
+        logits there and its own output state (the next step's h)."""
+        batch, pos = self._batch, (ll.llama_pos * 4)()
+        ll.llama_batch_ext_clear(batch)
+        for i, (token, p, h) in enumerate(entries):
+            idx = ll.llama_batch_ext_add_token(batch, 0, token)
+            pos[0] = p
+            ll.llama_batch_ext_set_pos(batch, idx, pos)
+            embd = ll.llama_embd(h.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
+            ll.llama_batch_ext_set_embd_token(batch, idx, embd)
+            if i == len(entries) - 1:
+                ll.llama_batch_ext_set_output_logits(batch, idx, True)
+        started = time.perf_counter()
+        rc = ll.llama_process(self._ctx, 1, batch)  # LLAMA_PROCESS_TYPE_DECODE
+        self.busy_s += time.perf_counter() - started
+        if rc != 0:
+            raise ModelError(f"the MTP head's pass failed ({rc})")
+        n = len(entries) - 1
+        ptr = ll.llama_get_logits_ith(self._ctx, n)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.target.n_vocab,))
+        state = np.ctypeslib.as_array(_nextn_row(self._ctx, n), shape=(self.n_embd,)).copy()
+        return logits, state
+
+    def settle(self, context: Sequence[int]) -> None:
+        """After drafting after `context`: the cache holds it; the drafted tokens' entries,
+        read with the head's own states instead of the trunk's, go."""
+        ll.llama_memory_seq_rm(self._mem, 0, len(context), -1)
+        self.cached = list(context)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            if self._keep_rows in self.target.on_pass:
+                self.target.on_pass.remove(self._keep_rows)
+            ll.llama_batch_ext_free(self._batch)
+            ll.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()
