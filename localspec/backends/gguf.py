@@ -56,6 +56,7 @@ class GgufInfo:
     experts_used: int = 0  # of which each token uses this many
     expert_bytes: tuple[int, ...] = ()  # the routed experts' bytes of each layer (MoE)
     recurrent: bool = False  # some layers keep a recurrent state (Mamba, Gated DeltaNet)
+    attention_every: int = 1  # a hybrid's one attention layer in this many (Qwen3.5: 4)
 
     @property
     def total_bytes(self) -> int:
@@ -154,6 +155,7 @@ def gguf_info(paths: Path | Iterable[Path]) -> GgufInfo:
         experts_used=int(key("expert_used_count")),
         expert_bytes=tuple(experts) if any(experts) else (),
         recurrent=any(".ssm_" in name for name in tensors),
+        attention_every=int(key("full_attention_interval", 1)),
     )
 
 

@@ -58,6 +58,9 @@ class LoadOptions:
     # recurrent state per sequence; 0 for plain decoding.
     rollback: int = 0
     mtp: bool = False  # load the GGUF's MTP head(s) too (localspec.backends.mtp drafts with them)
+    # a MoE's routed experts of the first this many layers stay in RAM, the rest of the
+    # layers offloaded (llama.cpp's --n-cpu-moe; the planner chooses it)
+    cpu_moe: int = 0
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,24 @@ class Part:
     tokens: list[int]
     pos: int
     n_logits: int
+
+
+class _BuftOverride(ctypes.Structure):
+    """llama.cpp's llama_model_tensor_buft_override: tensors whose name matches `pattern`
+    (a regex) go to buffer type `buft`."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def experts_in_ram(layers: int) -> ctypes.Array[_BuftOverride]:
+    """Overrides that keep the routed experts of layers 0..layers-1 in host memory,
+    as llama.cpp's --n-cpu-moe writes them (common/arg.cpp), ended by a null entry."""
+    cpu = rpc.cpu_buffer_type()
+    entries = (_BuftOverride * (layers + 1))()
+    for i in range(layers):
+        entries[i].pattern = rf"blk\.{i}\.ffn_(up|down|gate)_(ch|)exps".encode()
+        entries[i].buft = cpu
+    return entries
 
 
 def default_threads() -> int:
@@ -100,10 +121,13 @@ class LlamaModel(Model):
         self.name = path.stem
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 999
-        mparams.load_mtp = options.mtp
+        mparams.load_mtp = self.mtp_loaded = options.mtp
         if options.rpc:  # llama.cpp reads the list while loading: keep it alive till then
             devices = rpc.target_devices(options.rpc)
             mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
+        if options.cpu_moe:  # the same: alive till loaded
+            overrides = experts_in_ram(options.cpu_moe)
+            mparams.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
         self._model = ll.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise LoadFailed(f"llama.cpp could not load {path} (out of memory, or a corrupt file)")
@@ -151,6 +175,7 @@ class LlamaModel(Model):
         self._snapshots = ll.llama_n_rs_seq(self._ctx) if self._recurrent else 0
         self._last_pass: dict[int, int] = {}  # sequence -> tokens its last pass decoded
         self.on_pass: list[Callable[[list[Part]], None]] = []  # hears of each pass (MTP)
+        self.on_close: list[Callable[[], None]] = []  # contexts of this model to free first
 
     # --- the cache ------------------------------------------------------------------
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
@@ -324,6 +349,8 @@ class LlamaModel(Model):
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
+            for close in list(self.on_close):
+                close()
             ll.llama_batch_free(self._batch)
             ll.llama_free(self._ctx)
             ll.llama_model_free(self._model)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+import weakref
 from collections.abc import Sequence
 
 import llama_cpp as ll
@@ -46,7 +47,22 @@ _nextn_row.restype = ctypes.POINTER(ctypes.c_float)
 
 def mtp_layers(model: LlamaModel) -> int:
     """How many MTP heads the loaded GGUF has (0: none, or not loaded)."""
-    return int(ll.llama_model_n_layer_nextn(model._model))
+    return int(ll.llama_model_n_layer_nextn(model._model)) if model.mtp_loaded else 0
+
+
+_HEADS: weakref.WeakKeyDictionary[LlamaModel, MtpHead] = weakref.WeakKeyDictionary()
+
+
+def head_of(target: LlamaModel) -> MtpHead | None:
+    """The one MTP head of `target` (made at the first call, attached), or None where it
+    has none loaded: every engine over the target drafts with that one (its cache
+    follows the target's sequence 0)."""
+    head = _HEADS.get(target)
+    if head is None and mtp_layers(target):
+        head = _HEADS[target] = MtpHead(target)
+    if head is not None:
+        head.attach()
+    return head
 
 
 class MtpHead:
@@ -72,7 +88,6 @@ class MtpHead:
             raise ModelError(f"llama.cpp could not make a context for {self.name}")
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_ext_init(self._ctx)
-        _set_nextn(target._ctx, True, False)  # h for every token of a pass, not only scored ones
         _set_nextn(self._ctx, True, True)
         self.cached: list[int] = []
         self._start = 0  # positions before it are not in the cache (a skipped stretch)
@@ -85,7 +100,23 @@ class MtpHead:
         n_params = max(1, int(ll.llama_model_n_params(target._model)))
         head_params = target.n_vocab * self.n_embd
         self.cost_ratio = 1 / max(1, ll.llama_model_n_layer(target._model)) + head_params / n_params
-        target.on_pass.append(self._keep_rows)
+        target.on_close.append(self.close)
+        self.attach()
+
+    def attach(self) -> None:
+        """Have every target pass output h for each of its tokens (not only the scored
+        ones; it costs the last layer over a prompt's every token) and keep it."""
+        if self._keep_rows not in self.target.on_pass:
+            _set_nextn(self.target._ctx, True, False)
+            self.target.on_pass.append(self._keep_rows)
+
+    def detach(self) -> None:
+        """Leave the target's passes as plain decoding has them (the bench's baseline);
+        what the target reads meanwhile is missing from the head's input later."""
+        if self._keep_rows in self.target.on_pass:
+            self.target.on_pass.remove(self._keep_rows)
+            _set_nextn(self.target._ctx, False, False)
+            self._rows.clear()
 
     # --- the trunk's rows -------------------------------------------------------------
     def _keep_rows(self, parts: Sequence[Part]) -> None:
@@ -170,8 +201,9 @@ class MtpHead:
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
-            if self._keep_rows in self.target.on_pass:
-                self.target.on_pass.remove(self._keep_rows)
+            self.detach()
+            if self.close in self.target.on_close:
+                self.target.on_close.remove(self.close)
             ll.llama_batch_ext_free(self._batch)
             ll.llama_free(self._ctx)
             self._ctx = None

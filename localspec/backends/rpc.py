@@ -202,6 +202,14 @@ def device_memory(dev: int) -> tuple[int, int]:
     return free.value, total.value
 
 
+def cpu_buffer_type() -> int:
+    """ggml's host buffer type: where --n-cpu-moe keeps tensors (llama.cpp's choice)."""
+    lib = _ggml()
+    lib.ggml_backend_cpu_buffer_type.argtypes = []
+    lib.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    return int(lib.ggml_backend_cpu_buffer_type())
+
+
 def local_devices() -> list[int]:
     """The local GPUs llama.cpp would offload to by default (its rule: discrete GPUs,
     else integrated ones); the CPU is not in the list, llama.cpp adds it itself."""

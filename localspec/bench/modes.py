@@ -18,9 +18,9 @@ from localspec.bench.suite import BenchError
 from localspec.decoding.engine import Engine
 from localspec.session import SessionConfig, make_engine
 
-MODE_KINDS = ("baseline", "draft", "ngram", "auto", "peer", "peer-plain")
-MODE_RE = re.compile(r"^(baseline|draft|ngram|auto|peer-plain|peer)(?:-g(\d+))?$")
-FIXED_GAMMA = ("draft", "ngram", "peer")  # the kinds a -gN suffix applies to
+MODE_KINDS = ("baseline", "draft", "ngram", "mtp", "auto", "peer", "peer-plain")
+MODE_RE = re.compile(r"^(baseline|draft|ngram|mtp|auto|peer-plain|peer)(?:-g(\d+))?$")
+FIXED_GAMMA = ("draft", "ngram", "mtp", "peer")  # the kinds a -gN suffix applies to
 PEER_KINDS = ("peer", "peer-plain")  # llama.cpp's own binaries (localspec.bench.peer)
 DEFAULT_MODES = "baseline,draft,ngram,auto"
 
@@ -56,12 +56,12 @@ def parse_modes(text: str, gamma: int = 4, have_draft: bool = True) -> tuple[Mod
         m = MODE_RE.match(word)
         if m is None:
             raise BenchError(
-                f"unknown mode {word!r}: use baseline, draft, ngram, auto, draft-gN, "
-                "ngram-gN, peer, peer-gN or peer-plain"
+                f"unknown mode {word!r}: use baseline, draft, ngram, mtp, auto, draft-gN, "
+                "ngram-gN, mtp-gN, peer, peer-gN or peer-plain"
             )
         kind, n = m.group(1), m.group(2)
         if n is not None and kind not in FIXED_GAMMA:
-            raise BenchError(f"mode {word!r}: only draft, ngram and peer take a fixed γ (-gN)")
+            raise BenchError(f"mode {word!r}: only draft, ngram, mtp and peer take a fixed γ (-gN)")
         default = DEFAULT_N_MAX if kind == "peer" else gamma
         g = int(n) if n is not None else (default if kind in FIXED_GAMMA else 0)
         if kind in FIXED_GAMMA and not 1 <= g <= 32:
@@ -91,17 +91,27 @@ def session_config(mode: Mode, target: Model, draft: Model | None) -> SessionCon
         if draft is None:
             raise BenchError(f"mode {mode.name} needs a draft model")
         return SessionConfig(target.name, draft=draft.name, gamma=mode.gamma)
-    if mode.kind == "ngram":
-        return SessionConfig(target.name, draft="ngram", gamma=mode.gamma)
+    if mode.kind in ("ngram", "mtp"):
+        return SessionConfig(target.name, draft=mode.kind, gamma=mode.gamma)
     if mode.kind == "auto":
         return SessionConfig(target.name, draft=draft.name if draft else "ngram", gamma="auto")
     raise BenchError(f"mode {mode.name} runs llama.cpp's binaries, not an engine")
 
 
 def build_engine(mode: Mode, target: Model, draft: Model | None) -> Engine:
-    """A fresh engine for one run, as the session builds it: no state carries over."""
+    """A fresh engine for one run, as the session builds it: no state carries over (but
+    the target's MTP head, drafting in `mtp` and `auto`: its cache follows the target's)."""
+    from localspec.backends.llama import LlamaModel
+    from localspec.backends.mtp import head_of
+
     config = session_config(mode, target, draft)
-    return make_engine(target, draft if mode.kind in ("draft", "auto") else None, config)
+    head = head_of(target) if isinstance(target, LlamaModel) else None
+    if mode.kind not in ("mtp", "auto") and head is not None:
+        head.detach()  # the other modes run as plain decoding's target does
+        head = None
+    if head is None and mode.kind == "mtp":
+        raise BenchError(f"mode {mode.name}: {target.name} has no MTP head")
+    return make_engine(target, draft if mode.kind in ("draft", "auto") else None, config, head)
 
 
 EngineFactory = Callable[[Mode, Model, Model | None], Engine]

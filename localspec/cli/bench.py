@@ -109,13 +109,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--modes",
         default="baseline,draft,ngram,auto",
-        help="comma-separated: baseline, draft, ngram, auto, draft-gN, ngram-gN, "
-        "and llama.cpp's own binaries as the peer: peer (its speculative example, "
-        "γ 3; peer-gN, which bring peer-plain along), peer-plain "
+        help="comma-separated: baseline, draft, ngram, mtp (the target's own MTP head), "
+        "auto, draft-gN, ngram-gN, mtp-gN, and llama.cpp's own binaries as the peer: "
+        "peer (its speculative example, γ 3; peer-gN, which bring peer-plain along), peer-plain "
         "(default: %(default)s; baseline always runs)",
     )
     b.add_argument(
-        "--gamma", "-g", type=int, default=4, help="γ of the draft and ngram modes (default 4)"
+        "--gamma", "-g", type=int, default=4, help="γ of the draft, ngram and mtp modes (default 4)"
     )
     b.add_argument(
         "--max-tokens", "-n", type=int, default=128, help="new tokens per answer (default 128)"
@@ -420,10 +420,17 @@ def load_models(
     target_path: Path, draft_path: Path | None, args: argparse.Namespace, rpc: tuple[str, ...]
 ):
     from localspec.backends.llama import LoadOptions
+    from localspec.cli.options import has_mtp_head
+    from localspec.drafting import GAMMA_MAX
     from localspec.session import load_pair
 
     target_load = LoadOptions(
-        n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, rpc=rpc
+        n_ctx=args.ctx,
+        n_threads=args.threads,
+        n_gpu_layers=args.n_gpu_layers,
+        rpc=rpc,
+        rollback=GAMMA_MAX,  # a hybrid target's state snapshots (see LoadOptions)
+        mtp=has_mtp_head(str(target_path)),
     )
     return load_pair(target_path, target_load, draft_path, draft_options(args))
 

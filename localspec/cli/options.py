@@ -148,6 +148,7 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
 
     target, draft = args.target, args.draft
     n_ctx, n_gpu_layers = args.ctx, args.n_gpu_layers
+    cpu_moe = 0
     rpc = rpc_endpoints(getattr(args, "rpc", None))
     if target is None:
         from localspec.models.pairing import default_pair
@@ -156,7 +157,7 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
         target, draft = pair.target, pair.draft
         n_ctx = n_ctx or pair.n_ctx
         if n_gpu_layers is None and not rpc:  # over RPC every layer goes to the servers
-            n_gpu_layers = pair.n_gpu_layers
+            n_gpu_layers, cpu_moe = pair.n_gpu_layers, pair.cpu_moe
     if draft is None:  # the target's own MTP head where its GGUF has one, else n-grams
         draft = "mtp" if has_mtp_head(target) else "ngram"
     load = LoadOptions(
@@ -164,6 +165,7 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
         n_threads=args.threads,
         n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers,
         rpc=rpc,  # the target's only: the draft stays local
+        cpu_moe=cpu_moe,
     )
     return SessionConfig(
         target=target,

@@ -114,6 +114,8 @@ def describe(plan: Plan) -> str:
 
     t, d = plan.target, plan.draft
     where = f"{t.n_gpu_layers} layers on the GPU" if t.n_gpu_layers else "on the CPU"
+    if t.cpu_moe:
+        where += f" (the experts of {t.cpu_moe} on the CPU)"
     if plan.why.placement.remote:
         where = f"{t.n_gpu_layers} layers on the rpc-servers"
     lines = [
@@ -128,6 +130,7 @@ def describe(plan: Plan) -> str:
         "none": "none",
     }[plan.drafter]
     lines.append(f"drafter  {drafter}")
+    lines.append(f"speed    ~{plan.tokens_per_s:.1f} tokens/s plain decoding (estimated)")
     memory = f"{fmt_size(plan.ram_estimate)} of {fmt_size(plan.ram_budget)} RAM"
     if plan.vram_budget:
         memory = f"{fmt_size(plan.vram_estimate)} of {fmt_size(plan.vram_budget)} GPU, " + memory

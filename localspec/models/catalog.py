@@ -34,10 +34,31 @@ class Shape:
     vocab: int
     context: int  # training context, tokens
     tied_embeddings: bool = False  # the output head reuses the token embeddings
+    # a hybrid model's one attention layer in this many (the others keep a recurrent
+    # state of a fixed size, not a KV cache); 1: every layer attends
+    attention_every: int = 1
+
+    @property
+    def kv_layers(self) -> int:
+        return self.layers // self.attention_every
 
     def kv_bytes_per_token(self, element_bytes: int = 2) -> int:
-        """K and V for every layer: 2 x layers x KV heads x head size x element size."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * element_bytes
+        """K and V for every attention layer: 2 x layers x KV heads x head size x size."""
+        return 2 * self.kv_layers * self.kv_heads * self.head_dim * element_bytes
+
+
+@dataclass(frozen=True)
+class Moe:
+    """A mixture-of-experts model's routed experts (per layer)."""
+
+    experts: int
+    active: int  # used by each token
+    expert_ff: int  # an expert's feed-forward width
+    shared: bool = False  # a shared expert every token uses (counted as dense weights)
+
+    def expert_params(self, embedding: int) -> int:
+        """One layer's routed expert weights: gate, up and down of each expert."""
+        return 3 * self.expert_ff * embedding * self.experts
 
 
 @dataclass(frozen=True)
@@ -98,6 +119,9 @@ class ModelEntry:
     quants: tuple[Quant, ...]
     drafts: tuple[str, ...] = ()  # a target's drafts; empty = every draft of its family
     completes_code: bool = False  # trained to fill in the middle (serve's /infill)
+    moe: Moe | None = None  # routed experts, for a mixture-of-experts model
+    mtp_layers: int = 0  # MTP heads its GGUF carries (the target drafts with its own)
+    architecture: str | None = None  # GGUF architecture, where not its family's
 
     def quant(self, name: str | None = None) -> Quant:
         """The named quantization, or the default one (Q4_K_M, else the smallest)."""

@@ -26,6 +26,7 @@ from localspec.models.catalog import (
     HubFile,
     Mirror,
     ModelEntry,
+    Moe,
     PairEntry,
     Quant,
     Shape,
@@ -96,7 +97,13 @@ _MODEL: dict[str, Any] = {
     "quants": dict,
     "drafts": list,
     "completes_code": bool,
+    "architecture": str,
+    "moe": dict,
+    "hybrid": dict,
+    "mtp_layers": int,
 }
+_MOE: dict[str, Any] = {"experts": int, "active": int, "expert_ff": int, "shared": bool}
+_HYBRID: dict[str, Any] = {"attention_every": int}
 _SHAPE: dict[str, Any] = {
     "layers": int,
     "kv_heads": int,
@@ -272,7 +279,17 @@ class _Reader:
         shape_data = self.table(d["shape"], (*where, "shape"), _SHAPE, needed)
         if shape_data is None or any(not isinstance(shape_data.get(k), int) for k in needed):
             return None
-        shape = Shape(**shape_data)
+        hybrid = self.table(d.get("hybrid", {}), (*where, "hybrid"), _HYBRID, ())
+        every = (hybrid or {}).get("attention_every", 1)
+        if not isinstance(every, int) or every < 1:
+            self.problem((*where, "hybrid"), f"{model_id}: attention_every must be 1 or more")
+            every = 1
+        shape = Shape(**shape_data, attention_every=every)
+        moe = None
+        if "moe" in d:
+            m = self.table(d["moe"], (*where, "moe"), _MOE, ("experts", "active", "expert_ff"))
+            if m is not None and all(isinstance(m.get(k), int) for k in ("experts", "active")):
+                moe = Moe(m["experts"], m["active"], int(m["expert_ff"]), bool(m.get("shared")))
         quants = []
         for name, q in d["quants"].items():
             quant = self.quant(model_id, name, q, (*where, "quants", name), d, mirrors)
@@ -294,6 +311,9 @@ class _Reader:
             quants=tuple(sorted(quants, key=lambda q: q.rank)),
             drafts=tuple(drafts),
             completes_code=bool(d.get("completes_code", False)),
+            moe=moe,
+            mtp_layers=int(d.get("mtp_layers", 0)),
+            architecture=d.get("architecture"),
         )
 
     def quant(

@@ -23,7 +23,14 @@ def reasons(plan: Plan) -> tuple[str, ...]:
     why = plan.why
     said = [f"This machine: {why.machine}."]
     said.extend(f"Note: {note.rstrip('.')}." for note in why.notes)
-    said.append(target_sentence(why.target, why.gpu_usable, remote=why.placement.remote > 0))
+    said.append(
+        target_sentence(
+            why.target,
+            why.gpu_usable,
+            remote=why.placement.remote > 0,
+            cpu_moe=why.placement.cpu_moe,
+        )
+    )
     said.append(drafter_sentence(why.drafter, why.gpu_usable))
     said.append(context_sentence(why.n_ctx, why.asked_ctx))
     said.append(memory_sentence(why))
@@ -37,8 +44,16 @@ def reasons(plan: Plan) -> tuple[str, ...]:
     return tuple(said)
 
 
-def target_sentence(target: TargetChoice, gpu_usable: bool, remote: bool = False) -> str:
-    if remote:
+def target_sentence(
+    target: TargetChoice, gpu_usable: bool, remote: bool = False, cpu_moe: int = 0
+) -> str:
+    if cpu_moe:
+        where = (
+            f"all {target.gpu_layers} layers on the GPU but the routed experts of the first "
+            f"{cpu_moe}, which stay on the CPU (a token reads few of them; attention, shared "
+            "weights and the KV cache it reads whole)"
+        )
+    elif remote:
         also = " and this machine's GPU" if gpu_usable else ""
         where = f"all {target.gpu_layers} layers on the rpc-servers{also}"
     elif not gpu_usable:
@@ -135,6 +150,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "drafter": plan.drafter,
         "gamma": plan.gamma,
         "slots": plan.slots,
+        "tokens_per_s": round(plan.tokens_per_s, 2),
         "memory": {
             "vram_budget": plan.vram_budget,
             "vram_estimate": plan.vram_estimate,
@@ -154,4 +170,5 @@ def _side_json(side: Side) -> dict[str, Any]:
         "path": side.path,
         "n_gpu_layers": side.n_gpu_layers,
         "n_ctx": side.n_ctx,
+        "cpu_moe": side.cpu_moe,
     }

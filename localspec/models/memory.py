@@ -7,10 +7,13 @@ buffers, and a little host overhead. llama.cpp offloads the *last* n layers and,
 all are offloaded, the output head; the token embeddings always stay in RAM.
 
 Placement puts the draft wholly on the GPU first (a partly offloaded draft is slower than
-the time it saves), then as many target layers as fit. On Apple Silicon GPU and CPU
-share one budget. With rpc-servers (`--rpc`) every target layer and the output head go to
-the devices, the servers' and this machine's GPUs, which llama.cpp fills in proportion to
-their free memory; the draft stays here.
+the time it saves), then as many target layers as fit. A mixture-of-experts target goes
+wholly on the GPU but for the routed experts of its first layers, as few as it takes to
+fit (llama.cpp's `--n-cpu-moe`): attention, shared experts, the head and the KV cache
+are read by every token, an expert by few, so the experts are what the CPU should hold.
+On Apple Silicon GPU and CPU share one budget. With rpc-servers (`--rpc`) every target
+layer and the output head go to the devices, the servers' and this machine's GPUs, which
+llama.cpp fills in proportion to their free memory; the draft stays here.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class Weights:
     kv_per_token_layer: int  # K + V bytes for one token in one layer
     vocab: int
     embedding: int
+    experts: tuple[int, ...] = ()  # a MoE's routed expert bytes in each layer (within layers)
+    expert_share: float = 1.0  # the share of them one token reads (active / experts)
 
     @property
     def head(self) -> int:
@@ -55,11 +60,30 @@ class Weights:
     def total(self) -> int:
         return sum(self.layers) + self.embd + self.output
 
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.experts)
+
+    def read_per_token(self, layer: int) -> float:
+        """Bytes of a layer one token reads: all but the experts it is not routed to."""
+        experts = self.experts[layer] if self.experts else 0
+        return self.layers[layer] - experts + experts * self.expert_share
+
     @classmethod
     def from_gguf(cls, info: GgufInfo) -> Weights:
         kv = 2 * info.kv_heads * info.head_dim * KV_ELEMENT_BYTES
+        if info.recurrent:  # a hybrid: one layer in `attention_every` has a KV cache
+            kv //= max(1, info.attention_every)
+        share = info.experts_used / info.experts if info.experts else 1.0
         return cls(
-            info.layer_bytes, info.embd_bytes, info.output_bytes, kv, info.vocab, info.embedding
+            info.layer_bytes,
+            info.embd_bytes,
+            info.output_bytes,
+            kv,
+            info.vocab,
+            info.embedding,
+            info.expert_bytes,
+            share,
         )
 
     @classmethod
@@ -71,8 +95,25 @@ class Weights:
         output = 0 if shape.tied_embeddings else int(table * OUTPUT_BYTES.get(quant.name, 1.0))
         body = max(quant.size - embd - output, quant.size // 3)
         per_layer = body // shape.layers
-        kv = 2 * shape.kv_heads * shape.head_dim * KV_ELEMENT_BYTES
-        return cls((per_layer,) * shape.layers, embd, output, kv, shape.vocab, shape.embedding)
+        kv = 2 * shape.kv_heads * shape.head_dim * KV_ELEMENT_BYTES // shape.attention_every
+        experts: tuple[int, ...] = ()
+        share = 1.0
+        if model.moe is not None:  # the file's bytes per parameter, over the experts
+            per_param = quant.size / (model.params * 1e9)
+            layer_experts = min(
+                int(model.moe.expert_params(shape.embedding) * per_param), per_layer
+            )
+            experts, share = (layer_experts,) * shape.layers, model.moe.active / model.moe.experts
+        return cls(
+            (per_layer,) * shape.layers,
+            embd,
+            output,
+            kv,
+            shape.vocab,
+            shape.embedding,
+            experts,
+            share,
+        )
 
 
 @dataclass(frozen=True)
@@ -97,6 +138,7 @@ class Placement:
     vram: int
     ram: int
     remote: int = 0  # the target's bytes on the rpc-servers
+    cpu_moe: int = 0  # the routed experts of the target's first this many layers in RAM
 
 
 @dataclass(frozen=True)
@@ -155,18 +197,24 @@ def compute_bytes(weights: Weights, n_ctx: int) -> int:
     return 4 * UBATCH * (weights.vocab + 8 * weights.embedding + n_ctx // 8)
 
 
-def footprint(weights: Weights, n_ctx: int, gpu_layers: int) -> tuple[int, int]:
+def footprint(weights: Weights, n_ctx: int, gpu_layers: int, cpu_moe: int = 0) -> tuple[int, int]:
     """(VRAM, RAM) bytes of one model with `gpu_layers` offloaded (llama.cpp's count:
-    more than the layer count puts the output head on the GPU too)."""
+    more than the layer count puts the output head on the GPU too) and the routed experts
+    of the first `cpu_moe` layers kept in RAM."""
     n = len(weights.layers)
     on_gpu = max(0, min(gpu_layers, n))
     head_on_gpu = gpu_layers > n
     kv_layer = n_ctx * weights.kv_per_token_layer
+    experts_in_ram = sum(weights.experts[n - on_gpu : cpu_moe]) if weights.experts else 0
     vram = (
-        sum(weights.layers[n - on_gpu :]) + on_gpu * kv_layer + (weights.head if head_on_gpu else 0)
+        sum(weights.layers[n - on_gpu :])
+        - experts_in_ram
+        + on_gpu * kv_layer
+        + (weights.head if head_on_gpu else 0)
     )
     ram = (
         sum(weights.layers[: n - on_gpu])
+        + experts_in_ram
         + (n - on_gpu) * kv_layer
         + weights.embd
         + HOST_OVERHEAD
@@ -200,6 +248,12 @@ def place(
     if budget.remote:
         return _place_on_servers(target, n_ctx, budget, hw, draft_on_gpu, draft_vram, draft_ram)
     top = len(target.layers) + 1 if hw.gpu_usable else 0
+    if target.is_moe and top:
+        for cpu_moe in range(len(target.layers) + 1):  # the fewest experts in RAM that fit
+            target_vram, target_ram = footprint(target, n_ctx, top, cpu_moe)
+            vram, ram = draft_vram + target_vram, draft_ram + target_ram
+            if budget.holds(vram, ram):
+                return Placement(n_ctx, top, draft_on_gpu, vram, ram, cpu_moe=cpu_moe)
     for layers in range(top, -1, -1):
         target_vram, target_ram = footprint(target, n_ctx, layers)
         vram, ram = draft_vram + target_vram, draft_ram + target_ram

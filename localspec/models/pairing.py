@@ -30,6 +30,7 @@ class PairSpec:
     n_gpu_layers: int | None = None
     # why the planner chose it: said, not part of which pair it is (equality ignores it)
     reasons: tuple[str, ...] = field(default=(), compare=False)
+    cpu_moe: int = 0  # a MoE target's routed experts of its first this many layers in RAM
 
     @property
     def label(self) -> str:
@@ -70,7 +71,14 @@ def pair_from_plan(plan: Plan, draft: str | None = None) -> PairSpec:
     target = plan.target.path or plan.target.id
     if draft is None:
         draft = (plan.draft.path or plan.draft.id) if plan.draft else plan.drafter
-    return PairSpec(target, draft, plan.target.n_ctx, plan.target.n_gpu_layers, reasons(plan))
+    return PairSpec(
+        target,
+        draft,
+        plan.target.n_ctx,
+        plan.target.n_gpu_layers,
+        reasons(plan),
+        cpu_moe=plan.target.cpu_moe,
+    )
 
 
 def _draft_id(draft: str) -> str:

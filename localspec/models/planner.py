@@ -75,6 +75,7 @@ class Side:
     path: str | None
     n_gpu_layers: int
     n_ctx: int
+    cpu_moe: int = 0  # a MoE's routed experts of its first this many layers stay in RAM
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,9 @@ def _speed_at_floor(candidate: Candidate, hw: Hardware, budget: Budget, request:
     placement = place(candidate.weights, None, n_ctx, budget, hw)
     if placement is None:
         return 0.0
-    return 1 / step_seconds(candidate.weights, placement.target_layers, hw, placement.remote > 0)
+    return 1 / step_seconds(
+        candidate.weights, placement.target_layers, hw, placement.remote > 0, placement.cpu_moe
+    )
 
 
 def _plan_target(
@@ -223,7 +226,14 @@ def _plan_target(
         draft_layers = draft.n_layers + 1 if placement.draft_on_gpu else 0
         draft_side = Side(draft.id, draft.quant, _str(draft.path), draft_layers, ctx)
     return Plan(
-        target=Side(target.id, target.quant, _str(target.path), placement.target_layers, ctx),
+        target=Side(
+            target.id,
+            target.quant,
+            _str(target.path),
+            placement.target_layers,
+            ctx,
+            placement.cpu_moe,
+        ),
         draft=draft_side,
         drafter=drafter,
         gamma=best.gamma,
@@ -292,7 +302,11 @@ def _largest_ctx(
         placement = place(candidate.weights, draft.weights if draft else None, ctx, budget, hw)
         if placement is None:
             continue
-        if not whole or placement.target_layers == candidate.n_layers + 1:
+        # wholly: every layer, the head and every expert (a MoE may be "all layers"
+        # with the experts of some in RAM)
+        if not whole or (
+            placement.target_layers == candidate.n_layers + 1 and not placement.cpu_moe
+        ):
             return ctx
     return None
 
@@ -304,13 +318,16 @@ def _option(
     if placement is None:
         return None
     on_servers = placement.remote > 0
-    t_target = step_seconds(target.weights, placement.target_layers, hw, on_servers)
+    t_target = step_seconds(
+        target.weights, placement.target_layers, hw, on_servers, placement.cpu_moe
+    )
     if draft is None:
         return _Option(placement, None, 1 / t_target, NGRAM_GAMMA, 1.0)
     draft_layers = draft.n_layers + 1 if placement.draft_on_gpu else 0
     t_draft = step_seconds(draft.weights, draft_layers, hw)
     mostly_gpu = not on_servers and placement.target_layers > target.n_layers // 2
-    gamma, speedup = speculation(t_target, t_draft, VERIFY_SLOPE["gpu" if mostly_gpu else "cpu"])
+    slope = VERIFY_SLOPE["gpu" if mostly_gpu else "cpu"]
+    gamma, speedup = speculation(t_target, t_draft, slope, weights=target.weights)
     return _Option(placement, draft, 1 / t_target, gamma, speedup)
 
 

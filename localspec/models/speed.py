@@ -6,6 +6,12 @@ the costs measured on an H200 (docs/gpu.md: the fixed cost and how a verify pass
 Speculation with acceptance α and γ drafted tokens yields (1-α^(γ+1))/(1-α) tokens per γ
 draft steps plus one verification pass (Leviathan et al.). `--gamma auto` measures what
 these only estimate.
+
+A mixture-of-experts token reads its layers' dense weights and `active / experts` of the
+routed experts; a verify pass of k tokens reads the experts any of them is routed to:
+a share 1 - (1 - s)^k of them for s = active / experts, routed independently (the
+worst case; trained routers share experts more). So a MoE verify pass grows much faster
+with k than a dense one does while reading bytes is what costs (`batch_growth`).
 """
 
 from __future__ import annotations
@@ -34,14 +40,24 @@ VERIFY_SLOPE = {"cpu": 0.15, "gpu": 0.19}  # a k-token verify costs 1 + slope(k-
 
 
 def step_seconds(
-    weights: Weights, gpu_layers: int, hw: Hardware, on_servers: bool = False
+    weights: Weights,
+    gpu_layers: int,
+    hw: Hardware,
+    on_servers: bool = False,
+    cpu_moe: int = 0,
 ) -> float:
-    """Estimated time of one decode step: every weight byte is read once per token.
-    `on_servers`: the layers are on hw's rpc-servers (the target with --rpc)."""
+    """Estimated time of one decode step: every weight byte a token uses is read once.
+    `on_servers`: the layers are on hw's rpc-servers (the target with --rpc); `cpu_moe`:
+    the routed experts of the first layers are read from RAM (memory.py)."""
     n = len(weights.layers)
     on_gpu = max(0, min(gpu_layers, n))
-    gpu_bytes = sum(weights.layers[n - on_gpu :]) + (weights.head if gpu_layers > n else 0)
-    all_bytes = sum(weights.layers) + weights.head
+    read = [weights.read_per_token(i) for i in range(n)]
+    gpu_bytes = sum(read[n - on_gpu :]) + (weights.head if gpu_layers > n else 0)
+    if weights.is_moe and cpu_moe:  # their experts stay in RAM, the rest of them here
+        gpu_bytes -= sum(
+            weights.experts[i] * weights.expert_share for i in range(n - on_gpu, cpu_moe)
+        )
+    all_bytes = sum(read) + weights.head
     cpu_bytes = all_bytes - gpu_bytes
     cpu_bw = min(CPU_BANDWIDTH_PER_CORE * hw.cores, CPU_BANDWIDTH_MAX)
     if on_servers:
@@ -64,14 +80,31 @@ def gpu_bandwidth(hw: Hardware) -> float:
     return next(bandwidth for limit, bandwidth in tiers if memory <= limit)
 
 
+def batch_growth(weights: Weights, k: int) -> float:
+    """T(k) / T(1) where reading bytes is the cost: for a dense model 1, for a MoE the
+    experts k tokens are routed to over the ones one token is (the module docstring)."""
+    if not weights.is_moe:
+        return 1.0
+    dense = sum(weights.layers) - sum(weights.experts) + weights.head
+    experts = sum(weights.experts)
+    s = weights.expert_share
+    return (dense + experts * (1 - (1 - s) ** k)) / (dense + experts * s)
+
+
 def speculation(
-    t_target: float, t_draft: float, slope: float, alpha: float = ACCEPTANCE
+    t_target: float,
+    t_draft: float,
+    slope: float,
+    alpha: float = ACCEPTANCE,
+    weights: Weights | None = None,
 ) -> tuple[int, float]:
-    """(γ, speedup) maximizing tokens per second over γ = 1..GAMMA_MAX."""
+    """(γ, speedup) maximizing tokens per second over γ = 1..GAMMA_MAX; a MoE target's
+    (`weights`) verify pass costs at least what the experts it reads cost."""
     best = (1, 0.0)
     for gamma in range(1, GAMMA_MAX + 1):
         expected = (1 - alpha ** (gamma + 1)) / (1 - alpha)
-        seconds = gamma * t_draft + t_target * (1 + slope * gamma)
+        growth = max(1 + slope * gamma, batch_growth(weights, gamma + 1) if weights else 1.0)
+        seconds = gamma * t_draft + t_target * growth
         speedup = expected * t_target / seconds
         if speedup > best[1]:
             best = (gamma, speedup)

@@ -88,7 +88,7 @@ class Installed:
             quant=data["quant"],
             source=data["source"],
             files=tuple(FileRecord(**f) for f in data["files"]),
-            info=GgufInfo(**{**info, "layer_bytes": tuple(info["layer_bytes"])}) if info else None,
+            info=_info(info) if info else None,
             family=data.get("family"),
             role=data.get("role", "target"),
         )
@@ -166,3 +166,9 @@ def check_sha256(path: Path, sha256: str) -> FileRecord:
     if actual != sha256:
         raise StoreError(f"{path.name}: sha256 mismatch (got {actual[:12]}…, want {sha256[:12]}…)")
     return FileRecord.of(path, sha256)
+
+
+def _info(data: dict) -> GgufInfo:
+    """A stored GgufInfo (JSON lists back to tuples; fields added since default)."""
+    tuples = {k: tuple(data[k]) for k in ("layer_bytes", "expert_bytes") if k in data}
+    return GgufInfo(**{**data, **tuples})

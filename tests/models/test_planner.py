@@ -431,8 +431,17 @@ def test_unknown_family():
 
 def test_json_shape():
     data = plan_json(plan_catalog(CATALOG, nvidia(12)))
-    assert set(data) == {"target", "draft", "drafter", "gamma", "slots", "memory", "reasons"}
-    assert set(data["target"]) == {"id", "quant", "path", "n_gpu_layers", "n_ctx"}
+    assert set(data) == {
+        "target",
+        "draft",
+        "drafter",
+        "gamma",
+        "slots",
+        "tokens_per_s",
+        "memory",
+        "reasons",
+    }
+    assert set(data["target"]) == {"id", "quant", "path", "n_gpu_layers", "n_ctx", "cpu_moe"}
     assert set(data["memory"]) == {
         *("vram_budget", "vram_estimate", "ram_budget", "ram_estimate"),
         *("remote_budget", "remote_estimate"),  # the rpc-servers' (0 without --rpc)

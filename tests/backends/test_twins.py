@@ -1,0 +1,289 @@
+"""The models people run now, without their weights: scripts/make_twin_gguf.py's random
+twins of Qwen3.5-0.8B (hybrid: Gated DeltaNet + attention, one MTP head) and
+Qwen3-Coder-30B-A3B (MoE, 128 experts), at fewer layers, loaded by the real llama.cpp.
+
+Random weights make every drafter wrong, so the tests draft with an oracle too (plain
+decoding's own tokens with one wrong in each round): rejections of every length, so
+every rollback of the recurrent state is exercised. The vocabulary comes from the real
+Qwen2.5-Coder 0.5B GGUF (tokenizer keys only): these are `real` tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import load_script
+from test_tiny_gguf import vocab_source
+
+from localspec.decoding.drafters import Draft, DraftModel, MtpDrafter, NgramDrafter, NoDrafter
+from localspec.decoding.engine import Engine, GenerationConfig
+from localspec.decoding.events import Finished, Piece
+from localspec.decoding.sampling import SamplingParams
+
+pytestmark = pytest.mark.real
+
+GAMMA = 4
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The hybrid twin at 4 layers (3 DeltaNet, 1 attention, + the MTP head), the MoE
+    twin at 2, and a 1-layer qwen2 draft for each vocabulary."""
+    import gguf
+
+    twin, tiny = load_script("make_twin_gguf"), load_script("make_tiny_gguf")
+    out = tmp_path_factory.mktemp("twins")
+    vocab = gguf.GGUFReader(str(vocab_source()))
+    hybrid_vocab = twin.Hybrid().n_vocab
+    draft = replace(tiny.DRAFT, n_layer=1)
+    return {
+        "hybrid": twin.build("hybrid", vocab_source(), out, layers=4),
+        "moe": twin.build("moe", vocab_source(), out, layers=2),
+        "hybrid-draft": tiny.build(replace(draft, n_vocab=hybrid_vocab), vocab, out / "d1.gguf"),
+        "moe-draft": tiny.build(draft, vocab, out / "d2.gguf"),
+    }
+
+
+def load(path: Path, **options):
+    from localspec.backends.llama import LlamaModel, LoadOptions
+
+    return LlamaModel(path, LoadOptions(n_ctx=512, n_threads=2, **options))
+
+
+class Oracle:
+    """Drafts the plain answer's next γ tokens with one of them wrong: the i-th round's
+    mistake sits at position i mod (γ + 1), so every accepted length 0..γ comes up."""
+
+    name = "oracle"
+    busy_s = 0.0
+    n_ctx = 1 << 30
+
+    def __init__(self, prompt_len: int, answer: Sequence[int], n_vocab: int) -> None:
+        self.at, self.answer, self.n_vocab, self.rounds = prompt_len, list(answer), n_vocab, 0
+
+    def draft(self, context, gamma, params, rng) -> Draft:
+        done = len(context) - self.at
+        tokens = self.answer[done : done + gamma]
+        wrong = self.rounds % (gamma + 1)
+        if wrong < len(tokens):
+            tokens[wrong] = (tokens[wrong] + 1) % self.n_vocab
+        self.rounds += 1
+        return Draft(tokens, [None] * len(tokens))
+
+    def accept(self, tokens, outcome) -> None:
+        pass
+
+
+def plain_answer(model, prompt: list[int], n: int) -> tuple[Finished, list[Piece]]:
+    model.reset()
+    events = list(Engine(model, NoDrafter(), 0).generate(prompt, GenerationConfig(n, trace=True)))
+    model.reset()
+    done = events[-1]
+    assert isinstance(done, Finished)
+    return done, [e for e in events if isinstance(e, Piece)]
+
+
+def assert_plain(got: Sequence[int], want: Sequence[int], pieces: list[Piece]) -> None:
+    """Equal, or different only from a numerical near-tie on (batched and one-token
+    passes differ in the last bits)."""
+    for i, (a, b) in enumerate(zip(got, want, strict=False)):
+        if a != b:
+            assert pieces[i].margin is not None and pieces[i].margin < 1.0, (i, pieces[i])
+            assert a == pieces[i].runner_up
+            return
+    assert list(got) == list(want)
+
+
+# --- the hybrid twin: its state rolls back through llama.cpp's snapshots --------------
+def test_the_hybrid_twin_is_what_it_claims(twins) -> None:
+    import llama_cpp as ll
+
+    model = load(twins["hybrid"], rollback=GAMMA)
+    try:
+        assert model.metadata("general.architecture") == "qwen35"
+        assert ll.llama_model_is_hybrid(model._model)
+        assert model.n_vocab == 248_320
+        assert model.can_cut and model.cut_depth == GAMMA
+        assert ll.llama_model_n_layer_nextn(model._model) == 1
+    finally:
+        model.close()
+    plain = load(twins["hybrid"])  # no snapshots asked for: it cannot drop a draft
+    try:
+        assert not plain.can_cut and plain.cut_depth == 0
+    finally:
+        plain.close()
+
+
+def test_a_rejected_draft_rolls_the_recurrent_state_back_exactly(twins) -> None:
+    model, fresh = load(twins["hybrid"], rollback=GAMMA), load(twins["hybrid"])
+    try:
+        prompt = model.tokenize("def fib(n):\n    return")
+        model.evaluate(prompt, 1)
+        for drop in range(1, GAMMA + 1):  # a verify pass of γ+1 tokens, `drop` rejected
+            model.evaluate([*prompt, 11, 22, 33, 44, 55], GAMMA + 1)
+            keep = [*prompt, 11, 22, 33, 44, 55][: len(prompt) + GAMMA + 1 - drop]
+            restarts = model.restarts
+            model.rollback(keep)
+            assert model.restarts == restarts and model.kv_len() == len(keep)
+            got = model.evaluate([*keep, 77], 1)
+            fresh.reset()
+            assert np.allclose(got, fresh.evaluate([*keep, 77], 1), atol=1e-3)
+            model.rollback(prompt)  # back to the prompt: past the last pass, so it re-reads
+    finally:
+        model.close()
+        fresh.close()
+
+
+def test_a_cut_past_the_last_pass_re_reads_instead_of_using_a_stale_snapshot(twins) -> None:
+    """llama.cpp accepts a rollback to a token of an earlier pass and reads a snapshot
+    that does not hold it; the backend refuses that cut and re-reads."""
+    model, fresh = load(twins["hybrid"], rollback=GAMMA), load(twins["hybrid"])
+    try:
+        prompt = model.tokenize("one two three")
+        for extra in ([5], [5, 6], [5, 6, 7]):  # three one-token passes
+            model.evaluate([*prompt, *extra], 1)
+        got = model.evaluate([*prompt, 5, 9], 1)  # drops 6 and 7: two passes back
+        assert model.restarts == 1
+        assert np.allclose(got, fresh.evaluate([*prompt, 5, 9], 1), atol=1e-3)
+    finally:
+        model.close()
+        fresh.close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "drafter"),
+    # the MoE twin, like Qwen3-Coder-30B-A3B, has no MTP head
+    [(k, d) for k in ("hybrid", "moe") for d in ("oracle", "ngram", "draft", "mtp")][:-1],
+)
+def test_greedy_speculation_on_the_twins_is_plain_decoding(twins, kind: str, drafter: str) -> None:
+    from localspec.backends.mtp import MtpHead
+
+    target = load(twins[kind], rollback=GAMMA, mtp=drafter == "mtp")
+    draft = load(twins[f"{kind}-draft"]) if drafter == "draft" else None
+    head = MtpHead(target) if drafter == "mtp" else None
+    try:
+        prompt = target.tokenize("def fibonacci(n):\n    if n < 2:\n        return n\n")
+        want, pieces = plain_answer(target, prompt, 32)
+        made = {
+            "oracle": lambda: Oracle(len(prompt), want.tokens, target.n_vocab),
+            "ngram": NgramDrafter,
+            "draft": lambda: DraftModel(draft, p_min=0.0),
+            "mtp": lambda: MtpDrafter(head, p_min=0.0),
+        }[drafter]()
+        got = list(Engine(target, made, GAMMA).generate(prompt, GenerationConfig(32)))[-1]
+        assert isinstance(got, Finished)
+        assert_plain(got.tokens, want.tokens, pieces)
+        assert target.restarts == 0  # every rejection rolled back in place
+        if drafter in ("oracle", "mtp", "draft"):
+            assert got.stats.drafted >= 16
+        if drafter == "oracle":
+            assert 0 < got.stats.accepted < got.stats.drafted
+    finally:
+        if head is not None:
+            head.close()
+        target.close()
+        if draft is not None:
+            draft.close()
+
+
+# --- the MTP head ------------------------------------------------------------------
+def test_the_mtp_heads_cache_after_rejections_equals_a_fresh_read(twins) -> None:
+    """After rounds of rejected drafts, the head's next draft step sees what a head that
+    reads the whole text at once sees: its cache followed the target's, and the drafted
+    entries (read with its own states) left it."""
+    from localspec.backends.mtp import MtpHead
+
+    target = load(twins["hybrid"], rollback=GAMMA, mtp=True)
+    head = MtpHead(target)
+    try:
+        prompt = target.tokenize("import os\nimport sys\n")
+        engine = Engine(target, MtpDrafter(head, p_min=0.0), GAMMA)
+        done = list(engine.generate(prompt, GenerationConfig(24)))[-1]
+        assert isinstance(done, Finished) and done.stats.drafted > done.stats.accepted
+        text = [*prompt, *done.tokens]
+        target.evaluate(text[:-1], 1)  # the target has read all but the last token
+        entries = [(text[p], p, head.row(p - 1)) for p in range(head.read(text), len(text))]
+        assert len(entries) < 5  # it had read almost all of it already
+        following, _ = head.step(entries)
+        following = following.copy()
+        head.settle(text)
+
+        head.close()
+        target.reset()
+        head = MtpHead(target)  # a fresh head: reads the whole text in one catch-up
+        target.evaluate(text[:-1], 1)
+        entries = [(text[p], p, head.row(p - 1)) for p in range(head.read(text), len(text))]
+        assert len(entries) == len(text)
+        fresh, _ = head.step(entries)
+        assert np.allclose(following, fresh, atol=1e-2)
+    finally:
+        head.close()
+        target.close()
+
+
+def test_a_sampled_mtp_draft_reports_the_law_it_was_drawn_from(twins) -> None:
+    from localspec.backends.mtp import MtpHead
+
+    target = load(twins["hybrid"], rollback=GAMMA, mtp=True)
+    head = MtpHead(target)
+    try:
+        prompt = target.tokenize("Hello")
+        target.evaluate(prompt[:-1], 1)
+        sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+        drafted = MtpDrafter(head, p_min=0.0).draft(prompt, 3, sampling, np.random.default_rng(0))
+        assert len(drafted.tokens) == 3
+        for token, q in zip(drafted.tokens, drafted.q, strict=True):
+            assert q is not None and q[token] > 0 and abs(float(q.sum()) - 1) < 1e-4
+    finally:
+        head.close()
+        target.close()
+
+
+# --- sessions: what a user gets ------------------------------------------------------
+def test_a_session_on_a_target_with_an_mtp_head_drafts_with_it(twins) -> None:
+    from localspec.backends.llama import LoadOptions
+    from localspec.cli.options import has_mtp_head
+    from localspec.session import SessionConfig, open_session
+
+    assert has_mtp_head(str(twins["hybrid"])) and not has_mtp_head(str(twins["moe"]))
+    load_options = LoadOptions(n_ctx=512, n_threads=2)
+    config = SessionConfig(str(twins["hybrid"]), draft="mtp", gamma=4, target_load=load_options)
+    session = open_session(config)
+    try:
+        assert session.head is not None and session.notes == []
+        assert isinstance(session.engine.drafter, MtpDrafter)
+        assert session.target.cut_depth == 8  # GAMMA_MAX snapshots
+        prompt = session.target.tokenize("x = 1\n")
+        done = list(session.engine.generate(prompt, GenerationConfig(12)))[-1]
+        assert isinstance(done, Finished) and done.stats.drafted > 0
+    finally:
+        session.close()
+
+
+def test_a_hybrid_draft_model_gives_way_to_ngrams_and_says_why(twins) -> None:
+    from localspec.backends.llama import LoadOptions
+    from localspec.session import SessionConfig, open_session
+
+    said: list[str] = []
+    load_options = LoadOptions(n_ctx=512, n_threads=2)
+    config = SessionConfig(
+        str(twins["hybrid"]),
+        draft=str(twins["hybrid"]),  # a hybrid as its own draft
+        gamma=4,
+        target_load=load_options,
+        draft_load=load_options,
+        draft_quant="keep",
+    )
+    session = open_session(config, say=said.append)
+    try:
+        assert session.draft_model is None and isinstance(session.engine.drafter, NgramDrafter)
+        assert said == [
+            "n-gram drafting: the draft model qwen35-0.8b-twin-4l is a recurrent or hybrid "
+            "model, whose state cannot drop a rejected draft"
+        ]
+    finally:
+        session.close()

@@ -1,0 +1,93 @@
+"""The planner on the models people run now: a MoE target's experts placed by layer
+(llama.cpp's --n-cpu-moe), hybrid models' smaller KV cache, MoE verify costs. Pure
+arithmetic over the real catalog's entries and fake machines (NVML without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.models.catalog_file import default_catalog
+from localspec.models.hardware import GiB, Hardware, Overrides, apply
+from localspec.models.memory import Weights, footprint, memory_budget, place
+from localspec.models.planner import Request, plan_catalog
+from localspec.models.speed import batch_growth, speculation, step_seconds
+
+CATALOG = default_catalog()
+DESKTOP = Hardware((), 32 * GiB, 30 * GiB, 8, offload=False)
+CODER = CATALOG.model("qwen3-coder-30b-a3b-instruct")
+WEIGHTS = Weights.estimate(CODER, CODER.quant("Q4_K_M"))
+
+
+def test_a_moe_estimate_knows_its_experts_and_what_a_token_reads() -> None:
+    n = len(WEIGHTS.layers)
+    assert n == 48 and WEIGHTS.expert_share == 8 / 128
+    experts = sum(WEIGHTS.experts)
+    # 3 x 768 x 2048 x 128 per layer, of a 30.5B model: ~93% of its weights
+    assert 0.85 < experts / WEIGHTS.total < 0.97
+    read = sum(WEIGHTS.read_per_token(i) for i in range(n)) + WEIGHTS.head
+    assert read < 0.2 * WEIGHTS.total  # "A3B": ~3B of 30.5B parameters read per token
+
+
+@pytest.mark.parametrize("vram", [8, 12, 16])
+def test_on_a_small_gpu_the_experts_of_the_first_layers_stay_in_ram(vram: int) -> None:
+    hw = apply(DESKTOP, Overrides(vram=vram * GiB))
+    budget = memory_budget(hw)
+    placement = place(WEIGHTS, None, 8192, budget, hw)
+    assert placement is not None
+    n = len(WEIGHTS.layers)
+    assert placement.target_layers == n + 1  # every layer and the head on the GPU...
+    assert 0 < placement.cpu_moe <= n  # ...but the experts of the first layers
+    assert placement.vram <= budget.vram
+    if placement.cpu_moe > 1:  # the fewest: one layer's experts fewer would not fit
+        vram_more, _ = footprint(WEIGHTS, 8192, n + 1, placement.cpu_moe - 1)
+        assert vram_more > budget.vram
+    moved = sum(WEIGHTS.experts[: placement.cpu_moe])
+    on_gpu, in_ram = footprint(WEIGHTS, 8192, n + 1, placement.cpu_moe)
+    all_gpu, all_ram = footprint(WEIGHTS, 8192, n + 1, 0)
+    assert (all_gpu - on_gpu, in_ram - all_ram) == (moved, moved)
+
+
+def test_a_moe_that_fits_goes_wholly_to_the_gpu_and_decodes_faster_than_split() -> None:
+    hw = apply(DESKTOP, Overrides(vram=32 * GiB))
+    placement = place(WEIGHTS, None, 8192, memory_budget(hw), hw)
+    assert placement is not None and placement.cpu_moe == 0
+    n = len(WEIGHTS.layers)
+    whole = step_seconds(WEIGHTS, n + 1, hw)
+    split = step_seconds(WEIGHTS, n + 1, hw, cpu_moe=24)
+    layers_only = step_seconds(WEIGHTS, 24, hw)  # half the layers, experts and all
+    assert whole < split < layers_only  # experts on the CPU beat layers on the CPU
+
+
+def test_plan_says_where_the_experts_go_and_loads_them_there() -> None:
+    from localspec.cli.plan import describe
+    from localspec.models.pairing import pair_from_plan
+
+    hw = apply(DESKTOP, Overrides(vram=12 * GiB, ram=64 * GiB))
+    plan = plan_catalog(CATALOG, hw, Request(family="qwen3", n_ctx=8192))
+    if plan.target.id != CODER.id:  # 32B dense is too slow half on the CPU; the 30B-A3B is not
+        pytest.fail(f"planned {plan.target.id}")
+    assert plan.target.cpu_moe > 0 and plan.tokens_per_s > 0
+    text = describe(plan)
+    assert f"(the experts of {plan.target.cpu_moe} on the CPU)" in text
+    assert "routed experts of the first" in text and "tokens/s plain decoding" in text
+    assert pair_from_plan(plan).cpu_moe == plan.target.cpu_moe
+
+
+def test_a_moe_verify_pass_grows_with_the_experts_it_reads() -> None:
+    assert batch_growth(WEIGHTS, 1) == pytest.approx(1.0)
+    growth = [batch_growth(WEIGHTS, k) for k in range(1, 9)]
+    assert growth == sorted(growth) and growth[1] > 1.3  # 2 tokens: ~1.9x the experts
+    dense = Weights.estimate(CATALOG.model("qwen3-32b"), CATALOG.model("qwen3-32b").quant())
+    assert batch_growth(dense, 8) == 1.0
+    # the same draft pays less against a MoE target: its verify passes cost more
+    _, speedup_moe = speculation(0.02, 0.002, 0.19, weights=WEIGHTS)
+    _, speedup_dense = speculation(0.02, 0.002, 0.19)
+    assert speedup_moe < speedup_dense
+
+
+def test_a_hybrids_kv_cache_counts_its_attention_layers_only() -> None:
+    model = CATALOG.model("qwen3.6-27b")
+    weights = Weights.estimate(model, model.quant())
+    assert weights.kv_per_token_layer * len(weights.layers) == model.shape.kv_bytes_per_token()
+    dense_like = 2 * 64 * 4 * 256 * 2  # were all 64 layers attention
+    assert model.shape.kv_bytes_per_token() * 4 == dense_like
