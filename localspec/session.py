@@ -71,12 +71,16 @@ class Session:
     def drafter(self) -> Drafter:
         return self.engine.drafter
 
-    def engine_for(self, target: Model, draft_model: Model | None) -> Engine:
+    def engine_for(
+        self, target: Model, draft_model: Model | None, head: MtpHead | None = None
+    ) -> Engine:
         """An engine like the session's over other models (views of one sequence of the
-        session's, for serve's slots): the same drafter kind and γ, statistics afresh."""
+        session's, for serve's slots): the same drafter kind and γ, statistics afresh;
+        `head`: the session's MTP head, for the slot of sequence 0 (the one it follows;
+        the others draft with n-grams)."""
         if self.config is None:
             raise ModelError("this session cannot make more engines (no config)")
-        return make_engine(target, draft_model, self.config)
+        return make_engine(target, draft_model, self.config, head)
 
     def render(self, messages: Sequence[Message]) -> list[int]:
         """The conversation as prompt tokens, through the GGUF's chat template."""
@@ -286,10 +290,26 @@ def make_engine(
         return Engine(target, NoDrafter(), 0)
     mtp = MtpDrafter(head, config.p_min) if head is not None else None
     if config.gamma == "auto":
-        return auto_engine(target, draft_model, mtp)
+        return auto_engine(target, draft_model, mtp, verify_growth(target))
     if not isinstance(config.gamma, int):
         raise ModelError(f"gamma must be a number or 'auto', not {config.gamma!r}")
     drafter: Drafter = mtp or (
         NgramDrafter() if draft_model is None else DraftModel(draft_model, config.p_min)
     )
     return Engine(target, drafter, config.gamma)
+
+
+def verify_growth(target: Model) -> tuple[float, ...]:
+    """T(k)/T(1) at least, k = 1..PREDICTION_GAMMA_MAX+1, for a MoE target read from its
+    GGUF (the experts a pass of k tokens reads); () for a dense one, or no file."""
+    from localspec.backends.gguf import gguf_info_or_none
+    from localspec.decoding.adaptive import TABLE_SIZE
+    from localspec.models.memory import Weights
+    from localspec.models.speed import batch_growth
+
+    path = getattr(getattr(target, "shared", target), "path", None)  # a slot's: its model's
+    info = gguf_info_or_none([path]) if isinstance(path, Path) and path.is_file() else None
+    if info is None or not info.experts:
+        return ()
+    weights = Weights.from_gguf(info)
+    return tuple(batch_growth(weights, k) for k in range(1, TABLE_SIZE + 1))

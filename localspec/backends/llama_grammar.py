@@ -27,7 +27,8 @@ def in_style(tail: bytes, allowed: set[int]) -> int | None:
     the one character after it), a guess in the answer's own style: on a new line, the
     last line's indentation, then the character; after other whitespace, the character;
     after a character, what followed it the time before (a space where it has not come
-    before). None where the guess is not allowed."""
+    before), or where that is not allowed the one character without space. None where
+    no guess is allowed."""
     solid = allowed - WHITESPACE
     line = tail.rfind(b"\n")
     if line >= 0 and not tail[line + 1 :].strip():  # in a new line's indentation
@@ -41,7 +42,9 @@ def in_style(tail: bytes, allowed: set[int]) -> int | None:
         return min(solid) if len(solid) == 1 else None
     at = tail.rfind(tail[-1:], 0, len(tail) - 1) if tail else -1
     guess = tail[at + 1] if at >= 0 else SPACE
-    return guess if guess in allowed else None
+    if guess in allowed:
+        return guess
+    return min(solid) if len(solid) == 1 else None
 
 
 class GrammarError(LocalspecError):
@@ -75,14 +78,19 @@ def json_object_grammar() -> str:
 class LlamaGrammar:
     """GBNF compiled for `model`'s vocabulary."""
 
-    def __init__(self, model: LlamaModel, gbnf: str, root: str = "root") -> None:
+    def __init__(
+        self, model: LlamaModel, gbnf: str, root: str = "root", style: bytes = b""
+    ) -> None:
+        """`style`: text written as the answer will be, for `forced_text`'s guesses where
+        the answer has not shown its own yet (a tool call's, as its template writes it)."""
         self.model = model
+        self.style = style[-TAIL:]
         self.gbnf, self.root = gbnf.encode(), root.encode()
         LlamaGrammarState(self)  # parse it now: a bad grammar is the request's error
         self._bytes: list[int] | None = None
 
     def start(self) -> LlamaGrammarState:
-        return LlamaGrammarState(self)
+        return LlamaGrammarState(self, tail=self.style)
 
     def byte_tokens(self) -> list[int]:
         """token id of each printable ASCII character (-1: none), for forced_text."""

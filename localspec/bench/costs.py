@@ -22,6 +22,7 @@ class Costs:
 
     verify_s: tuple[float, ...]
     draft_s: float | None = None
+    head_s: float | None = None  # c of the target's own MTP head, where it has one
 
     def ceiling(self, per_token_s: float) -> tuple[int, float] | None:
         """(γ, speedup) for a drafter that is always right (α = 1) and costs
@@ -40,7 +41,30 @@ def measure_costs(
     """T(1..k_max) and c (the timed runs after this start cold again)."""
     verify = tuple(time_pass(target, prompt, k, reps).llama_s for k in range(1, k_max + 1))
     step = time_pass(draft, prompt, 1, reps).llama_s if draft is not None else None
-    return Costs(verify, step)
+    return Costs(verify, step, time_head_step(target, prompt, reps))
+
+
+def time_head_step(target: Model, prompt: list[int], reps: int) -> float | None:
+    """Median seconds of one draft step of the target's MTP head after `prompt` (its
+    catch-up done first), or None where it has none."""
+    from localspec.backends.llama import LlamaModel
+    from localspec.backends.mtp import head_of
+
+    head = head_of(target) if isinstance(target, LlamaModel) else None
+    if head is None:
+        return None
+    target.evaluate(prompt[:-1], 1)
+    start = head.read(prompt)
+    entries = [(prompt[p], p, head.row(p - 1)) for p in range(start, len(prompt))]
+    head.step(entries)  # the catch-up, and the step after the prompt
+    last = len(prompt)
+    times = []
+    for _ in range(reps + 1):
+        busy = head.busy_s
+        head.step([(prompt[-1], last, head.row(last - 2))])  # one drafted position
+        times.append(head.busy_s - busy)
+        head.settle(prompt)
+    return median(times[1:])
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,9 @@ class VerifyCost:
     seconds: dict[int, float] = field(default_factory=dict)
     a: float = 0.0
     b: float = 0.0
+    # T(k) / T(1) at least, where known: a MoE target's pass of k tokens reads the experts
+    # any of them is routed to (localspec.models.speed.batch_growth); () for a dense one
+    growth: tuple[float, ...] = ()
     _key: tuple = field(default=(), repr=False, compare=False)
     _cached: list[float] = field(default_factory=list, repr=False, compare=False)
 
@@ -205,7 +208,13 @@ class VerifyCost:
         """T(1..top) on the line a + b(k-1), b at most its CPU prior: no optimism for an
         untimed size, and no steep line drawn through a CPU's first step either."""
         b = min(self.b, CPU_SLOPE * self.a)
-        return [self.a + b * (k - 1) for k in range(1, top + 1)]
+        return [self._at_least(k, self.a + b * (k - 1)) for k in range(1, top + 1)]
+
+    def _at_least(self, k: int, t: float) -> float:
+        """An untimed T(k) no lower than the experts it reads make it."""
+        if k > len(self.growth):
+            return t
+        return max(t, self.seconds.get(1, self.a) * self.growth[k - 1])
 
     def _steep(self) -> bool:
         """Whether the two largest timed batch sizes (past one token) grow by half a
@@ -228,6 +237,7 @@ class VerifyCost:
                 t = self.a if floor is None else floor
                 if k != top + 1 or steep:
                     t = max(t, self.a + self.b * (k - 1))
+                t = self._at_least(k, t)
             table.append(t)
         return table
 
@@ -276,6 +286,7 @@ class AdaptiveDrafter:
         draft_model: Model | None = None,
         cost_ratio: float = 0.3,
         head: MtpDrafter | None = None,
+        growth: Sequence[float] = (),
     ) -> None:
         """`cost_ratio`: prior for c / T(1) until the draft model has been timed. `head`:
         the target's MTP head, drafting in the draft model's place (and priced as one)."""
@@ -296,7 +307,7 @@ class AdaptiveDrafter:
         self._chat_ngrams: dict[str, Acceptance] | None = None  # kept during completions
         self._match_n = 0  # the length of this round's free match
         self._free = "ngram"  # this round's free source: "ngram", "prediction" or "suffix"
-        self.verify = VerifyCost()
+        self.verify = VerifyCost(growth=tuple(growth))
         self.load: Load | None = None  # serve's slots, which share the target's passes
         self.draft_idle_s = 0.0  # decode time since the draft model was last used
         self.shadows: list[Shadow] = []  # pending, the newest last
@@ -621,11 +632,17 @@ def free_key(source: str, n: int) -> str:
     return keys.get(source, ngram_key)(n)
 
 
-def auto_engine(target: Model, draft: Model | None, head: MtpDrafter | None = None) -> Engine:
+def auto_engine(
+    target: Model,
+    draft: Model | None,
+    head: MtpDrafter | None = None,
+    growth: Sequence[float] = (),
+) -> Engine:
     """The engine `--gamma auto` runs: hybrid drafting with an adaptive γ (up to
-    GAMMA_MAX, deeper for a prediction that keeps matching)."""
+    GAMMA_MAX, deeper for a prediction that keeps matching). `growth`: T(k)/T(1) at least
+    (a MoE target's, from the experts a pass reads), until T(k) is timed."""
     ratio = draft.size_bytes / target.size_bytes if draft and target.size_bytes else 0.3
     if head is not None:
         ratio = head.head.cost_ratio
-    drafter = AdaptiveDrafter(draft, cost_ratio=ratio, head=head)
+    drafter = AdaptiveDrafter(draft, cost_ratio=ratio, head=head, growth=growth)
     return Engine(target, drafter, PREDICTION_GAMMA_MAX)

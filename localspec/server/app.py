@@ -39,13 +39,18 @@ from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.events import Event, Finished, Piece, Stats, StopReason
 from localspec.decoding.grammar import Grammar
 from localspec.server.chat import (
+    CALL_STYLE,
+    LLAMA3,
+    BareCall,
     ToolCall,
     ToolCallDeltas,
     ToolCallStream,
+    forced_tools,
     template_messages,
     template_tools,
+    tool_format,
+    tool_grammar,
 )
-from localspec.server.chat import tool_prefill as make_prefill
 from localspec.server.errors import ApiError, error_body
 from localspec.server.guard import Guard, GuardMiddleware
 from localspec.server.infill import (
@@ -96,8 +101,7 @@ class Prepared:
     prompt: list[int]
     config: GenerationConfig
     prediction: list[int] | None = None
-    prefill: str = ""  # the start of the answer the server wrote (a forced tool call)
-    tools: bool = False  # parse tool calls out of the answer
+    tools: str | None = None  # parse tool calls out of the answer, written this way
     source: list[int] | None = None  # a free draft source (FIM: the suffix, other files)
     truncated: bool = False  # the FIM prompt was cut to fit
     lines: InfillLines | None = None  # a middle's line rule (FIM)
@@ -283,21 +287,21 @@ async def read_body(request: Request, limit: int) -> bytes:
 def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
     body.refuse_unsupported()
     tools = template_tools(body, session.supports_tools)
-    prefill = make_prefill(body) if tools else ""
     try:
         text = session.prompt_text(template_messages(body.messages), tools)
     except ModelError as e:
         raise ApiError(400, f"{e}; use /v1/completions", "messages") from None
     except (ValueError, TypeError, jinja2.TemplateError) as e:
         raise ApiError(400, f"the chat template refused the messages: {e}", "messages") from None
-    prompt = session.tokenize_raw(text + prefill)
+    prompt = session.tokenize_raw(text)
     prediction = None
     if body.prediction is not None:
         predicted = content_text(body.prediction.content)
         prediction = session.target.tokenize(predicted, special=False) or None
     config = generation_config(body, prompt, session, None, "messages")
     thinking = opens_thinking(session.target.chat_template(), text)
-    return Prepared(prompt, config, prediction, prefill, tools is not None, thinking=thinking)
+    fmt = tool_format(session.target.chat_template()) if tools else None
+    return Prepared(prompt, config, prediction, tools=fmt, thinking=thinking)
 
 
 def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
@@ -380,7 +384,18 @@ def request_grammar(body: ChatRequest | CompletionRequest, session: Session) -> 
     llama-server's `grammar` (GBNF), compiled for the target; a 400 naming what is wrong."""
     fmt = getattr(body, "response_format", None) or {}
     kind = fmt.get("type", "text")
-    text, param = body.grammar, "grammar"
+    text, param, style = body.grammar, "grammar", b""
+    forced = forced_tools(body) if isinstance(body, ChatRequest) else None
+    if forced:  # tool_choice "required" or a named function: a call in the model's format
+        if text is not None or kind != "text":
+            raise ApiError(
+                400, "tool_choice and response_format/grammar name two grammars", "tool_choice"
+            )
+        try:
+            text = tool_grammar(forced, tool_format(session.target.chat_template()))
+        except GrammarError as e:
+            raise ApiError(400, f"a tool's parameters: {e}", "tools") from None
+        param, style = "tools", CALL_STYLE
     if kind not in ("text", "json_object", "json_schema"):
         raise ApiError(
             400,
@@ -414,7 +429,7 @@ def request_grammar(body: ChatRequest | CompletionRequest, session: Session) -> 
     if not isinstance(session.target, LlamaModel):
         raise ApiError(400, "structured output needs a llama.cpp model", param)
     try:
-        return LlamaGrammar(session.target, text)
+        return LlamaGrammar(session.target, text, style=style)
     except GrammarError as e:
         raise ApiError(400, str(e), param) from None
 
@@ -441,7 +456,7 @@ class Answer:
         self.kind = kind
         self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{short_id()}"
         self.created = int(time.time())
-        self.tools, self.prefill = prepared.tools, prepared.prefill
+        self.tools = prepared.tools
         self.thinks, self.thinking_open = prepared.thinking
         self.reasoning_tokens = 0
         self._opening = 0  # tokens that may be opening a thinking block
@@ -524,8 +539,10 @@ class Answer:
         """The whole answer's content and tool calls."""
         if not self.tools:
             return text, []
+        if self.tools == LLAMA3:
+            bare = BareCall()
+            text = bare.push(text) + bare.flush()
         calls = ToolCallStream()
-        calls.push(self.prefill)  # the server's own words are not content
         content, found = calls.push(text)
         rest, more = calls.flush()
         return content + rest, found + more
@@ -534,10 +551,7 @@ class Answer:
     async def stream_chat(self, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
         yield self.chat_chunk({"role": "assistant", "content": ""})
         calls = ToolCallDeltas() if self.tools else None
-        if calls is not None:  # a forced call's head: its name goes out, not as content
-            for delta in calls.push(self.prefill):
-                if "tool_calls" in delta:
-                    yield self.chat_chunk(delta)
+        bare = BareCall() if self.tools == LLAMA3 else None  # its calls as Qwen's tags
         split = ThinkSplit.opened(self.thinking_open) if self.thinks else None
         scored: list[Event] = []  # pieces whose log-probabilities are not yet sent
         async for event in self.events():
@@ -549,6 +563,7 @@ class Answer:
                     reasoning, text = self.think_piece(split, event)
                     if reasoning:
                         yield self.chat_chunk({"reasoning_content": reasoning})
+                text = bare.push(text) if bare else text
                 for delta in calls.push(text) if calls else [{"content": text}] if text else []:
                     logprobs = self.chat_logprobs(scored) if "content" in delta else None
                     scored = [] if logprobs else scored
@@ -557,8 +572,10 @@ class Answer:
                 reasoning, text = split.flush() if split is not None else ("", "")
                 if reasoning:
                     yield self.chat_chunk({"reasoning_content": reasoning})
+                if bare is not None:
+                    text = bare.push(text) + bare.flush()
                 tail = (calls.push(text) if text else []) + calls.flush() if calls else []
-                for delta in tail or ([{"content": text}] if text else []):
+                for delta in tail if calls else ([{"content": text}] if text else []):
                     yield self.chat_chunk(delta)
                 reason = self.finish_reason(event, bool(calls and calls.calls))
                 last = self.chat_chunk({}, reason)

@@ -235,6 +235,10 @@ class SlotModel(Model):
     def can_cut(self) -> bool:
         return self.shared.can_cut
 
+    @property
+    def cut_depth(self) -> int | None:
+        return self.shared.cut_depth
+
     def kv_len(self) -> int:
         return self.shared.seq_len(self.seq)
 

@@ -1,11 +1,15 @@
 """OpenAI chat messages and tools to what a chat template reads, and tool calls back.
 
-Templates that support tools (Qwen2.5's, Hermes-style) describe them in the system turn
-and have the model answer a call as `<tool_call>{"name": ..., "arguments": {...}}
-</tool_call>`; `ToolCallStream` splits such calls out of the answer, holding back text
+Templates that support tools write a call one of two ways (`tool_format`): Qwen's and
+Hermes' as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in the answer;
+Llama 3.x's as the whole answer, `{"name": ..., "parameters": {...}}` (after
+`<|python_tag|>`, a control token that renders as nothing), which `BareCall` rewrites
+into the first shape. `ToolCallStream` splits calls out of the answer, holding back text
 that may be the start of one, as stop strings are held back; `ToolCallDeltas` streams
 them as OpenAI does: each call's id and name as soon as the name is written, then its
-arguments in pieces as they are written.
+arguments in pieces as they are written. `tool_choice: "required"` or a named function
+is a grammar in the model's own format (`tool_grammar`): the target can write nothing
+else, and nothing of another family's format is put into its prompt.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localspec.server.errors import ApiError
-from localspec.server.schemas import ChatMessageIn, ChatRequest, content_text
+from localspec.server.schemas import ChatMessageIn, ChatRequest, Tool, content_text
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -67,18 +71,100 @@ def template_tools(request: ChatRequest, supports_tools: bool) -> list[dict[str,
     return [tool.model_dump(exclude_none=True) for tool in request.tools]
 
 
-def tool_prefill(request: ChatRequest) -> str:
-    """The start of the answer that makes the model call a tool where it must: the
-    opening of a call, with the function's name where one is named."""
-    choice = request.tool_choice
+HERMES, LLAMA3 = "hermes", "llama3"
+# how both formats' templates space a call's JSON, for the grammar's guesses of it
+CALL_STYLE = b'{"name": "f", "arguments": {"a": 1, "b": [2, {"c": 3}]}}'
+
+
+def tool_format(template: str | None) -> str:
+    """How a chat template has the model write a tool call: HERMES (Qwen2.5/3, Hermes:
+    tagged calls within the answer) or LLAMA3 (Llama 3.x: the answer is the call)."""
+    text = template or ""
+    if OPEN in text:
+        return HERMES
+    if "<|python_tag|>" in text or '"parameters": ' in text:
+        return LLAMA3
+    return HERMES
+
+
+def forced_tools(request: ChatRequest) -> list[Tool] | None:
+    """The tools the answer must call one of (`tool_choice` "required" or a named
+    function), None where it may answer in text; a 400 for a name not among the tools."""
+    choice, tools = request.tool_choice, request.tools or []
     if choice is None or isinstance(choice, str):
-        return f'{OPEN}\n{{"name": "' if choice == "required" and request.tools else ""
-    names = {tool.function.name for tool in request.tools or []}
-    if choice.function.name not in names:
+        return tools if choice == "required" and tools else None
+    named = [t for t in tools if t.function.name == choice.function.name]
+    if not named:
         raise ApiError(
             400, f"tool_choice names {choice.function.name!r}, not among the tools", "tool_choice"
         )
-    return f'{OPEN}\n{{"name": {json.dumps(choice.function.name)}, "arguments": '
+    return named
+
+
+def call_schema(tools: list[Tool], fmt: str) -> dict[str, Any]:
+    """A JSON schema of one call of any of `tools`, in the keys `fmt` writes: the name
+    first (streaming sends it first), then the arguments the function's schema allows."""
+    key = "parameters" if fmt == LLAMA3 else "arguments"
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": tool.function.name},
+                key: tool.function.parameters or {"type": "object"},
+            },
+            "required": ["name", key],
+            "additionalProperties": False,
+        }
+        for tool in tools
+    ]
+    return calls[0] if len(calls) == 1 else {"oneOf": calls}
+
+
+def tool_grammar(tools: list[Tool], fmt: str) -> str:
+    """GBNF for an answer that is one call of any of `tools`, written as `fmt` writes it
+    (GrammarError for a function schema the converter cannot take)."""
+    from localspec.backends.llama_grammar import schema_grammar
+
+    gbnf = schema_grammar(call_schema(tools, fmt))
+    if fmt == LLAMA3:
+        return gbnf
+    # the call's object becomes a rule of its own, inside the tags Qwen's template writes
+    body = re.sub(r"^root ::=", "tool-call ::=", gbnf, count=1, flags=re.M)
+    return f'root ::= "{OPEN}\\n" tool-call "\\n{CLOSE}"\n{body}'
+
+
+@dataclass
+class BareCall:
+    """Llama 3.x's calls (the whole answer is `{"name": ..., "parameters": ...}`) as
+    Qwen's tags around them, so one parser reads both: an answer that starts as a call
+    does is held until that is sure, then passed on inside `<tool_call>`, closed at its
+    end; any other answer passes as it is."""
+
+    _held: str = ""
+    _call: bool | None = None  # None: not known yet
+
+    def push(self, text: str) -> str:
+        if self._call is not None:
+            return text
+        self._held += text
+        if STARTS_CALL.match(self._held):
+            self._call = True
+            return OPEN + self._held
+        if MAY_START_CALL.fullmatch(self._held):
+            return ""
+        self._call, held, self._held = False, self._held, ""
+        return held
+
+    def flush(self) -> str:
+        if self._call:
+            return CLOSE
+        held, self._held = self._held, ""
+        return held
+
+
+STARTS_CALL = re.compile(r'\s*\{\s*"name"')
+# what may still become that: the start of it, or nothing but space yet
+MAY_START_CALL = re.compile(r'\s*(\{\s*("(n(a(m(e)?)?)?)?)?)?')
 
 
 @dataclass(frozen=True)

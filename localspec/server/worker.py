@@ -143,7 +143,8 @@ class Worker:
             views = [SlotModel(target, i, self.batcher)]
             if draft is not None:
                 views.append(SlotModel(draft, i, self.batcher))
-            engine = session.engine_for(views[0], views[1] if draft is not None else None)
+            head = session.head if i == 0 else None  # it follows sequence 0
+            engine = session.engine_for(views[0], views[1] if draft is not None else None, head)
             if isinstance(engine.drafter, AdaptiveDrafter):  # γ follows the load
                 engine.drafter.load = Load(
                     self.batcher.load, self.batcher.passes(target), self._drafting

@@ -19,6 +19,7 @@ import pytest
 from helpers import load_script
 from test_tiny_gguf import vocab_source
 
+from localspec.decoding.adaptive import AdaptiveDrafter
 from localspec.decoding.drafters import Draft, DraftModel, MtpDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished, Piece
@@ -51,7 +52,7 @@ def twins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def load(path: Path, **options):
     from localspec.backends.llama import LlamaModel, LoadOptions
 
-    return LlamaModel(path, LoadOptions(n_ctx=512, n_threads=2, **options))
+    return LlamaModel(path, LoadOptions(**{"n_ctx": 512, "n_threads": 2, **options}))
 
 
 class Oracle:
@@ -157,14 +158,19 @@ def test_a_cut_past_the_last_pass_re_reads_instead_of_using_a_stale_snapshot(twi
 @pytest.mark.parametrize(
     ("kind", "drafter"),
     # the MoE twin, like Qwen3-Coder-30B-A3B, has no MTP head
-    [(k, d) for k in ("hybrid", "moe") for d in ("oracle", "ngram", "draft", "mtp")][:-1],
+    [
+        *((k, d) for k in ("hybrid", "moe") for d in ("oracle", "ngram", "draft")),
+        ("hybrid", "mtp"),
+        ("hybrid", "auto"),  # the MTP head and the free sources, as `auto` picks them
+    ],
 )
 def test_greedy_speculation_on_the_twins_is_plain_decoding(twins, kind: str, drafter: str) -> None:
     from localspec.backends.mtp import MtpHead
 
-    target = load(twins[kind], rollback=GAMMA, mtp=drafter == "mtp")
+    with_head = drafter in ("mtp", "auto")
+    target = load(twins[kind], rollback=GAMMA, mtp=with_head)
     draft = load(twins[f"{kind}-draft"]) if drafter == "draft" else None
-    head = MtpHead(target) if drafter == "mtp" else None
+    head = MtpHead(target) if with_head else None
     try:
         prompt = target.tokenize("def fibonacci(n):\n    if n < 2:\n        return n\n")
         want, pieces = plain_answer(target, prompt, 32)
@@ -173,6 +179,7 @@ def test_greedy_speculation_on_the_twins_is_plain_decoding(twins, kind: str, dra
             "ngram": NgramDrafter,
             "draft": lambda: DraftModel(draft, p_min=0.0),
             "mtp": lambda: MtpDrafter(head, p_min=0.0),
+            "auto": lambda: AdaptiveDrafter(head=MtpDrafter(head)),
         }[drafter]()
         got = list(Engine(target, made, GAMMA).generate(prompt, GenerationConfig(32)))[-1]
         assert isinstance(got, Finished)
@@ -287,3 +294,75 @@ def test_a_hybrid_draft_model_gives_way_to_ngrams_and_says_why(twins) -> None:
         ]
     finally:
         session.close()
+
+
+# --- the MoE twin: experts placed where the planner says -----------------------------
+def llama_log(path: Path, monkeypatch: pytest.MonkeyPatch, capsys, **options) -> str:
+    """What llama.cpp logs while loading `path` (its own accounting of buffers)."""
+    import localspec.backends.llama as llama
+
+    monkeypatch.setattr(llama, "_SHOW_LOG", True)
+    capsys.readouterr()
+    load(path, **options).close()
+    return capsys.readouterr().out
+
+
+def test_the_moe_twin_keeps_the_experts_the_plan_names_in_ram(twins, monkeypatch, capsys) -> None:
+    """--n-cpu-moe 1 as the planner sets it: llama.cpp overrides the buffer of exactly the
+    first layer's routed experts, and their size is what the planner moved."""
+    import re
+
+    from localspec.backends.gguf import gguf_info
+    from localspec.models.memory import Weights
+
+    log = llama_log(twins["moe"], monkeypatch, capsys, cpu_moe=1)
+    moved = re.findall(
+        r"tensor (blk\.\d+\.\w+\.weight) \(([\d.]+) MiB \w+\) buffer type overridden", log
+    )
+    assert sorted(name for name, _ in moved) == [
+        f"blk.0.ffn_{kind}_exps.weight" for kind in ("down", "gate", "up")
+    ]
+    weights = Weights.from_gguf(gguf_info(twins["moe"]))
+    logged = sum(float(mib) for _, mib in moved) * 2**20
+    assert abs(logged - weights.experts[0]) / weights.experts[0] < 0.05  # logged in whole MiB
+    assert weights.experts[1] == weights.experts[0] and weights.expert_share == 8 / 128
+
+
+def test_the_planners_accounting_matches_llama_cpps_for_the_moe_twin(
+    twins, monkeypatch, capsys
+) -> None:
+    """The weights, the KV cache and the compute buffer as llama.cpp reports them (on a
+    CPU; on a GPU, docs/gpu.md's split). Its model buffers count Q4_0 twice on a CPU (the
+    file mapped, and the repacked copy its kernels read), so the file size stands in."""
+    import re
+
+    from localspec.backends.gguf import gguf_info
+    from localspec.models.memory import Weights, compute_bytes
+
+    log = llama_log(twins["moe"], monkeypatch, capsys, n_ctx=4096)
+
+    def mib(pattern: str) -> float:
+        found = re.search(pattern + r"\s*=\s*([\d.]+) MiB", log)
+        assert found, pattern
+        return float(found.group(1)) * 2**20
+
+    weights = Weights.from_gguf(gguf_info(twins["moe"]))
+    kv = 4096 * weights.kv_per_token_layer * len(weights.layers)
+    assert abs(weights.total - mib(r"file size")) / weights.total < 0.01
+    assert abs(kv - mib(r"CPU KV buffer size")) / kv < 0.05
+    compute = compute_bytes(weights, 4096)
+    assert 1.0 <= compute / mib(r"CPU compute buffer size") < 1.15  # never under
+
+
+def test_auto_on_the_moe_twin_prices_passes_by_the_experts_they_read(twins) -> None:
+    from localspec.session import verify_growth
+
+    target, dense = load(twins["moe"]), load(twins["moe-draft"])
+    try:
+        growth = verify_growth(target)
+        assert growth[0] == pytest.approx(1.0) and list(growth) == sorted(growth)
+        assert growth[1] > 1.05  # two tokens: ~1.9x the experts of one
+        assert verify_growth(dense) == ()
+    finally:
+        target.close()
+        dense.close()

@@ -76,4 +76,6 @@ def test_whitespace_is_guessed_in_the_answers_own_style():
     assert in_style(b'{\n  "a": 1,\n  "b": 2,', ws) == ord("\n")  # over lines
     assert in_style(b'{\n  "a": 1,\n', ws) == ord(" ")  # the last line's indentation
     assert in_style(b'{\n  "a": 1,\n  ', ws) == ord('"')  # then the key
-    assert in_style(b'{"a":"x","b":', set(b" \n\t1")) is None  # '"' is not allowed here
+    # '"' is not allowed here: the one character there is, without a space
+    assert in_style(b'{"a":"x","b":', set(b" \n\t1")) == ord("1")
+    assert in_style(b'{"a":"x","b":', set(b" \n\t12")) is None  # two: no guess

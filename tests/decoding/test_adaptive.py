@@ -407,3 +407,20 @@ def test_a_completion_starts_from_the_priors_fitted_for_completions():
     assert auto.alpha[ngram_key(2)].alpha[0] == NGRAM_PRIOR[2]
     auto.predict(Prediction([1, 2, 3], 10))  # an edit's prediction keeps its own priors
     assert auto.alpha[prediction_key(8)].alpha[0] != FIM_PREDICTION_PRIOR[8]
+
+
+def test_a_moe_targets_untimed_passes_cost_at_least_the_experts_they_read() -> None:
+    """Before a size is timed, T(k) is guessed from the line or the largest timed one;
+    a MoE target's k-token pass reads more experts than one token's, and the guess knows."""
+    growth = (1.0, 1.45, 1.85, 2.2)
+    cost = VerifyCost(growth=growth)
+    cost.observe(1, 0.010)
+    table = cost.table(4)
+    assert table[0] == 0.010
+    assert table[1:4] == pytest.approx([0.0145, 0.0185, 0.022])
+    assert cost.prior_table(4)[1:] == pytest.approx([0.0145, 0.0185, 0.022])
+    dense = VerifyCost()
+    dense.observe(1, 0.010)
+    assert dense.table(2)[1] == 0.010  # the next size up is tried as cheap: timed then
+    cost.observe(2, 0.012)  # timed: the measurement wins over the guess
+    assert cost.table(2)[1] == pytest.approx(0.012)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from localspec.backends.toy import EOS, ToyModel, scripted
 from localspec.backends.toy import TEMPLATE as TOY_TEMPLATE
-from localspec.backends.toy import ToyModel, scripted
 from localspec.decoding.adaptive import auto_engine
 from localspec.decoding.engine import GenerationConfig
 from localspec.server.app import ServerOptions, create_app
@@ -411,3 +412,104 @@ def test_the_split_holds_marks_back_and_knows_a_block_the_prompt_opened():
         assert (reasoning + r, content + c) == ("\nThe user greets me.\nI greet back.\n", "Hello!")
     split = ThinkSplit.opened(False)  # a model that does not think this time
     assert split.push("Hi") == ("", "Hi") and split.push(" there") == ("", " there")
+
+
+# --- Llama 3.x's tool calls: the whole answer is the call --------------------------------
+LLAMA_TEMPLATE = (
+    Path(__file__).parent.parent / "data/templates/meta-llama-Llama-3.1-8B-Instruct.jinja"
+).read_text()  # as Meta ships it (copied from llama.cpp's models/templates)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+LLAMA_CALL = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+
+
+class Llama(ToyModel):
+    def chat_template(self) -> str | None:
+        return LLAMA_TEMPLATE
+
+
+def llama_scripted(reply: str):
+    """`scripted` for Llama's turns: the reply follows the last assistant header."""
+    import numpy as np
+
+    marker, target = b"assistant<|end_header_id|>\n\n", reply.encode()
+
+    def logits(context):
+        data = bytes(t for t in context if t < 256)
+        said = data[data.rfind(marker) + len(marker) :]
+        out = np.zeros(258, dtype=np.float32)
+        out[target[len(said)] if len(said) < len(target) else EOS] = 20.0
+        return out
+
+    return logits
+
+
+@pytest.fixture
+def llama() -> Iterator[TestClient]:
+    model = Llama(llama_scripted(LLAMA_CALL), n_vocab=258, n_ctx=2048)
+    session = Session(auto_engine(model, None))
+    with TestClient(create_app(session, ServerOptions("toy"))) as c:
+        yield c
+
+
+def test_a_llama_3_tool_call_is_read_from_its_own_format(llama: TestClient):
+    from localspec.server.chat import LLAMA3, tool_format
+
+    assert tool_format(LLAMA_TEMPLATE) == LLAMA3 and tool_format(TOY_TEMPLATE) != LLAMA3
+    ask = chat(temperature=0, tools=[WEATHER])
+    body = llama.post("/v1/chat/completions", json=ask).json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    call = choice["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+
+    r = llama.post("/v1/chat/completions", json={**ask, "stream": True})
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    pieces = [d["tool_calls"][0] for d in deltas if d.get("tool_calls")]
+    assert pieces[0]["function"]["name"] == "get_weather" and pieces[0]["id"]
+    assert len(pieces) > 2  # the arguments in pieces, as written
+    assert json.loads("".join(p["function"]["arguments"] for p in pieces)) == {"city": "Paris"}
+    assert not "".join(d.get("content") or "" for d in deltas)  # none of it shown as text
+
+
+def test_a_llama_3_answer_in_text_stays_text():
+    from localspec.server.chat import BareCall
+
+    for text in ("Paris is sunny.", '{"answer": 42}', "  {}"):
+        bare = BareCall()
+        out = "".join(bare.push(text[i : i + 3]) for i in range(0, len(text), 3)) + bare.flush()
+        assert out == text
+    bare = BareCall()  # a character at a time: held until `{"name"` is whole
+    out = "".join(bare.push(c) for c in " " + LLAMA_CALL) + bare.flush()
+    assert out == "<tool_call> " + LLAMA_CALL + "</tool_call>"
+
+
+def test_a_forced_call_is_a_grammar_in_the_models_own_format():
+    """tool_choice "required" or a named function: no Qwen tags in a Llama answer."""
+    from localspec.server.chat import HERMES, LLAMA3, call_schema, forced_tools, tool_grammar
+    from localspec.server.schemas import ChatRequest
+
+    request = ChatRequest.model_validate(chat(tools=[WEATHER], tool_choice="required"))
+    forced = forced_tools(request)
+    assert forced is not None and [t.function.name for t in forced] == ["get_weather"]
+    assert list(call_schema(forced, LLAMA3)["properties"]) == ["name", "parameters"]
+    assert list(call_schema(forced, HERMES)["properties"]) == ["name", "arguments"]
+    llama_gbnf, hermes_gbnf = tool_grammar(forced, LLAMA3), tool_grammar(forced, HERMES)
+    assert "<tool_call>" not in llama_gbnf and "\nroot ::= " in llama_gbnf
+    assert hermes_gbnf.startswith('root ::= "<tool_call>\\n" tool-call "\\n</tool_call>"')
+    auto = ChatRequest.model_validate(chat(tools=[WEATHER], tool_choice="auto"))
+    assert forced_tools(auto) is None
+    other = {"type": "function", "function": {"name": "nope"}}
+    with pytest.raises(ApiError):
+        forced_tools(ChatRequest.model_validate(chat(tools=[WEATHER], tool_choice=other)))

@@ -194,3 +194,52 @@ def test_logprobs_come_from_the_verify_pass_and_match_a_plain_pass(
         for e in c.choices[0].logprobs.content or []
     ]
     assert [e.token for e in entries] == [e.token for e in content]
+
+
+# --- a forced tool call: a grammar in the model's own format ---------------------------
+def test_a_forced_call_grammar_takes_its_formats_call_and_forces_its_head(session) -> None:
+    """On the real vocabulary: each format's canonical call goes through its grammar
+    token by token, a call of another name does not, and with one tool named the head
+    up to its arguments is forced (jump-forward drafts it for free)."""
+    from localspec.server.chat import CALL_STYLE, HERMES, LLAMA3, forced_tools, tool_grammar
+    from localspec.server.schemas import ChatRequest
+
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    request = ChatRequest.model_validate(
+        {"model": "x", "messages": [{"role": "user", "content": "?"}], "tools": [tool]}
+        | {"tool_choice": named}
+    )
+    forced = forced_tools(request)
+    assert forced is not None
+    target = session.target
+    calls = {
+        HERMES: '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
+        "\n</tool_call>",
+        LLAMA3: '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+    }
+    for fmt, text in calls.items():
+        grammar = LlamaGrammar(target, tool_grammar(forced, fmt), style=CALL_STYLE)
+        state = grammar.start()
+        for token in target.tokenize(text, special=False):
+            assert state.allows(token), (fmt, target.token_bytes(token))
+            state.accept(token)
+        assert state.allows(target.special_ids[1])  # complete: the end may come
+        head = grammar.start().forced_text(64).decode()
+        key = "arguments" if fmt == HERMES else "parameters"
+        assert head.endswith(f'{{"name": "get_weather", "{key}": {{') or head.endswith(
+            f'"{key}": '
+        ), head
+        wrong = grammar.start()
+        for token in target.tokenize(text.replace("get_weather", "get_time"), special=False):
+            if not wrong.allows(token):
+                break
+            wrong.accept(token)
+        else:
+            pytest.fail(f"{fmt}: another function's name went through")
