@@ -81,11 +81,14 @@ class Tensors:
         """A (rows, cols) matrix in ggml's (out, in) order, n of them stacked (experts),
         its weights (q - 8) * d with d scaled like an init: rms ~ 1/sqrt(cols)."""
         block, size = gguf.GGML_QUANT_SIZES[Q.Q4_0]  # 32 weights: f16 d, 16 bytes of nibbles
-        # nibbles q in 1..15: q - 8 is symmetric around 0 (0..15 would add a common -0.5 to
-        # every weight, a direction each layer amplifies until all tokens predict one)
-        nibbles = self.rng.integers(1, 16, (n * rows * cols // block, 2, size - 2), dtype=np.uint8)
-        blocks = np.empty((n * rows * cols // block, size), dtype=np.uint8)
-        blocks[:, 2:] = nibbles[:, 0] | (nibbles[:, 1] << 4)
+        # random nibbles with 0 made 8: q - 8 in -7..7, symmetric around 0 (0..15 would add
+        # a common -0.5 to every weight, a direction each layer amplifies until every
+        # token predicts the same one)
+        count = n * rows * cols // block
+        nibbles = np.frombuffer(self.rng.bytes(count * (size - 2)), dtype=np.uint8)
+        nibbles = nibbles + 0x08 * ((nibbles & 0x0F) == 0) + 0x80 * ((nibbles & 0xF0) == 0)
+        blocks = np.empty((count, size), dtype=np.uint8)
+        blocks[:, 2:] = nibbles.astype(np.uint8).reshape(count, size - 2)
         d = np.float16(1.0 / (4.3 * np.sqrt(cols)))  # 4.3: the rms of q - 8
         blocks[:, :2] = np.frombuffer(d.tobytes(), dtype=np.uint8)
         data = blocks.reshape(n, rows, -1) if n > 1 else blocks.reshape(rows, -1)
@@ -208,10 +211,12 @@ def _router(s: Moe, layer: int) -> np.ndarray:
     return (rng.standard_normal((s.n_expert, s.n_embd)) / np.sqrt(s.n_embd)).astype(np.float32)
 
 
-def build(kind: str, vocab_path: Path, out_dir: Path, layers: int | None, seed: int = 0) -> Path:
-    """Write the `kind` twin ("hybrid" or "moe") into out_dir; layers=None: the real count."""
+def build(
+    kind: str, vocab: gguf.GGUFReader, out_dir: Path, layers: int | None, seed: int = 0
+) -> Path:
+    """Write the `kind` twin ("hybrid" or "moe") into out_dir, with the tokenizer of the
+    `vocab` GGUF (reading one takes seconds: read it once); layers=None: the real count."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    vocab = gguf.GGUFReader(str(vocab_path))
     if kind == "hybrid":
         h = Hybrid() if layers is None else Hybrid(n_layer=layers)
         return write_hybrid(vocab, out_dir / f"qwen35-0.8b-twin-{h.n_layer}l.gguf", h, seed)
@@ -227,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, help="layers (default: the published model's)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    vocab = gguf.GGUFReader(str(args.vocab))
     for kind in ("hybrid", "moe") if args.kind == "both" else (args.kind,):
-        path = build(kind, args.vocab, args.out_dir, args.layers, args.seed)
+        path = build(kind, vocab, args.out_dir, args.layers, args.seed)
         print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0
 

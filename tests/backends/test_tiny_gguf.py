@@ -6,6 +6,7 @@ these are `real` tests: they need the model that scripts/setup.sh installs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,14 +37,22 @@ def vocab_source() -> Path:
     return installed(VOCAB_SOURCE)
 
 
+@functools.cache
+def vocab_reader():  # -> gguf.GGUFReader
+    """The vocabulary file, read once for every test that builds a model from it (a
+    read parses the whole header: ~15 s on 2 cores)."""
+    import gguf
+
+    return gguf.GGUFReader(str(vocab_source()))
+
+
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tiny target and draft with the real Qwen2 vocabulary (shallower than the
     script's defaults, to keep the test quick)."""
-    import gguf
 
     make = load_script("make_tiny_gguf")
-    vocab = gguf.GGUFReader(str(vocab_source()))
+    vocab = vocab_reader()
     out = tmp_path_factory.mktemp("tiny")
     target = make.build(replace(make.TARGET, n_layer=2), vocab, out / "target.gguf", seed=0)
     draft = make.build(replace(make.DRAFT, n_layer=1), vocab, out / "draft.gguf", seed=1)
@@ -98,13 +107,12 @@ def test_the_engine_generates_with_the_tiny_models(tiny_models, drafter: str) ->
 def test_a_context_beyond_the_models_training_is_capped_and_said(tmp_path: Path) -> None:
     """llama.cpp would allocate any context asked for (a typo in --ctx could take all
     memory); localspec caps it at the model's training context and says so."""
-    import gguf
 
     from localspec.backends.llama import LlamaModel, LoadOptions
     from localspec.session import SessionConfig, open_session
 
     make = load_script("make_tiny_gguf")
-    vocab = gguf.GGUFReader(str(vocab_source()))
+    vocab = vocab_reader()
     path = make.build(replace(make.TARGET, n_layer=1, n_ctx=256), vocab, tmp_path / "t.gguf")
     for asked in (100_000, 0):  # 0: the training context
         model = LlamaModel(path, LoadOptions(n_ctx=asked, n_threads=1))
@@ -129,12 +137,11 @@ QWEN_SMALL_VOCAB = 151_936  # Qwen2.5 0.5B (the vocabulary file's own size)
 @pytest.fixture(scope="module")
 def unequal_models(tmp_path_factory: pytest.TempPathFactory):
     """A tiny target with 152,064 vocabulary entries and a tiny draft with 151,936."""
-    import gguf
 
     from localspec.backends.llama import LlamaModel, LoadOptions
 
     make = load_script("make_tiny_gguf")
-    vocab = gguf.GGUFReader(str(vocab_source()))
+    vocab = vocab_reader()
     out = tmp_path_factory.mktemp("unequal")
     big = replace(make.TARGET, n_layer=1, n_vocab=QWEN_LARGE_VOCAB, embd_type="f16")
     small = replace(make.DRAFT, n_layer=1, n_vocab=QWEN_SMALL_VOCAB)
@@ -227,10 +234,9 @@ def test_a_draft_token_past_the_targets_vocabulary_is_refused(unequal_models) ->
 # --- a recurrent model (Mamba): its cache cannot drop a suffix -----------------------
 @pytest.fixture(scope="module")
 def mamba_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import gguf
 
     make = load_script("make_tiny_gguf")
-    vocab = gguf.GGUFReader(str(vocab_source()))
+    vocab = vocab_reader()
     return make.build(make.MAMBA, vocab, tmp_path_factory.mktemp("mamba") / "mamba.gguf")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import load_script
-from test_tiny_gguf import vocab_source
+from test_tiny_gguf import vocab_reader
 
 from localspec.decoding.adaptive import AdaptiveDrafter
 from localspec.decoding.drafters import Draft, DraftModel, MtpDrafter, NgramDrafter, NoDrafter
@@ -34,16 +34,15 @@ GAMMA = 4
 def twins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The hybrid twin at 4 layers (3 DeltaNet, 1 attention, + the MTP head), the MoE
     twin at 2, and a 1-layer qwen2 draft for each vocabulary."""
-    import gguf
 
     twin, tiny = load_script("make_twin_gguf"), load_script("make_tiny_gguf")
     out = tmp_path_factory.mktemp("twins")
-    vocab = gguf.GGUFReader(str(vocab_source()))
+    vocab = vocab_reader()
     hybrid_vocab = twin.Hybrid().n_vocab
     draft = replace(tiny.DRAFT, n_layer=1)
     return {
-        "hybrid": twin.build("hybrid", vocab_source(), out, layers=4),
-        "moe": twin.build("moe", vocab_source(), out, layers=2),
+        "hybrid": twin.build("hybrid", vocab, out, layers=4),
+        "moe": twin.build("moe", vocab, out, layers=2),
         "hybrid-draft": tiny.build(replace(draft, n_vocab=hybrid_vocab), vocab, out / "d1.gguf"),
         "moe-draft": tiny.build(draft, vocab, out / "d2.gguf"),
     }

@@ -113,8 +113,8 @@ def test_baseline_always_runs_first():
     ("text", "words"),
     [
         ("baseline,turbo", "unknown mode 'turbo'"),
-        ("auto-g3", "only draft, ngram and peer take a fixed γ"),
-        ("peer-plain-g2", "only draft, ngram and peer take a fixed γ"),
+        ("auto-g3", "only draft, ngram, mtp and peer take a fixed γ"),
+        ("peer-plain-g2", "only draft, ngram, mtp and peer take a fixed γ"),
         ("draft-g0", "γ must be between 1 and 32"),
     ],
 )
