@@ -57,6 +57,7 @@ class GgufInfo:
     expert_bytes: tuple[int, ...] = ()  # the routed experts' bytes of each layer (MoE)
     recurrent: bool = False  # some layers keep a recurrent state (Mamba, Gated DeltaNet)
     attention_every: int = 1  # a hybrid's one attention layer in this many (Qwen3.5: 4)
+    state_bytes: int = 0  # one sequence's recurrent state (f32), as llama.cpp sizes it
 
     @property
     def total_bytes(self) -> int:
@@ -156,7 +157,21 @@ def gguf_info(paths: Path | Iterable[Path]) -> GgufInfo:
         expert_bytes=tuple(experts) if any(experts) else (),
         recurrent=any(".ssm_" in name for name in tensors),
         attention_every=int(key("full_attention_interval", 1)),
+        state_bytes=_state_bytes(key, tensors),
     )
+
+
+def _state_bytes(key: Any, tensors: dict[str, int]) -> int:
+    """A recurrent model's state per sequence: llama.cpp's n_embd_r (the convolution's
+    last d_conv - 1 inputs) and n_embd_s (the SSM / delta-rule state) of each layer that
+    has one, in f32; 0 for a model without."""
+    layers = {m.group(1) for name in tensors if (m := re.match(r"blk\.(\d+)\.ssm_", name))}
+    if not layers:
+        return 0
+    d_conv, d_inner = int(key("ssm.conv_kernel")), int(key("ssm.inner_size"))
+    d_state, groups = int(key("ssm.state_size")), int(key("ssm.group_count"))
+    conv = max(0, d_conv - 1) * (d_inner + 2 * groups * d_state)
+    return len(layers) * (conv + d_state * d_inner) * 4
 
 
 def _read_header(path: Path) -> _Header:

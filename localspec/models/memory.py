@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from localspec.backends.gguf import GgufInfo
+from localspec.drafting import GAMMA_MAX
 from localspec.models.catalog import ModelEntry, Quant
 from localspec.models.hardware import GiB, Hardware, MiB, fmt_size
 
@@ -50,6 +51,7 @@ class Weights:
     embedding: int
     experts: tuple[int, ...] = ()  # a MoE's routed expert bytes in each layer (within layers)
     expert_share: float = 1.0  # the share of them one token reads (active / experts)
+    state: int = 0  # a recurrent state and its rollback snapshots (hybrid models)
 
     @property
     def head(self) -> int:
@@ -84,6 +86,8 @@ class Weights:
             info.embedding,
             info.expert_bytes,
             share,
+            # the state and the snapshots a drafting session keeps to roll drafts back
+            info.state_bytes * (1 + GAMMA_MAX),
         )
 
     @classmethod
@@ -206,16 +210,20 @@ def footprint(weights: Weights, n_ctx: int, gpu_layers: int, cpu_moe: int = 0) -
     head_on_gpu = gpu_layers > n
     kv_layer = n_ctx * weights.kv_per_token_layer
     experts_in_ram = sum(weights.experts[n - on_gpu : cpu_moe]) if weights.experts else 0
+    state_on_gpu = weights.state * on_gpu // n if n else 0  # it lives with its layers
     vram = (
         sum(weights.layers[n - on_gpu :])
         - experts_in_ram
         + on_gpu * kv_layer
+        + state_on_gpu
         + (weights.head if head_on_gpu else 0)
     )
     ram = (
         sum(weights.layers[: n - on_gpu])
         + experts_in_ram
         + (n - on_gpu) * kv_layer
+        + weights.state
+        - state_on_gpu
         + weights.embd
         + HOST_OVERHEAD
         + (0 if head_on_gpu else weights.output)

@@ -365,3 +365,21 @@ def test_auto_on_the_moe_twin_prices_passes_by_the_experts_they_read(twins) -> N
     finally:
         target.close()
         dense.close()
+
+
+def test_the_planner_counts_the_hybrids_state_and_its_snapshots_as_llama_cpp_does(
+    twins, monkeypatch, capsys
+) -> None:
+    """One sequence's recurrent state and the GAMMA_MAX snapshots a drafting session
+    asks for: what llama.cpp allocates ("RS buffer")."""
+    import re
+
+    from localspec.backends.gguf import gguf_info
+    from localspec.drafting import GAMMA_MAX
+    from localspec.models.memory import Weights
+
+    log = llama_log(twins["hybrid"], monkeypatch, capsys, rollback=GAMMA_MAX)
+    found = re.search(r"CPU RS buffer size\s*=\s*([\d.]+) MiB", log)
+    assert found
+    weights = Weights.from_gguf(gguf_info(twins["hybrid"]))
+    assert abs(weights.state / 2**20 - float(found.group(1))) < 0.01 * weights.state / 2**20
