@@ -102,6 +102,7 @@ class Prepared:
     config: GenerationConfig
     prediction: list[int] | None = None
     tools: str | None = None  # parse tool calls out of the answer, written this way
+    tool_params: dict[str, Any] = field(default_factory=dict)  # their schemas, by name
     source: list[int] | None = None  # a free draft source (FIM: the suffix, other files)
     truncated: bool = False  # the FIM prompt was cut to fit
     lines: InfillLines | None = None  # a middle's line rule (FIM)
@@ -301,7 +302,8 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
     config = generation_config(body, prompt, session, None, "messages")
     thinking = opens_thinking(session.target.chat_template(), text)
     fmt = tool_format(session.target.chat_template()) if tools else None
-    return Prepared(prompt, config, prediction, tools=fmt, thinking=thinking)
+    params = {t.function.name: t.function.parameters or {} for t in body.tools or []}
+    return Prepared(prompt, config, prediction, tools=fmt, tool_params=params, thinking=thinking)
 
 
 def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
@@ -456,7 +458,7 @@ class Answer:
         self.kind = kind
         self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{short_id()}"
         self.created = int(time.time())
-        self.tools = prepared.tools
+        self.tools, self.tool_params = prepared.tools, prepared.tool_params
         self.thinks, self.thinking_open = prepared.thinking
         self.reasoning_tokens = 0
         self._opening = 0  # tokens that may be opening a thinking block
@@ -542,7 +544,7 @@ class Answer:
         if self.tools == LLAMA3:
             bare = BareCall()
             text = bare.push(text) + bare.flush()
-        calls = ToolCallStream()
+        calls = ToolCallStream(self.tool_params)
         content, found = calls.push(text)
         rest, more = calls.flush()
         return content + rest, found + more
@@ -550,7 +552,7 @@ class Answer:
     # --- streamed --------------------------------------------------------------------
     async def stream_chat(self, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
         yield self.chat_chunk({"role": "assistant", "content": ""})
-        calls = ToolCallDeltas() if self.tools else None
+        calls = ToolCallDeltas(self.tool_params) if self.tools else None
         bare = BareCall() if self.tools == LLAMA3 else None  # its calls as Qwen's tags
         split = ThinkSplit.opened(self.thinking_open) if self.thinks else None
         scored: list[Event] = []  # pieces whose log-probabilities are not yet sent

@@ -1,7 +1,9 @@
 """OpenAI chat messages and tools to what a chat template reads, and tool calls back.
 
-Templates that support tools write a call one of two ways (`tool_format`): Qwen's and
-Hermes' as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in the answer;
+Templates that support tools write a call one of three ways (`tool_format`): Qwen2.5's
+and Hermes' as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in the answer;
+Qwen3-Coder's and Qwen3.5's as XML in the same tags, `<function=NAME>` and a
+`<parameter=KEY>` block of raw text for each argument (typed back by the tool's schema);
 Llama 3.x's as the whole answer, `{"name": ..., "parameters": {...}}` (after
 `<|python_tag|>`, a control token that renders as nothing), which `BareCall` rewrites
 into the first shape. `ToolCallStream` splits calls out of the answer, holding back text
@@ -71,7 +73,7 @@ def template_tools(request: ChatRequest, supports_tools: bool) -> list[dict[str,
     return [tool.model_dump(exclude_none=True) for tool in request.tools]
 
 
-HERMES, LLAMA3 = "hermes", "llama3"
+HERMES, XML, LLAMA3 = "hermes", "xml", "llama3"
 # how both formats' templates space a call's JSON, for the grammar's guesses of it
 CALL_STYLE = b'{"name": "f", "arguments": {"a": 1, "b": [2, {"c": 3}]}}'
 
@@ -80,6 +82,8 @@ def tool_format(template: str | None) -> str:
     """How a chat template has the model write a tool call: HERMES (Qwen2.5/3, Hermes:
     tagged calls within the answer) or LLAMA3 (Llama 3.x: the answer is the call)."""
     text = template or ""
+    if "<function=" in text:
+        return XML
     if OPEN in text:
         return HERMES
     if "<|python_tag|>" in text or '"parameters": ' in text:
@@ -125,12 +129,36 @@ def tool_grammar(tools: list[Tool], fmt: str) -> str:
     (GrammarError for a function schema the converter cannot take)."""
     from localspec.backends.llama_grammar import schema_grammar
 
+    if fmt == XML:
+        return xml_call_grammar(tools)
     gbnf = schema_grammar(call_schema(tools, fmt))
     if fmt == LLAMA3:
         return gbnf
     # the call's object becomes a rule of its own, inside the tags Qwen's template writes
     body = re.sub(r"^root ::=", "tool-call ::=", gbnf, count=1, flags=re.M)
     return f'root ::= "{OPEN}\\n" tool-call "\\n{CLOSE}"\n{body}'
+
+
+def xml_call_grammar(tools: list[Tool]) -> str:
+    """GBNF of one XML call: a function's name, then any of its parameters, each a block
+    of text that does not hold `</` (where the parameter block would end)."""
+    calls, rules = [], []
+    for i, tool in enumerate(tools):
+        keys = list(((tool.function.parameters or {}).get("properties") or {}).keys())
+        key = " | ".join(json.dumps(k) for k in keys) or "[a-zA-Z0-9_]+"
+        name = json.dumps(f"<function={tool.function.name}>\n")
+        rules.append(
+            f'call-{i} ::= {name} ("<parameter=" key-{i} ">\\n" value "\\n</parameter>\\n")*'
+        )
+        rules.append(f"key-{i} ::= {key}")
+        calls.append(f"call-{i}")
+    return "\n".join(
+        [
+            f'root ::= "{OPEN}\\n" ({" | ".join(calls)}) "</function>\\n{CLOSE}"',
+            *rules,
+            'value ::= ([^<] | "<" [^/])*',
+        ]
+    )
 
 
 @dataclass
@@ -182,8 +210,11 @@ class ToolCall:
         return call if index is None else {"index": index, **call}
 
 
-def parse_call(body: str) -> ToolCall | None:
-    """The call inside `<tool_call>...</tool_call>`, or None where it is not one."""
+def parse_call(body: str, params: dict[str, Any] | None = None) -> ToolCall | None:
+    """The call inside `<tool_call>...</tool_call>` (JSON, or XML typed by `params`, the
+    tools' parameter schemas by name), or None where it is not one."""
+    if XML_HEAD.match(body):
+        return parse_xml_call(body, params or {})
     try:
         data = json.loads(body)
     except ValueError:
@@ -195,11 +226,44 @@ def parse_call(body: str) -> ToolCall | None:
     return ToolCall(f"call_{uuid.uuid4().hex[:24]}", data["name"], text)
 
 
+XML_HEAD = re.compile(r"\s*<function=([^>\n]+)>")
+XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+def parse_xml_call(body: str, params: dict[str, Any]) -> ToolCall | None:
+    """`<function=NAME>` and its `<parameter=KEY>` blocks; a value goes back to JSON by its
+    schema's type (text for a string or an unknown key, as Qwen's own parser does)."""
+    head = XML_HEAD.match(body)
+    if head is None or "</function>" not in body:
+        return None
+    name = head.group(1).strip()
+    schema = ((params.get(name) or {}).get("properties")) or {}
+    arguments = {
+        key.strip(): typed(value, schema.get(key.strip(), {}))
+        for key, value in XML_PARAMETER.findall(body[head.end() :])
+    }
+    text = json.dumps(arguments, ensure_ascii=False)
+    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", name, text)
+
+
+def typed(value: str, schema: dict[str, Any]) -> Any:
+    """A parameter's text as its schema's type: JSON where that is not a string and the
+    text parses, else the text."""
+    kind = schema.get("type")
+    if kind == "string" or (kind is None and not value.strip().startswith(("{", "["))):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
 @dataclass
 class ToolCallStream:
     """Feed the answer's text as it streams; get back the content to show and the tool
     calls completed so far. A call that does not parse is shown as text."""
 
+    params: dict[str, Any] = field(default_factory=dict)  # parameter schemas by name (XML)
     _held: str = ""
     _in_call: bool = False
     calls: list[ToolCall] = field(default_factory=list)
@@ -214,7 +278,7 @@ class ToolCallStream:
                     return content, calls
                 body, self._held = self._held[:end], self._held[end + len(CLOSE) :]
                 self._in_call = False
-                call = parse_call(body)
+                call = parse_call(body, self.params)
                 if call is None:
                     content += OPEN + body + CLOSE
                 else:
@@ -238,7 +302,7 @@ class ToolCallStream:
         if not self._in_call:
             return held, []
         self._in_call = False
-        call = parse_call(held)
+        call = parse_call(held, self.params)
         if call is None:
             return OPEN + held, []
         self.calls.append(call)
@@ -267,8 +331,10 @@ class ToolCallDeltas:
     name is written, then `{index, function: {arguments: piece}}` as the arguments
     object is written (its end found by depth, outside strings). A call written another
     way (the arguments first, or not an object) goes out whole at its close, one that
-    does not parse as text. `calls` counts the calls begun."""
+    does not parse as text; an XML call, its name as soon as it is written and its
+    arguments (typed by `params`) at its close. `calls` counts the calls begun."""
 
+    params: dict[str, Any] = field(default_factory=dict)  # parameter schemas by name (XML)
     _held: str = ""
     _body: str | None = None  # the open call's text so far (None: outside a call)
     _sent: int = 0  # how much of the body's arguments went out
@@ -277,6 +343,7 @@ class ToolCallDeltas:
     _escaped: bool = False
     _started: bool = False
     _done: bool = False  # the arguments object closed
+    _xml: bool = False  # the open call is XML: its arguments go at its close
     calls: int = 0
 
     def push(self, text: str) -> list[dict[str, Any]]:
@@ -318,11 +385,17 @@ class ToolCallDeltas:
 
     def _open(self) -> None:
         self._body, self._sent, self._depth = "", 0, 0
-        self._in_string = self._escaped = self._started = self._done = False
+        self._in_string = self._escaped = self._started = self._done = self._xml = False
 
     def _advance(self) -> list[dict[str, Any]]:
         assert self._body is not None
         out: list[dict[str, Any]] = []
+        if not self._started and (xml := XML_HEAD.match(self._body)):
+            self._started = self._xml = self._done = True
+            call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function"}
+            function = {"name": xml.group(1).strip(), "arguments": ""}
+            out.append({"tool_calls": [{"index": self.calls, **call, "function": function}]})
+            self.calls += 1
         if not self._started:
             head = HEAD.match(self._body)
             if head is None:
@@ -359,9 +432,15 @@ class ToolCallDeltas:
 
     def _close(self) -> list[dict[str, Any]]:
         body, self._body = self._body or "", None
+        if self._xml:  # its arguments, whole: they are JSON only once typed
+            parsed = parse_xml_call(body, self.params)
+            arguments = parsed.arguments if parsed else "{}"
+            return [
+                {"tool_calls": [{"index": self.calls - 1, "function": {"arguments": arguments}}]}
+            ]
         if self._started:
             return []
-        call = parse_call(body)
+        call = parse_call(body, self.params)
         if call is None:
             return [{"content": OPEN + body + CLOSE}]
         self.calls += 1

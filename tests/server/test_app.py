@@ -513,3 +513,74 @@ def test_a_forced_call_is_a_grammar_in_the_models_own_format():
     other = {"type": "function", "function": {"name": "nope"}}
     with pytest.raises(ApiError):
         forced_tools(ChatRequest.model_validate(chat(tools=[WEATHER], tool_choice=other)))
+
+
+# --- Qwen3-Coder's and Qwen3.5's XML calls ------------------------------------------------
+CODER_TEMPLATE = (Path(__file__).parent.parent / "data/templates/Qwen3-Coder.jinja").read_text()
+FORECAST = {
+    "type": "function",
+    "function": {
+        "name": "get_forecast",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer"},
+                "note": {"type": "string"},
+            },
+        },
+    },
+}
+XML_CALL = (
+    "Let me look.\n<tool_call>\n<function=get_forecast>\n<parameter=city>\nParis\n"
+    "</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=note>\n42\nor so\n"
+    "</parameter>\n</function>\n</tool_call>"
+)
+
+
+class Coder(ToyModel):
+    def chat_template(self) -> str | None:
+        return CODER_TEMPLATE
+
+
+def after_marker(marker: bytes, reply: str):
+    """`scripted` for another template: the reply follows the last `marker`."""
+    import numpy as np
+
+    target = reply.encode()
+
+    def logits(context):
+        data = bytes(t for t in context if t < 256)
+        said = data[data.rfind(marker) + len(marker) :]
+        out = np.zeros(258, dtype=np.float32)
+        out[target[len(said)] if len(said) < len(target) else EOS] = 20.0
+        return out
+
+    return logits
+
+
+def test_an_xml_tool_call_is_read_and_typed_by_the_tools_schema():
+    from localspec.server.chat import XML, tool_format
+
+    assert tool_format(CODER_TEMPLATE) == XML
+    model = Coder(after_marker(b"<|im_start|>assistant\n", XML_CALL), n_vocab=258, n_ctx=4096)
+    session = Session(auto_engine(model, None))
+    with TestClient(create_app(session, ServerOptions("toy"))) as c:
+        ask = chat(temperature=0, tools=[FORECAST])
+        message = c.post("/v1/chat/completions", json=ask).json()["choices"][0]["message"]
+        assert message["content"] == "Let me look."
+        call = message["tool_calls"][0]["function"]
+        assert call["name"] == "get_forecast"
+        # days is an integer by its schema; note stays text though it starts as a number
+        assert json.loads(call["arguments"]) == {"city": "Paris", "days": 3, "note": "42\nor so"}
+
+        r = c.post("/v1/chat/completions", json={**ask, "stream": True})
+        lines = r.text.splitlines()
+        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        deltas = [ch["choices"][0]["delta"] for ch in chunks if ch["choices"]]
+        pieces = [d["tool_calls"][0] for d in deltas if d.get("tool_calls")]
+        assert pieces[0]["function"]["name"] == "get_forecast" and pieces[0]["id"]
+        streamed = "".join(p["function"].get("arguments") or "" for p in pieces)
+        assert json.loads(streamed) == json.loads(call["arguments"])
+        assert "".join(d.get("content") or "" for d in deltas).strip() == "Let me look."
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"

@@ -201,7 +201,7 @@ def test_a_forced_call_grammar_takes_its_formats_call_and_forces_its_head(sessio
     """On the real vocabulary: each format's canonical call goes through its grammar
     token by token, a call of another name does not, and with one tool named the head
     up to its arguments is forced (jump-forward drafts it for free)."""
-    from localspec.server.chat import CALL_STYLE, HERMES, LLAMA3, forced_tools, tool_grammar
+    from localspec.server.chat import CALL_STYLE, HERMES, LLAMA3, XML, forced_tools, tool_grammar
     from localspec.server.schemas import ChatRequest
 
     tool = {
@@ -223,6 +223,8 @@ def test_a_forced_call_grammar_takes_its_formats_call_and_forces_its_head(sessio
         HERMES: '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
         "\n</tool_call>",
         LLAMA3: '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+        XML: "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis <3 x<y\n"
+        "</parameter>\n</function>\n</tool_call>",
     }
     for fmt, text in calls.items():
         grammar = LlamaGrammar(target, tool_grammar(forced, fmt), style=CALL_STYLE)
@@ -232,10 +234,11 @@ def test_a_forced_call_grammar_takes_its_formats_call_and_forces_its_head(sessio
             state.accept(token)
         assert state.allows(target.special_ids[1])  # complete: the end may come
         head = grammar.start().forced_text(64).decode()
-        key = "arguments" if fmt == HERMES else "parameters"
-        assert head.endswith(f'{{"name": "get_weather", "{key}": {{') or head.endswith(
-            f'"{key}": '
-        ), head
+        if fmt == XML:
+            assert head.startswith("<tool_call>\n<function=get_weather>\n"), head
+        else:
+            key = "arguments" if fmt == HERMES else "parameters"
+            assert head.endswith(f'{{"name": "get_weather", "{key}": {{'), head
         wrong = grammar.start()
         for token in target.tokenize(text.replace("get_weather", "get_time"), special=False):
             if not wrong.allows(token):
