@@ -1,0 +1,232 @@
+"""Reading and checking a request: its body (within the size limit), its prompt
+through the chat template, its sampling and token limit, what it must follow (a JSON
+schema, a GBNF grammar, a forced tool call), each refusal a one-line 4xx that names the
+parameter. What comes out, `Prepared`, is what the worker decodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import jinja2
+from fastapi import Request
+
+from localspec.backends.base import ModelError
+from localspec.backends.llama import LlamaModel
+from localspec.backends.llama_grammar import (
+    GrammarError,
+    LlamaGrammar,
+    json_object_grammar,
+    schema_grammar,
+)
+from localspec.decoding.engine import GenerationConfig
+from localspec.decoding.grammar import Grammar
+from localspec.server.chat import (
+    CALL_STYLE,
+    forced_tools,
+    template_messages,
+    template_tools,
+    tool_format,
+    tool_grammar,
+)
+from localspec.server.errors import ApiError
+from localspec.server.infill import (
+    InfillLines,
+    InfillPrompt,
+    InfillRequest,
+    infill_prompt,
+)
+from localspec.server.schemas import ChatRequest, CompletionRequest, content_text
+from localspec.server.thinking import opens_thinking
+from localspec.session import Session
+
+COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checked request, ready for the worker."""
+
+    prompt: list[int]
+    config: GenerationConfig
+    prediction: list[int] | None = None
+    tools: str | None = None  # parse tool calls out of the answer, written this way
+    tool_params: dict[str, Any] = field(default_factory=dict)  # their schemas, by name
+    source: list[int] | None = None  # a free draft source (FIM: the suffix, other files)
+    truncated: bool = False  # the FIM prompt was cut to fit
+    lines: InfillLines | None = None  # a middle's line rule (FIM)
+    thinking: tuple[bool, bool] = (False, False)  # (a thinking model, the block is open)
+
+    @classmethod
+    def infill(cls, built: InfillPrompt, config: GenerationConfig, lines: InfillLines) -> Prepared:
+        """A fill-in-the-middle prompt: its suffix and extra chunks draft, and the middle
+        is judged line by line."""
+        config = replace(config, lines=lines)
+        return cls(
+            built.tokens, config, source=built.source, truncated=built.truncated, lines=lines
+        )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or a 413 past `limit` bytes (checked as it arrives, not only as declared)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the body is over the limit of {limit} bytes", code="too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"the body is over the limit of {limit} bytes", code="too_large")
+    return bytes(body)
+
+
+def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
+    body.refuse_unsupported()
+    tools = template_tools(body, session.supports_tools)
+    try:
+        text = session.prompt_text(template_messages(body.messages), tools)
+    except ModelError as e:
+        raise ApiError(400, f"{e}; use /v1/completions", "messages") from None
+    except (ValueError, TypeError, jinja2.TemplateError) as e:
+        raise ApiError(400, f"the chat template refused the messages: {e}", "messages") from None
+    prompt = session.tokenize_raw(text)
+    prediction = None
+    if body.prediction is not None:
+        predicted = content_text(body.prediction.content)
+        prediction = session.target.tokenize(predicted, special=False) or None
+    config = generation_config(body, prompt, session, None, "messages")
+    thinking = opens_thinking(session.target.chat_template(), text)
+    fmt = tool_format(session.target.chat_template()) if tools else None
+    params = {t.function.name: t.function.parameters or {} for t in body.tools or []}
+    return Prepared(prompt, config, prediction, tools=fmt, tool_params=params, thinking=thinking)
+
+
+def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
+    body.refuse_unsupported()
+    if body.suffix:  # OpenAI's fill-in-the-middle: the prompt before the cursor
+        built = infill_prompt(
+            session.target,
+            body.prompt_text(),
+            body.suffix,
+            [],
+            "",
+            body.max_tokens or COMPLETION_DEFAULT_TOKENS,
+            session.target.n_ctx,
+        )
+        config = generation_config(body, built.tokens, session, COMPLETION_DEFAULT_TOKENS)
+        return Prepared.infill(built, config, InfillLines(body.suffix))
+    prompt = session.tokenize_raw(body.prompt_text())
+    if not prompt:
+        raise ApiError(400, "the prompt is empty", "prompt")
+    return Prepared(prompt, generation_config(body, prompt, session, COMPLETION_DEFAULT_TOKENS))
+
+
+def prepare_infill(body: InfillRequest, session: Session) -> Prepared:
+    built = infill_prompt(
+        session.target,
+        body.input_prefix,
+        body.input_suffix,
+        body.input_extra,
+        body.prompt,
+        body.n_predict,
+        session.target.n_ctx,
+    )
+    room = room_for(built.tokens, session, "input_prefix")
+    limit = room if body.n_predict < 0 else min(body.n_predict, room)
+    lines = InfillLines(body.input_suffix, body.n_indent, body.t_max_predict_ms / 1e3)
+    return Prepared.infill(built, GenerationConfig(limit, body.sampling(), body.stops()), lines)
+
+
+def room_for(prompt: list[int], session: Session, param: str) -> int:
+    """Tokens the answer may take after `prompt`; a 400 where it leaves none."""
+    room = session.engine.room(len(prompt))
+    if room < 1:
+        raise ApiError(
+            400,
+            f"the prompt has {len(prompt)} tokens; the context holds "
+            f"{session.target.n_ctx} with room for the answer",
+            param,
+            "context_length_exceeded",
+        )
+    return room
+
+
+def generation_config(
+    body: ChatRequest | CompletionRequest,
+    prompt: list[int],
+    session: Session,
+    default_tokens: int | None,
+    prompt_param: str = "prompt",
+) -> GenerationConfig:
+    """Sampling, stops and the token limit; a 400 where the prompt leaves no room."""
+    room = room_for(prompt, session, prompt_param)
+    # beyond what fits, the answer stops where the context is full ("length"), as
+    # llama-server's does: clients send their own model's limits (128k and more)
+    limit = min(body.token_limit() or default_tokens or room, room)
+    try:
+        sampling = body.sampling()
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    return GenerationConfig(
+        max_tokens=limit,
+        sampling=sampling,
+        stop=body.stops(),
+        grammar=request_grammar(body, session),
+        logprobs=body.logprob_count(),
+    )
+
+
+def request_grammar(body: ChatRequest | CompletionRequest, session: Session) -> Grammar | None:
+    """What the answer must follow: `response_format` (json_object, json_schema) or
+    llama-server's `grammar` (GBNF), compiled for the target; a 400 naming what is wrong."""
+    fmt = getattr(body, "response_format", None) or {}
+    kind = fmt.get("type", "text")
+    text, param, style = body.grammar, "grammar", b""
+    forced = forced_tools(body) if isinstance(body, ChatRequest) else None
+    if forced:  # tool_choice "required" or a named function: a call in the model's format
+        if text is not None or kind != "text":
+            raise ApiError(
+                400, "tool_choice and response_format/grammar name two grammars", "tool_choice"
+            )
+        try:
+            text = tool_grammar(forced, tool_format(session.target.chat_template()))
+        except GrammarError as e:
+            raise ApiError(400, f"a tool's parameters: {e}", "tools") from None
+        param, style = "tools", CALL_STYLE
+    if kind not in ("text", "json_object", "json_schema"):
+        raise ApiError(
+            400,
+            f"response_format {kind!r}: use text, json_object or json_schema",
+            "response_format.type",
+        )
+    if kind != "text":
+        if text is not None:
+            raise ApiError(
+                400, "response_format and grammar name two grammars; send one", "grammar"
+            )
+        if getattr(body, "tools", None):
+            raise ApiError(
+                400, "response_format with tools is not supported: send one", "response_format"
+            )
+        param = "response_format.json_schema.schema"
+        if kind == "json_object":
+            text = json_object_grammar()
+        else:
+            schema = (fmt.get("json_schema") or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise ApiError(
+                    400, "response_format.json_schema.schema must be a JSON schema object", param
+                )
+            try:
+                text = schema_grammar(schema)
+            except GrammarError as e:
+                raise ApiError(400, str(e), param) from None
+    if text is None:
+        return None
+    if not isinstance(session.target, LlamaModel):
+        raise ApiError(400, "structured output needs a llama.cpp model", param)
+    try:
+        return LlamaGrammar(session.target, text, style=style)
+    except GrammarError as e:
+        raise ApiError(400, str(e), param) from None
