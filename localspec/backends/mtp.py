@@ -72,7 +72,10 @@ class MtpHead:
 
     def __init__(self, target: LlamaModel) -> None:
         if mtp_layers(target) == 0:
-            raise ModelError(f"{target.name} has no MTP head (or it was not loaded)")
+            raise ModelError(
+                f"--draft mtp: {target.name} has no MTP head (its GGUF has no nextn layers; "
+                "unsloth's *-MTP-GGUF files keep them): use --draft ngram or a draft model"
+            )
         self.target = target
         self.name = f"{target.name} (MTP head)"
         self.n_embd = int(ll.llama_model_n_embd_out(target._model))

@@ -383,3 +383,45 @@ def test_the_planner_counts_the_hybrids_state_and_its_snapshots_as_llama_cpp_doe
     assert found
     weights = Weights.from_gguf(gguf_info(twins["hybrid"]))
     assert abs(weights.state / 2**20 - float(found.group(1))) < 0.01 * weights.state / 2**20
+
+
+# --- serve's slots on the hybrid twin: each sequence's state rolls back on its own -----
+def test_serve_slots_on_the_hybrid_twin_answer_as_plain_decoding(twins) -> None:
+    """Two requests share llama.cpp's passes on a hybrid target, the first slot drafting
+    with the MTP head, the second with n-grams; each rollback restores its own sequence's
+    state, so each answer is plain decoding's (on a model of its own)."""
+    from server.test_slots_real import Loop
+
+    from localspec.backends.llama import LoadOptions
+    from localspec.server.worker import Worker
+    from localspec.session import SessionConfig, open_session
+
+    load_options = LoadOptions(n_ctx=512, n_threads=2, n_seq=2, kv_unified=True)
+    config = SessionConfig(
+        str(twins["hybrid"]), "mtp", GAMMA, load_options, load_options, p_min=0.0
+    )
+    session = open_session(config)
+    worker, loop = Worker(session, max_queue=4, parallel=2), Loop()
+    worker.start()
+    alone = load(twins["hybrid"])
+    try:
+        prompts = [session.target.tokenize(t) for t in ("def f(x):\n", "one two one two")]
+        jobs = [loop.job(prompt, 24) for prompt in prompts]
+        for job in jobs:
+            worker.submit(job)
+        ends = [loop.wait(job) for job in jobs]
+        assert worker.batcher.log.shared > 5  # the rounds really met
+        assert isinstance(worker.slots[0].engine.drafter, MtpDrafter)
+        assert any(end.stats.drafter == "mtp" for end in ends if isinstance(end, Finished))
+        assert all(v.restarts == 0 for s in worker.slots for v in s.views)  # none re-read
+        for prompt, end in zip(prompts, ends, strict=True):
+            assert isinstance(end, Finished), end
+            # the head drafts every round (p_min 0); n-grams find nothing in random text
+            assert end.stats.drafted > 0 or end.stats.drafter == "ngram"
+            want, pieces = plain_answer(alone, prompt, 24)
+            assert_plain(end.tokens, want.tokens, pieces)
+    finally:
+        worker.stop()
+        loop.close()
+        alone.close()
+        session.close()

@@ -59,6 +59,12 @@ def test_incompatible_draft(real_paths, gemma_path):
 
 
 @pytest.mark.real
+def test_drafting_with_an_mtp_head_a_model_lacks(real_paths):
+    r = localspec("run", "hi", "--target", str(real_paths[0]), "--draft", "mtp")
+    assert_error(r, "has no MTP head")
+
+
+@pytest.mark.real
 def test_prompt_longer_than_the_context(real_paths):
     r = localspec(
         "run", "word " * 600, "--target", str(real_paths[0]), "--draft", "none", "--ctx", "256"
