@@ -30,7 +30,8 @@ class LoadedPair:
 
     @property
     def has_draft_model(self) -> bool:
-        return self.base.draft_model is not None
+        """A draft model, or the target's own MTP head (which drafts as one)."""
+        return self.base.draft_model is not None or self.base.head is not None
 
     def drafter_for(self, settings: Settings) -> str:
         """The drafter that will run: 'model' falls back to n-grams without a draft model."""
@@ -44,9 +45,11 @@ class LoadedPair:
         drafter = self.drafter_for(settings)
         key = (drafter, settings.gamma)
         if self._built is None or self._built[0] != key:
-            config = SessionConfig(target=self.spec.target, draft=drafter, gamma=settings.gamma)
+            head = self.base.head if drafter == "model" else None
+            kind = "mtp" if head is not None and self.base.draft_model is None else drafter
+            config = SessionConfig(target=self.spec.target, draft=kind, gamma=settings.gamma)
             draft_model = self.base.draft_model if drafter == "model" else None
-            engine = make_engine(self.base.target, draft_model, config)
+            engine = make_engine(self.base.target, draft_model, config, head)
             self._built = (key, Session(engine, self.base.draft_model))
         return self._built[1]
 

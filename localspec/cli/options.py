@@ -180,12 +180,10 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
 def has_mtp_head(target: str) -> bool:
     """Whether the target's GGUF carries MTP blocks (read from its header; False where it
     cannot be read: loading it says why)."""
-    from localspec.backends.gguf import gguf_info_or_none
+    from localspec.models import pairing
     from localspec.session import resolve_model
 
     try:
-        path = resolve_model(target)
+        return pairing.has_mtp_head(resolve_model(target))
     except LocalspecError:
         return False
-    info = gguf_info_or_none([path]) if path.is_file() else None
-    return info is not None and info.mtp_layers > 0

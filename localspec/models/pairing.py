@@ -71,6 +71,8 @@ def pair_from_plan(plan: Plan, draft: str | None = None) -> PairSpec:
     target = plan.target.path or plan.target.id
     if draft is None:
         draft = (plan.draft.path or plan.draft.id) if plan.draft else plan.drafter
+        if draft == "ngram" and plan.target.path and has_mtp_head(Path(plan.target.path)):
+            draft = "mtp"  # the target drafts for itself
     return PairSpec(
         target,
         draft,
@@ -105,3 +107,11 @@ def _fallback(why: str, draft: str | None, catalog: Catalog) -> PairSpec:
         None,
         (f"No plan fits ({why}); trying {target.model} anyway.",),
     )
+
+
+def has_mtp_head(path: Path) -> bool:
+    """Whether the GGUF at `path` carries MTP blocks (False where it cannot be read)."""
+    from localspec.backends.gguf import gguf_info_or_none
+
+    info = gguf_info_or_none([path]) if path.is_file() else None
+    return info is not None and info.mtp_layers > 0

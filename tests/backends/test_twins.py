@@ -425,3 +425,25 @@ def test_serve_slots_on_the_hybrid_twin_answer_as_plain_decoding(twins) -> None:
         loop.close()
         alone.close()
         session.close()
+
+
+def test_the_chats_draft_model_setting_drafts_with_the_targets_mtp_head(twins) -> None:
+    """In the chat, "draft model" is the target's own head where it has no other."""
+    from localspec.backends.llama import LoadOptions
+    from localspec.decoding.adaptive import AdaptiveDrafter
+    from localspec.models.pairing import PairSpec
+    from localspec.session import SessionConfig, open_session
+    from localspec.settings import Settings
+    from tui.pair import LoadedPair
+
+    load_options = LoadOptions(n_ctx=512, n_threads=2)
+    base = open_session(SessionConfig(str(twins["hybrid"]), "mtp", "auto", load_options))
+    pair = LoadedPair(PairSpec(str(twins["hybrid"]), "mtp"), base)
+    try:
+        assert pair.has_draft_model and pair.drafter_for(Settings()) == "model"
+        auto = pair.session_for(Settings()).engine.drafter
+        assert isinstance(auto, AdaptiveDrafter) and isinstance(auto.model, MtpDrafter)
+        fixed = pair.session_for(Settings(gamma=3)).engine.drafter
+        assert isinstance(fixed, MtpDrafter) and fixed.head is base.head
+    finally:
+        pair.close()
