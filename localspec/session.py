@@ -239,18 +239,8 @@ def _load(config: SessionConfig) -> Session:
         except BaseException:
             target.close()
             raise
-    notes = []
-    if draft_model is not None and not draft_model.can_cut:
-        # it drafts a token a pass, and its state rolls back only within a pass
-        notes.append(
-            f"n-gram drafting: the draft model {draft_model.name} is a recurrent or hybrid "
-            "model, whose state cannot drop a rejected draft"
-        )
-        draft_model.close()
-        draft_model, config = None, replace(config, draft="ngram")
     session = Session(make_engine(target, draft_model, config, head), draft_model, config)
     session.head = head
-    session.notes += notes
     if target.n_ctx < config.target_load.n_ctx:
         session.notes.append(
             f"context capped at {target.n_ctx} tokens: {target.name} was trained for that"

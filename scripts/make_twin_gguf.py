@@ -104,6 +104,8 @@ def _spec(name: str, n_layer: int, n_embd: int, n_head: int, kv: int, ff: int, v
 
 def write_hybrid(vocab: gguf.GGUFReader, path: Path, shape: Hybrid, seed: int = 0) -> Path:
     s = shape
+    if s.n_layer < s.attention_every:  # llama.cpp aborts on a hybrid without attention
+        raise ValueError(f"a hybrid twin needs at least {s.attention_every} layers")
     n_all = s.n_layer + s.n_nextn
     spec = _spec("qwen35-twin", n_all, s.n_embd, s.n_head, s.n_head_kv, s.n_ff, s.n_vocab)
     name = f"Qwen3.5-0.8B shape, {s.n_layer} layers (random weights)"

@@ -187,9 +187,21 @@ class Model(ABC):
             return
         if self._remove_from(keep):
             del self.cached[keep:]
+        elif (held := self._restore(keep)) is not None:
+            del self.cached[held:]  # the next call reads from the checkpoint on
         else:
             self.restarts += 1
             self.reset()
+
+    def checkpoint(self) -> None:  # noqa: B027 - optional hook
+        """Keep the state as it is now, for a later cut that cannot be made in place (a
+        recurrent state's, past its snapshots) to come back to; nothing where every cut
+        can be made in place."""
+
+    def _restore(self, pos: int) -> int | None:
+        """Go back to the checkpoint where it lies at or before `pos`: the position it
+        holds (the cache holds cached[:that] then), or None where there is none."""
+        return None
 
     def reuse(self, tokens: Sequence[int], min_chunk: int) -> int:
         """llama-server's --cache-reuse: past the prefix the cache shares with `tokens`,

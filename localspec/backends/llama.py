@@ -176,6 +176,8 @@ class LlamaModel(Model):
         self._last_pass: dict[int, int] = {}  # sequence -> tokens its last pass decoded
         self.on_pass: list[Callable[[list[Part]], None]] = []  # hears of each pass (MTP)
         self.on_close: list[Callable[[], None]] = []  # contexts of this model to free first
+        # sequence -> (position, its recurrent state there): see `checkpoint`
+        self._checkpoints: dict[int, tuple[int, ctypes.Array[ctypes.c_uint8]]] = {}
 
     # --- the cache ------------------------------------------------------------------
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
@@ -246,6 +248,39 @@ class LlamaModel(Model):
                 return False
             self._last_pass[seq] = 0  # a snapshot is used once
         return bool(ll.llama_memory_seq_rm(self._mem, seq, pos, -1))
+
+    def keep_state(self, seq: int) -> None:
+        """A copy of sequence `seq`'s recurrent state as it is now (its attention
+        entries stay in the cache): a draft model's, before it drafts a token a pass,
+        whose state no snapshot can take back more than one token."""
+        if not self._recurrent:
+            return
+        flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part only
+        size = ll.llama_state_seq_get_size_ext(self._ctx, seq, flags)
+        kept = self._checkpoints.get(seq)
+        buf = kept[1] if kept is not None and len(kept[1]) == size else (ctypes.c_uint8 * size)()
+        ll.llama_state_seq_get_data_ext(self._ctx, buf, size, seq, flags)
+        self._checkpoints[seq] = (self.seq_len(seq), buf)
+
+    def back_to_state(self, seq: int, pos: int) -> int | None:
+        """Restore the copy `keep_state` took, where it lies at or before `pos`, and drop
+        the entries after it; its position, or None."""
+        kept = self._checkpoints.get(seq)
+        if kept is None or kept[0] > pos:
+            return None
+        held, buf = kept
+        flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        if not ll.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), seq, flags):
+            return None
+        ll.llama_memory_seq_rm(self._mem, seq, held, -1)  # the attention layers' entries
+        self._last_pass[seq] = 0
+        return held
+
+    def checkpoint(self) -> None:
+        self.keep_state(0)
+
+    def _restore(self, pos: int) -> int | None:
+        return self.back_to_state(0, pos)
 
     def seq_len(self, seq: int) -> int:
         return ll.llama_memory_seq_pos_max(self._mem, seq) + 1

@@ -182,7 +182,10 @@ class DraftModel:
         qs: list[Probs | None] = []
         seq, _ = self.view(context)
         for i in range(gamma):
-            x, q = pick(self._step(seq), params, seq, rng, p_min_at(p_min, i))
+            logits = self._step(seq)
+            if i == 0:  # a recurrent draft model comes back here after a rejection
+                self.model.checkpoint()
+            x, q = pick(logits, params, seq, rng, p_min_at(p_min, i))
             if x is None:
                 break
             qs.append(q)

@@ -231,6 +231,12 @@ class SlotModel(Model):
     def _move(self, gap: tuple[int, int], chunk: tuple[int, int]) -> bool:
         return self.shared.move(self.seq, gap, chunk)
 
+    def checkpoint(self) -> None:
+        self.shared.keep_state(self.seq)
+
+    def _restore(self, pos: int) -> int | None:
+        return self.shared.back_to_state(self.seq, pos)
+
     @property
     def can_cut(self) -> bool:
         return self.shared.can_cut

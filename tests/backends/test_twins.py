@@ -33,7 +33,7 @@ GAMMA = 4
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The hybrid twin at 4 layers (3 DeltaNet, 1 attention, + the MTP head), the MoE
-    twin at 2, and a 1-layer qwen2 draft for each vocabulary."""
+    twin at 2, a 1-layer qwen2 draft for each vocabulary, and a hybrid draft."""
 
     twin, tiny = load_script("make_twin_gguf"), load_script("make_tiny_gguf")
     out = tmp_path_factory.mktemp("twins")
@@ -45,6 +45,8 @@ def twins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "moe": twin.build("moe", vocab, out, layers=2),
         "hybrid-draft": tiny.build(replace(draft, n_vocab=hybrid_vocab), vocab, out / "d1.gguf"),
         "moe-draft": tiny.build(draft, vocab, out / "d2.gguf"),
+        # a hybrid draft model: another twin, other weights
+        "hybrid-hybrid-draft": twin.build("hybrid", vocab, out / "other", layers=4, seed=1),
     }
 
 
@@ -270,28 +272,37 @@ def test_a_session_on_a_target_with_an_mtp_head_drafts_with_it(twins) -> None:
         session.close()
 
 
-def test_a_hybrid_draft_model_gives_way_to_ngrams_and_says_why(twins) -> None:
+def test_a_hybrid_draft_model_comes_back_to_its_checkpoint_after_a_rejection(twins) -> None:
+    """A hybrid draft model drafts a token a pass, so no snapshot takes a rejected draft
+    back; it keeps its state from before its draft and comes back to it, re-reading the
+    accepted tokens in one batch, never the whole text."""
     from localspec.backends.llama import LoadOptions
     from localspec.session import SessionConfig, open_session
 
-    said: list[str] = []
     load_options = LoadOptions(n_ctx=512, n_threads=2)
     config = SessionConfig(
         str(twins["hybrid"]),
-        draft=str(twins["hybrid"]),  # a hybrid as its own draft
-        gamma=4,
+        draft=str(twins["hybrid-hybrid-draft"]),
+        gamma=GAMMA,
         target_load=load_options,
         draft_load=load_options,
         draft_quant="keep",
+        p_min=0.0,
     )
-    session = open_session(config, say=said.append)
+    session = open_session(config)
+    alone = load(twins["hybrid"])
     try:
-        assert session.draft_model is None and isinstance(session.engine.drafter, NgramDrafter)
-        assert said == [
-            "n-gram drafting: the draft model qwen35-0.8b-twin-4l is a recurrent or hybrid "
-            "model, whose state cannot drop a rejected draft"
-        ]
+        assert session.notes == [] and isinstance(session.engine.drafter, DraftModel)
+        prompt = session.target.tokenize("def f(x):\n")
+        want, pieces = plain_answer(alone, prompt, 24)
+        done = list(session.engine.generate(prompt, GenerationConfig(24)))[-1]
+        assert isinstance(done, Finished)
+        assert_plain(done.tokens, want.tokens, pieces)
+        assert done.stats.drafted > done.stats.accepted  # rejections, which it came back from
+        draft = session.draft_model
+        assert draft is not None and draft.restarts == 0 and session.target.restarts == 0
     finally:
+        alone.close()
         session.close()
 
 
