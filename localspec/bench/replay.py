@@ -190,7 +190,7 @@ def replay(rec: Recording, costs: Costs, policy: str) -> Replayed:
     drafter = AdaptiveDrafter(None)
     if auto:  # the real decision logic; only the model calls are replayed
         drafter.model = SimpleNamespace(  # type: ignore[assignment]
-            step_s=costs.draft_s, catchup_s=costs.catchup_s, accept=lambda *a: None
+            step_s=costs.draft_s, catchup_s=costs.catchup_s, round_s=0.0, accept=lambda *a: None
         )
     fixed = 0 if auto else int(policy.removeprefix("draft-g"))
     t, spent, cached = 1, 0.0, 0  # the first token comes from prefill, as in the engine

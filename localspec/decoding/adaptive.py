@@ -471,6 +471,7 @@ class AdaptiveDrafter:
         a = t[0]
         ng = self.alpha[free_key(free, n)] if matched else None
         catchup = self.catchup_cost(lag) / CATCHUP_ROUNDS
+        fixed = catchup + (self.model.round_s if self.model is not None else 0.0)
         best = Choice("none", 0, 1.0)
         # Plain Python over at most 16 depths: this runs a few times a round, and numpy's
         # per-call cost on so few values is most of a GPU round's Python.
@@ -485,7 +486,7 @@ class AdaptiveDrafter:
             # priors, not just time a batch size (on a CPU the dearest one, T(2)).
             batch = t if dm.seen[0] else self.priced(depth + 1, prior=True)
             gains = [
-                (1 + e) * a / (catchup + k * c + batch[k])
+                (1 + e) * a / (fixed + k * c + batch[k])
                 for k, e in enumerate(dm.expected(depth), 1)
             ]
             best = better(best, "draft", gains, 1, free_tokens=0)
@@ -494,7 +495,7 @@ class AdaptiveDrafter:
                 ng_expected = ng.expected(m)[-1]
                 reach = ng.all_accepted(m)
                 gains = [
-                    (1 + ng_expected + reach * e) * a / (catchup + (r + 1) * c + batch[m + r])
+                    (1 + ng_expected + reach * e) * a / (fixed + (r + 1) * c + batch[m + r])
                     for r, e in enumerate(dm.expected(depth - m), 1)
                 ]
                 best = better(best, f"{free}+draft", gains, m + 1, free_tokens=m)

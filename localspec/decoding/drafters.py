@@ -7,6 +7,7 @@ After the target's verdict it hears how many were accepted.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -122,6 +123,10 @@ class DraftModel:
         self.window = window
         self.step_s = 0.0  # moving average of a one-token draft step (0 = not yet timed)
         self.catchup_s = 0.0  # same, per token of a catch-up batch (after plain rounds)
+        # what a round it drafts in costs beyond its steps: a recurrent draft model's copy
+        # of its state and its return to it (see Model.checkpoint); ~0 for others
+        self.round_s = 0.0
+        self._overhead: float | None = None  # this round's so far (None: it did not draft)
         self._cut = 0  # context[SINKS:_cut] is left out of what it reads (0: nothing)
 
     def view(self, context: Sequence[int]) -> tuple[list[int], int]:
@@ -184,7 +189,9 @@ class DraftModel:
         for i in range(gamma):
             logits = self._step(seq)
             if i == 0:  # a recurrent draft model comes back here after a rejection
+                started = time.perf_counter()
                 self.model.checkpoint()
+                self._overhead = time.perf_counter() - started
             x, q = pick(logits, params, seq, rng, p_min_at(p_min, i))
             if x is None:
                 break
@@ -207,7 +214,11 @@ class DraftModel:
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         # drop the rejected draft tokens now, as the target does
+        started = time.perf_counter()
         self.model.rollback(self._seen_as(tokens)[0])
+        if self._overhead is not None:
+            spent = self._overhead + time.perf_counter() - started
+            self.round_s, self._overhead = _ema(self.round_s, spent), None
 
 
 class MtpDrafter:
@@ -217,6 +228,7 @@ class MtpDrafter:
     what the target's passes have read since its last draft."""
 
     name = "mtp"
+    round_s = 0.0  # nothing beyond its steps: its cache follows the target's
 
     def __init__(self, head: MtpHead, p_min: float | Sequence[float] = 0.5) -> None:
         self.head = head

@@ -424,3 +424,13 @@ def test_a_moe_targets_untimed_passes_cost_at_least_the_experts_they_read() -> N
     assert dense.table(2)[1] == 0.010  # the next size up is tried as cheap: timed then
     cost.observe(2, 0.012)  # timed: the measurement wins over the guess
     assert cost.table(2)[1] == pytest.approx(0.012)
+
+
+def test_what_a_draft_models_round_costs_beyond_its_steps_is_priced():
+    """A recurrent draft model copies its state before each draft and goes back to it
+    after a rejection: a cost per round, not per token, that a draft has to pay for."""
+    d = drafter_with(a=0.10, b=0.005, c=0.01, alpha=0.9)
+    assert d.choose(matched=0, gamma=8).source == "draft"
+    assert d.model is not None
+    d.model.round_s = 0.5  # five plain passes' worth a round: drafting cannot pay it
+    assert d.choose(matched=0, gamma=8).k == 0
