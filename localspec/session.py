@@ -293,7 +293,7 @@ def verify_growth(target: Model) -> tuple[float, ...]:
     """T(k)/T(1) at least, k = 1..PREDICTION_GAMMA_MAX+1, for a MoE target read from its
     GGUF (the experts a pass of k tokens reads); () for a dense one, or no file."""
     from localspec.backends.gguf import gguf_info_or_none
-    from localspec.decoding.adaptive import TABLE_SIZE
+    from localspec.decoding.estimates import TABLE_SIZE
     from localspec.models.memory import Weights
     from localspec.models.speed import batch_growth
 

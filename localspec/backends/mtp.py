@@ -156,10 +156,15 @@ class MtpHead:
         last = len(context) - 1
         return last + 1 - max(self._held(context), last - WINDOW)
 
-    def read(self, context: Sequence[int]) -> int:
-        """Make the cache hold what it can keep of context[:-1]; the first position still
-        to read, the draft step's batch starts there (a stretch longer than WINDOW is
-        read from its last WINDOW positions on)."""
+    def catch_up(self, context: Sequence[int]) -> list[tuple[int, int, np.ndarray]]:
+        """The first draft step's entries after `context`: each token the cache does not
+        hold with the trunk's h before it, the last token last (the cache keeps what it
+        can of context[:-1]; of a stretch longer than WINDOW, the last WINDOW are read)."""
+        start = self._keep(context)
+        return [(context[p], p, self.row(p - 1)) for p in range(start, len(context))]
+
+    def _keep(self, context: Sequence[int]) -> int:
+        """Cut the cache to what it can keep of context[:-1]; the first position to read."""
         last = len(context) - 1
         held = self._held(context)
         start = max(held, last - WINDOW)

@@ -115,14 +115,17 @@ def markov(n_vocab: int, seed: int, scale: float = 2.0) -> LogitsFn:
     return logits
 
 
-def scripted(reply: str | Callable[[bytes], str], confidence: float = 20.0) -> LogitsFn:
+def scripted(
+    reply: str | Callable[[bytes], str], confidence: float = 20.0, marker: bytes = ASSISTANT
+) -> LogitsFn:
     """Answers every chat turn with `reply` (or reply(prompt)), then EOS: the byte after
-    the last '<|assistant|>' marker is the next one of the reply, near-certainly."""
+    the last `marker` (TEMPLATE's '<|assistant|>', or another template's opening of the
+    assistant's turn) is the next one of the reply, near-certainly."""
 
     def logits(context: Sequence[int]) -> np.ndarray:
         data = bytes(t for t in context if t < 256)
-        start = data.rfind(ASSISTANT)
-        said = data[start + len(ASSISTANT) :] if start >= 0 else data
+        start = data.rfind(marker)
+        said = data[start + len(marker) :] if start >= 0 else data
         text = reply(data[:start]) if callable(reply) else reply
         target = text.encode("utf-8")
         out = np.zeros(258, dtype=np.float32)

@@ -54,9 +54,7 @@ def time_head_step(target: Model, prompt: list[int], reps: int) -> float | None:
     if head is None:
         return None
     target.evaluate(prompt[:-1], 1)
-    start = head.read(prompt)
-    entries = [(prompt[p], p, head.row(p - 1)) for p in range(start, len(prompt))]
-    head.step(entries)  # the catch-up, and the step after the prompt
+    head.step(head.catch_up(prompt))  # the catch-up, and the step after the prompt
     last = len(prompt)
     times = []
     for _ in range(reps + 1):

@@ -12,6 +12,7 @@ Measured online, per conversation:
 - c, the draft model's cost per token (prior: its weight bytes relative to the target's);
 - T(k), the target's time to verify a batch of k tokens, fitted as a line a + b(k-1)
   (on a GPU b ≈ 0; on a CPU anywhere from 0.1a to 0.7a).
+(Both kept in localspec.decoding.estimates; this module decides with them.)
 
 A round that drafts k tokens yields E(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j tokens (Leviathan et
 al.: (1 - α^(k+1)) / (1 - α) for a constant α) in k·c + T(k+1) seconds. Each round takes
@@ -49,11 +50,8 @@ may add at the rate the round aims at (`p_min`).
 
 from __future__ import annotations
 
-import math
-import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from itertools import accumulate
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -67,22 +65,20 @@ from localspec.decoding.drafters import (
     Outcome,
 )
 from localspec.decoding.engine import Engine
+from localspec.decoding.estimates import (
+    PREDICTION_GAMMA_MAX,
+    Acceptance,
+    VerifyCost,
+)
 from localspec.decoding.prediction import Prediction
 from localspec.decoding.sampling import Probs, SamplingParams
 from localspec.decoding.suffix import DEEP_RUN, SUFFIX_PRIOR, SuffixIndex, suffix_key
 from localspec.drafting import GAMMA_MAX
 
-PREDICTION_GAMMA_MAX = 16  # a prediction that keeps matching is drafted this deep
-EMA_WEIGHT = 0.15
-PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
 PROBE_SHARE = 0.02  # at most this share of the time goes to probing an idle draft model
 GOOD_ALPHA = 0.9  # the draft model's α on text it drafts well (code): a probe looks for it
 CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
-CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
-TABLE_SIZE = PREDICTION_GAMMA_MAX + 1  # the largest batch a round verifies
-STEEP = 0.5  # T(k) rising by this share of T(1) per token: compute-bound, not in steps
 MAX_SHADOWS = 64  # pending shadow drafts kept (a few rounds' worth of every free source)
-RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
 RECOVER = 0.02  # per token made without the draft model, its low α closes this share of
 # the gap to its prior
 NGRAM_PRIOR = {2: 0.35, 3: 0.5, 4: 0.65}  # α before any measurement, by matched length n
@@ -96,150 +92,6 @@ PREDICTION_PRIOR = {2: 0.6, 8: 0.9}
 # 0.48, 0.57 and 0.86 by n-gram length. Code repeats itself more than chat does.
 FIM_PREDICTION_PRIOR = {2: 0.47, 8: 0.95}
 FIM_NGRAM_PRIOR = {2: 0.48, 3: 0.57, 4: 0.85}
-
-
-@dataclass
-class Acceptance:
-    """α_i per draft position: the prior counts as PRIOR_COUNT observations, then a mean
-    of what was seen turns into a moving average (weight EMA_WEIGHT), so two misses
-    already tell a bad source from a good one. A position not yet drafted takes the α of
-    the one before it, so a deeper draft gets tried."""
-
-    alpha: list[float]  # as long as the deepest draft it judges
-    seen: list[int] = field(default_factory=list)
-    prior_value: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.seen += [0] * (len(self.alpha) - len(self.seen))
-
-    @classmethod
-    def prior(cls, value: float, depth: int = GAMMA_MAX) -> Acceptance:
-        return cls([value] * depth, prior_value=value)
-
-    def recover(self, share: float) -> None:
-        """While idle, a below-prior α closes `share` of its gap to the prior: a low α
-        keeps its source unused, so nothing else would ever revise it."""
-        self.alpha = [a + share * max(self.prior_value - a, 0.0) for a in self.alpha]
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        # position i tells something only if all before it were accepted
-        tested = min(accepted + 1, drafted)
-        for i in range(tested):
-            self.learn(i, i < accepted)
-        self.relax_from(tested)
-
-    def learn(self, i: int, accepted: bool) -> None:
-        """Position i was tested (every one before it accepted)."""
-        if not self.seen[i] and i > 0:
-            self.alpha[i] = self.alpha[i - 1]
-        self.seen[i] += 1
-        weight = max(EMA_WEIGHT, 1 / (PRIOR_COUNT + self.seen[i]))
-        self.alpha[i] += weight * (float(accepted) - self.alpha[i])
-
-    def relax_from(self, tested: int) -> None:
-        """The positions from `tested` on were not tested this time."""
-        for i in range(max(1, tested), len(self.alpha)):
-            if not self.seen[i]:
-                self.alpha[i] = self.alpha[i - 1]
-            elif self.alpha[i] < self.alpha[i - 1]:
-                # A low α_i keeps drafts short, so it would never be tested again; and
-                # acceptance given the earlier tokens right rarely falls with depth.
-                self.alpha[i] += RELAX * (self.alpha[i - 1] - self.alpha[i])
-
-    def expected(self, k: int) -> list[float]:
-        """E(j) - 1 for j = 1..k: the expected accepted tokens when drafting j. (Sums of
-        products of at most 16 values: plain Python, as numpy costs more on so few.)"""
-        return list(accumulate(accumulate(self.alpha[:k], operator.mul)))
-
-    def all_accepted(self, k: int) -> float:
-        return math.prod(self.alpha[:k])
-
-
-@dataclass
-class VerifyCost:
-    """T(k) = a + b(k-1), least squares over moving averages of each timed batch size."""
-
-    seconds: dict[int, float] = field(default_factory=dict)
-    a: float = 0.0
-    b: float = 0.0
-    # T(k) / T(1) at least, where known: a MoE target's pass of k tokens reads the experts
-    # any of them is routed to (localspec.models.speed.batch_growth); () for a dense one
-    growth: tuple[float, ...] = ()
-    _key: tuple = field(default=(), repr=False, compare=False)
-    _cached: list[float] = field(default_factory=list, repr=False, compare=False)
-
-    def observe(self, k: int, seconds: float) -> None:
-        old = self.seconds.get(k)
-        self.seconds[k] = seconds if old is None else old + 2 * EMA_WEIGHT * (seconds - old)
-        self.a, self.b = self._fit()
-
-    def _fit(self) -> tuple[float, float]:
-        """Least squares of t = a + b(k-1), in closed form (this runs every round)."""
-        n = len(self.seconds)
-        xs = [k - 1 for k in self.seconds]
-        ts = list(self.seconds.values())
-        if n >= 2:
-            mx, mt = sum(xs) / n, sum(ts) / n
-            sxx = sum((x - mx) ** 2 for x in xs)
-            b = sum((x - mx) * (t - mt) for x, t in zip(xs, ts, strict=True)) / sxx
-            a = mt - b * mx
-            if b >= 0 and a > 0:
-                return a, b
-        a = sum(t / (1 + CPU_SLOPE * x) for x, t in zip(xs, ts, strict=True)) / n
-        return a, CPU_SLOPE * a
-
-    def batch(self, ks: np.ndarray) -> np.ndarray:
-        """T(k) for each k in ks, as `table` gives them."""
-        return np.array(self.table(int(ks.max())))[ks - 1]
-
-    def table(self, top: int) -> list[float]:
-        """T(1..n), n ≥ top (t[k - 1] = T(k)): its own average where timed (CPU costs rise
-        in steps, not on a line). The first untimed size above the timed ones is assumed
-        as cheap as the largest timed one (T never falls with k), so it gets tried and
-        timed; unless the timed sizes rise steeply per token (compute-bound), where the
-        line is the guess. Worked out once per change of the timings (a round asks for it
-        several times)."""
-        key = (tuple(self.seconds.items()), self.a, self.b)
-        if key != self._key or len(self._cached) < top:
-            self._cached, self._key = self._build(max(top, TABLE_SIZE)), key
-        return self._cached
-
-    def prior_table(self, top: int) -> list[float]:
-        """T(1..top) on the line a + b(k-1), b at most its CPU prior: no optimism for an
-        untimed size, and no steep line drawn through a CPU's first step either."""
-        b = min(self.b, CPU_SLOPE * self.a)
-        return [self._at_least(k, self.a + b * (k - 1)) for k in range(1, top + 1)]
-
-    def _at_least(self, k: int, t: float) -> float:
-        """An untimed T(k) no lower than the experts it reads make it."""
-        if k > len(self.growth):
-            return t
-        return max(t, self.seconds.get(1, self.a) * self.growth[k - 1])
-
-    def _steep(self) -> bool:
-        """Whether the two largest timed batch sizes (past one token) grow by half a
-        one-token pass per token or more."""
-        sizes = sorted(k for k in self.seconds if k > 1)[-2:]
-        if len(sizes) < 2:
-            return False
-        (j, tj), (k, tk) = ((s, self.seconds[s]) for s in sizes)
-        return (tk - tj) / (k - j) >= STEEP * self.seconds.get(1, self.a)
-
-    def _build(self, n: int) -> list[float]:
-        """T(1..n) as `table` describes it."""
-        top, steep = max(self.seconds, default=0), self._steep()
-        table, floor = [], None  # floor: the largest T(j) timed for j < k
-        for k in range(1, n + 1):
-            t = self.seconds.get(k)
-            if t is not None:
-                floor = t if floor is None else max(floor, t)
-            else:
-                t = self.a if floor is None else floor
-                if k != top + 1 or steep:
-                    t = max(t, self.a + self.b * (k - 1))
-                t = self._at_least(k, t)
-            table.append(t)
-        return table
 
 
 @dataclass

@@ -8,7 +8,7 @@ After the target's verdict it hears how many were accepted.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -95,7 +95,22 @@ SINKS = 4  # leading tokens a cut context keeps (StreamingLLM's attention sinks)
 WINDOW = 512  # the most unread tokens a draft model reads at once
 
 
-class DraftModel:
+class StepTimes:
+    """A draft model's timings, which `auto` prices it by: a one-token step, and a
+    catch-up batch per token (timed apart: it would overstate a step's cost)."""
+
+    step_s = 0.0  # moving average of a one-token draft step (0 = not yet timed)
+    catchup_s = 0.0  # same, per token of a catch-up batch (after plain rounds)
+
+    def time_step(self, n: int, took: float) -> None:
+        """A pass of n tokens took `took`."""
+        if n == 1:
+            self.step_s = _ema(self.step_s, took)
+        elif n > 1:
+            self.catchup_s = _ema(self.catchup_s, took / n)
+
+
+class DraftModel(StepTimes):
     """A small model of the same vocabulary, decoding γ tokens one at a time.
 
     For sampled decoding each token is drawn from q, the draft's logits under the same
@@ -121,8 +136,6 @@ class DraftModel:
         self.model = model
         self.p_min = p_min
         self.window = window
-        self.step_s = 0.0  # moving average of a one-token draft step (0 = not yet timed)
-        self.catchup_s = 0.0  # same, per token of a catch-up batch (after plain rounds)
         # what a round it drafts in costs beyond its steps: a recurrent draft model's copy
         # of its state and its return to it (see Model.checkpoint); ~0 for others
         self.round_s = 0.0
@@ -182,34 +195,23 @@ class DraftModel:
     ) -> Draft:
         """Up to `gamma` tokens, stopping at a confidence below `p_min` (this round's;
         default: its own)."""
-        p_min = self.p_min if p_min is None else p_min
-        tokens: list[int] = []
-        qs: list[Probs | None] = []
         seq, _ = self.view(context)
-        for i in range(gamma):
+
+        def step(i: int) -> np.ndarray:
             logits = self._step(seq)
             if i == 0:  # a recurrent draft model comes back here after a rejection
                 started = time.perf_counter()
                 self.model.checkpoint()
                 self._overhead = time.perf_counter() - started
-            x, q = pick(logits, params, seq, rng, p_min_at(p_min, i))
-            if x is None:
-                break
-            qs.append(q)
-            tokens.append(x)
-            seq.append(x)
-        return Draft(tokens, qs)
+            return logits
+
+        return draw(step, seq, gamma, params, rng, self.p_min if p_min is None else p_min)
 
     def _step(self, seq: list[int]) -> np.ndarray:
-        """One draft forward pass; one-token passes are timed (catching up after plain
-        rounds is a batch, and would overstate the per-token cost)."""
+        """One draft forward pass, timed (see `time_step`)."""
         decoded, busy = self.model.decoded, self.model.busy_s
         logits = self.model.evaluate(seq, 1)[0]
-        n, took = self.model.decoded - decoded, self.model.busy_s - busy
-        if n == 1:
-            self.step_s = _ema(self.step_s, took)
-        elif n > 1:
-            self.catchup_s = _ema(self.catchup_s, took / n)
+        self.time_step(self.model.decoded - decoded, self.model.busy_s - busy)
         return logits
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
@@ -221,7 +223,7 @@ class DraftModel:
             self.round_s, self._overhead = _ema(self.round_s, spent), None
 
 
-class MtpDrafter:
+class MtpDrafter(StepTimes):
     """The target's own MTP head (localspec.backends.mtp): a draft model that reads the
     target's hidden states, not just its tokens, and needs no second file. It drafts as
     DraftModel does (q, `p_min`, the timings `auto` prices it by); its catch-up reads
@@ -233,8 +235,6 @@ class MtpDrafter:
     def __init__(self, head: MtpHead, p_min: float | Sequence[float] = 0.5) -> None:
         self.head = head
         self.p_min = p_min
-        self.step_s = 0.0  # moving average of a one-token step
-        self.catchup_s = 0.0  # same, per token of a catch-up batch
 
     @property
     def busy_s(self) -> float:
@@ -255,30 +255,23 @@ class MtpDrafter:
         rng: np.random.Generator,
         p_min: float | Sequence[float] | None = None,
     ) -> Draft:
-        p_min = self.p_min if p_min is None else p_min
         head, last = self.head, len(context) - 1
-        # the unread tokens, each with the trunk's h before it, then the last token
-        entries = [(context[p], p, head.row(p - 1)) for p in range(head.read(context), last + 1)]
-        tokens: list[int] = []
-        qs: list[Probs | None] = []
+        entries = head.catch_up(context)
         seq = list(context)
-        for i in range(gamma):
+
+        def step(i: int) -> np.ndarray:
+            nonlocal entries
+            if i > 0:  # the token drafted last, its own state standing in for the trunk's
+                entries = [(seq[-1], last + i, state)]
             busy = head.busy_s
-            logits, h = head.step(entries)
-            took = head.busy_s - busy
-            if len(entries) == 1:
-                self.step_s = _ema(self.step_s, took)
-            else:
-                self.catchup_s = _ema(self.catchup_s, took / len(entries))
-            x, q = pick(logits, params, seq, rng, p_min_at(p_min, i))
-            if x is None:
-                break
-            qs.append(q)
-            tokens.append(x)
-            seq.append(x)
-            entries = [(x, last + 1 + i, h)]  # its own state stands in for the trunk's
+            logits, state[:] = head.step(entries)
+            self.time_step(len(entries), head.busy_s - busy)
+            return logits
+
+        state = np.empty(head.n_embd, dtype=np.float32)
+        drafted = draw(step, seq, gamma, params, rng, self.p_min if p_min is None else p_min)
         head.settle(context)
-        return Draft(tokens, qs)
+        return drafted
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         pass  # the head follows the target's passes
@@ -313,6 +306,28 @@ def copy_on(context: Sequence[int], start: int, gamma: int) -> list[int]:
     len(context) - start, so it drafts γ deep instead of stopping at the end."""
     period = len(context) - start
     return [context[start + j % period] for j in range(gamma)]
+
+
+def draw(
+    step: Callable[[int], np.ndarray],
+    seq: list[int],
+    gamma: int,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    p_min: float | Sequence[float],
+) -> Draft:
+    """Up to `gamma` tokens from a draft model: `step(i)` gives the logits after `seq`,
+    which each drafted token extends; it stops at a token too unsure (`pick`)."""
+    tokens: list[int] = []
+    qs: list[Probs | None] = []
+    for i in range(gamma):
+        x, q = pick(step(i), params, seq, rng, p_min_at(p_min, i))
+        if x is None:
+            break
+        qs.append(q)
+        tokens.append(x)
+        seq.append(x)
+    return Draft(tokens, qs)
 
 
 def pick(

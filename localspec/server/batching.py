@@ -30,7 +30,7 @@ import numpy as np
 
 from localspec.backends.base import Cancelled, FimTokens, Model
 from localspec.backends.llama import LlamaModel, Part
-from localspec.decoding.adaptive import VerifyCost
+from localspec.decoding.estimates import VerifyCost
 from localspec.server.scheduling import ROUND_TOKENS, Want, plan_step
 
 

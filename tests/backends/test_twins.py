@@ -214,7 +214,7 @@ def test_the_mtp_heads_cache_after_rejections_equals_a_fresh_read(twins) -> None
         assert isinstance(done, Finished) and done.stats.drafted > done.stats.accepted
         text = [*prompt, *done.tokens]
         target.evaluate(text[:-1], 1)  # the target has read all but the last token
-        entries = [(text[p], p, head.row(p - 1)) for p in range(head.read(text), len(text))]
+        entries = head.catch_up(text)
         assert len(entries) < 5  # it had read almost all of it already
         following, _ = head.step(entries)
         following = following.copy()
@@ -224,7 +224,7 @@ def test_the_mtp_heads_cache_after_rejections_equals_a_fresh_read(twins) -> None
         target.reset()
         head = MtpHead(target)  # a fresh head: reads the whole text in one catch-up
         target.evaluate(text[:-1], 1)
-        entries = [(text[p], p, head.row(p - 1)) for p in range(head.read(text), len(text))]
+        entries = head.catch_up(text)
         assert len(entries) == len(text)
         fresh, _ = head.step(entries)
         assert np.allclose(following, fresh, atol=1e-2)

@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from localspec.backends.toy import EOS, ToyModel, scripted
 from localspec.backends.toy import TEMPLATE as TOY_TEMPLATE
+from localspec.backends.toy import ToyModel, scripted
 from localspec.decoding.adaptive import auto_engine
 from localspec.decoding.engine import GenerationConfig
 from localspec.server.app import ServerOptions, create_app
@@ -437,25 +437,10 @@ class Llama(ToyModel):
         return LLAMA_TEMPLATE
 
 
-def llama_scripted(reply: str):
-    """`scripted` for Llama's turns: the reply follows the last assistant header."""
-    import numpy as np
-
-    marker, target = b"assistant<|end_header_id|>\n\n", reply.encode()
-
-    def logits(context):
-        data = bytes(t for t in context if t < 256)
-        said = data[data.rfind(marker) + len(marker) :]
-        out = np.zeros(258, dtype=np.float32)
-        out[target[len(said)] if len(said) < len(target) else EOS] = 20.0
-        return out
-
-    return logits
-
-
 @pytest.fixture
 def llama() -> Iterator[TestClient]:
-    model = Llama(llama_scripted(LLAMA_CALL), n_vocab=258, n_ctx=2048)
+    turn = b"assistant<|end_header_id|>\n\n"  # the reply follows Llama's assistant header
+    model = Llama(scripted(LLAMA_CALL, marker=turn), n_vocab=258, n_ctx=2048)
     session = Session(auto_engine(model, None))
     with TestClient(create_app(session, ServerOptions("toy"))) as c:
         yield c
@@ -543,27 +528,11 @@ class Coder(ToyModel):
         return CODER_TEMPLATE
 
 
-def after_marker(marker: bytes, reply: str):
-    """`scripted` for another template: the reply follows the last `marker`."""
-    import numpy as np
-
-    target = reply.encode()
-
-    def logits(context):
-        data = bytes(t for t in context if t < 256)
-        said = data[data.rfind(marker) + len(marker) :]
-        out = np.zeros(258, dtype=np.float32)
-        out[target[len(said)] if len(said) < len(target) else EOS] = 20.0
-        return out
-
-    return logits
-
-
 def test_an_xml_tool_call_is_read_and_typed_by_the_tools_schema():
     from localspec.server.chat import XML, tool_format
 
     assert tool_format(CODER_TEMPLATE) == XML
-    model = Coder(after_marker(b"<|im_start|>assistant\n", XML_CALL), n_vocab=258, n_ctx=4096)
+    model = Coder(scripted(XML_CALL, marker=b"<|im_start|>assistant\n"), n_vocab=258, n_ctx=4096)
     session = Session(auto_engine(model, None))
     with TestClient(create_app(session, ServerOptions("toy"))) as c:
         ask = chat(temperature=0, tools=[FORECAST])
