@@ -258,8 +258,9 @@ class Model(ABC):
         wants one (not twice when the text already starts with it)."""
 
     @abstractmethod
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes one token renders to (control tokens render as nothing)."""
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        """The bytes one token renders to (a control token's text where `special`, else
+        nothing)."""
 
     @abstractmethod
     def is_eog(self, token: int) -> bool:

@@ -329,16 +329,21 @@ class LlamaModel(Model):
         bos = ll.llama_vocab_bos(self._vocab)
         return bos >= 0 and text.startswith(self.token_text(bos))
 
-    def token_bytes(self, token: int) -> bytes:
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        if special:
+            return self._piece(token, True)
         piece = self._piece_cache.get(token)
         if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
-            piece = self._piece_cache[token] = buf.raw[:n]
+            piece = self._piece_cache[token] = self._piece(token, False)
         return piece
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]
 
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self._vocab, token))

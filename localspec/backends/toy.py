@@ -84,7 +84,7 @@ class ToyModel(Model):
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def token_bytes(self, token: int) -> bytes:
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
         return bytes([token]) if token < 256 else b""
 
     def is_eog(self, token: int) -> bool:

@@ -55,6 +55,9 @@ class GenerationConfig:
     logprobs: int | None = None  # attach each token's log-probability and this many top ones
     lines: LineRule | None = None  # judges each line as it completes (fill-in-the-middle)
     grammar: Grammar | None = None  # what the answer may be (structured output)
+    # control tokens the answer shows as text: a chat format's markers, which its parser
+    # reads (llama-server's preserved tokens)
+    shown: frozenset[int] = frozenset()
 
 
 class Engine:
@@ -101,7 +104,9 @@ class Engine:
         rng = np.random.default_rng(params.seed)
         rec = StatsRecorder(prompt_tokens=len(prompt))
         stream = TextStream(config.stop, config.lines)
-        out = _Output(self.target, stream, config.max_tokens, config.trace, config.logprobs)
+        out = _Output(
+            self.target, stream, config.max_tokens, config.trace, config.logprobs, config.shown
+        )
         tokens = list(prompt)
         state = config.grammar.start() if config.grammar is not None else None
 
@@ -329,8 +334,10 @@ class _Output:
         max_tokens: int,
         trace: bool = False,
         logprobs: int | None = None,
+        shown: frozenset[int] = frozenset(),
     ) -> None:
         self.target = target
+        self.shown = shown
         self.stream = stream
         self.max_tokens = max_tokens
         self.trace = trace
@@ -354,7 +361,7 @@ class _Output:
                 self.stop_reason = "eog"
                 return
             self.tokens.append(token)
-            text = self.stream.push(self.target.token_bytes(token))
+            text = self.stream.push(self.target.token_bytes(token, token in self.shown))
             traced = _top2(logits, i) if self.trace else (None, None)
             yield Piece(text, token, source, *traced, *self._logprobs(logits[i], token))
             if self.stream.stopped:

@@ -27,9 +27,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from localspec.decoding.events import Event, Finished, Piece, Stats, StopReason
+from localspec.server.calls import rewriter
 from localspec.server.chat import (
-    LLAMA3,
-    BareCall,
     ToolCall,
     ToolCallDeltas,
     ToolCallStream,
@@ -53,7 +52,7 @@ from localspec.server.schemas import (
     CompletionRequest,
     parse,
 )
-from localspec.server.thinking import ThinkSplit
+from localspec.server.thinking import Split
 from localspec.server.worker import Failed, Job, Worker
 from localspec.session import Session
 
@@ -255,7 +254,7 @@ class Answer:
         self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{short_id()}"
         self.created = int(time.time())
         self.tools, self.tool_params = prepared.tools, prepared.tool_params
-        self.thinks, self.thinking_open = prepared.thinking
+        self.thinking = prepared.thinking
         self.reasoning_tokens = 0
         self._opening = 0  # tokens that may be opening a thinking block
 
@@ -309,9 +308,9 @@ class Answer:
 
     def think(self, pieces: list[Piece]) -> tuple[str, str]:
         """A thinking model's reasoning and its answer (the pieces' text else)."""
-        if not self.thinks:
+        if self.thinking is None:
             return "", "".join(p.text for p in pieces)
-        split = ThinkSplit.opened(self.thinking_open)
+        split = self.thinking.split()
         reasoning, content = "", ""
         for piece in pieces:
             r, c = self.think_piece(split, piece)
@@ -319,7 +318,7 @@ class Answer:
         r, c = split.flush()
         return reasoning + r, content + c
 
-    def think_piece(self, split: ThinkSplit, piece: Piece) -> tuple[str, str]:
+    def think_piece(self, split: Split, piece: Piece) -> tuple[str, str]:
         """One piece through the split; a token written inside the block (its marks
         included) counts as a reasoning token."""
         before = split.state
@@ -337,9 +336,8 @@ class Answer:
         """The whole answer's content and tool calls."""
         if not self.tools:
             return text, []
-        if self.tools == LLAMA3:
-            bare = BareCall()
-            text = bare.push(text) + bare.flush()
+        if (native := rewriter(self.tools)) is not None:
+            text = native.push(text) + native.flush()
         calls = ToolCallStream(self.tool_params)
         content, found = calls.push(text)
         rest, more = calls.flush()
@@ -349,8 +347,8 @@ class Answer:
     async def stream_chat(self, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
         yield self.chat_chunk({"role": "assistant", "content": ""})
         calls = ToolCallDeltas(self.tool_params) if self.tools else None
-        bare = BareCall() if self.tools == LLAMA3 else None  # its calls as Qwen's tags
-        split = ThinkSplit.opened(self.thinking_open) if self.thinks else None
+        native = rewriter(self.tools)  # its calls as Qwen's tags
+        split = self.thinking.split() if self.thinking is not None else None
         scored: list[Event] = []  # pieces whose log-probabilities are not yet sent
         async for event in self.events():
             if isinstance(event, Piece) and self.logprobs:
@@ -361,7 +359,7 @@ class Answer:
                     reasoning, text = self.think_piece(split, event)
                     if reasoning:
                         yield self.chat_chunk({"reasoning_content": reasoning})
-                text = bare.push(text) if bare else text
+                text = native.push(text) if native else text
                 for delta in calls.push(text) if calls else [{"content": text}] if text else []:
                     logprobs = self.chat_logprobs(scored) if "content" in delta else None
                     scored = [] if logprobs else scored
@@ -370,8 +368,8 @@ class Answer:
                 reasoning, text = split.flush() if split is not None else ("", "")
                 if reasoning:
                     yield self.chat_chunk({"reasoning_content": reasoning})
-                if bare is not None:
-                    text = bare.push(text) + bare.flush()
+                if native is not None:
+                    text = native.push(text) + native.flush()
                 tail = (calls.push(text) if text else []) + calls.flush() if calls else []
                 for delta in tail if calls else ([{"content": text}] if text else []):
                     yield self.chat_chunk(delta)

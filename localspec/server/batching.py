@@ -252,8 +252,8 @@ class SlotModel(Model):
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         return self.shared.tokenize(text, special)
 
-    def token_bytes(self, token: int) -> bytes:
-        return self.shared.token_bytes(token)
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        return self.shared.token_bytes(token, special)
 
     def is_eog(self, token: int) -> bool:
         return self.shared.is_eog(token)

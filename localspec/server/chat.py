@@ -1,17 +1,20 @@
 """OpenAI chat messages and tools to what a chat template reads, and tool calls back.
 
-Templates that support tools write a call one of three ways (`tool_format`): Qwen2.5's
+Templates that support tools write a call one of five ways (`tool_format`): Qwen2.5's
 and Hermes' as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in the answer;
 Qwen3-Coder's and Qwen3.5's as XML in the same tags, `<function=NAME>` and a
 `<parameter=KEY>` block of raw text for each argument (typed back by the tool's schema);
 Llama 3.x's as the whole answer, `{"name": ..., "parameters": {...}}` (after
-`<|python_tag|>`, a control token that renders as nothing), which `BareCall` rewrites
-into the first shape. `ToolCallStream` splits calls out of the answer, holding back text
-that may be the start of one, as stop strings are held back; `ToolCallDeltas` streams
-them as OpenAI does: each call's id and name as soon as the name is written, then its
-arguments in pieces as they are written. `tool_choice: "required"` or a named function
-is a grammar in the model's own format (`tool_grammar`): the target can write nothing
-else, and nothing of another family's format is put into its prompt.
+`<|python_tag|>`, a control token that renders as nothing); Gemma 4's as
+`<|tool_call>call:NAME{key:<|"|>text<|"|>}<tool_call|>`; gpt-oss's as a Harmony message
+addressed to the function. The last three are rewritten into the first shape as they
+are written (`localspec.server.calls`, `thinking.HarmonySplit`). `ToolCallStream` splits
+calls out of the answer, holding back text that may be the start of one, as stop
+strings are held back; `ToolCallDeltas` streams them as OpenAI does: each call's id and
+name as soon as the name is written, then its arguments in pieces as they are written.
+`tool_choice: "required"` or a named function is a grammar in the model's own format
+(`tool_grammar`): the target can write nothing else, and nothing of another family's
+format is put into its prompt.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from localspec.server.errors import ApiError
 from localspec.server.schemas import ChatMessageIn, ChatRequest, Tool, content_text
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+GEMMA_OPEN = "<|tool_call>call:"  # Gemma 4's call: the name, then its arguments object
 
 
 def template_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
@@ -44,7 +48,7 @@ def template_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
                     "type": "function",
                     "function": {
                         "name": call.function.name,
-                        "arguments": _arguments(call.function.arguments),
+                        "arguments": loads_or_text(call.function.arguments),
                     },
                 }
                 for call in m.tool_calls
@@ -57,7 +61,7 @@ def template_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
     return out
 
 
-def _arguments(text: str) -> Any:
+def loads_or_text(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError:
@@ -73,15 +77,21 @@ def template_tools(request: ChatRequest, supports_tools: bool) -> list[dict[str,
     return [tool.model_dump(exclude_none=True) for tool in request.tools]
 
 
-HERMES, XML, LLAMA3 = "hermes", "xml", "llama3"
+HERMES, XML, LLAMA3, GEMMA4, HARMONY = "hermes", "xml", "llama3", "gemma4", "harmony"
 # how both formats' templates space a call's JSON, for the grammar's guesses of it
 CALL_STYLE = b'{"name": "f", "arguments": {"a": 1, "b": [2, {"c": 3}]}}'
 
 
 def tool_format(template: str | None) -> str:
     """How a chat template has the model write a tool call: HERMES (Qwen2.5/3, Hermes:
-    tagged calls within the answer) or LLAMA3 (Llama 3.x: the answer is the call)."""
+    tagged calls within the answer), XML (Qwen3-Coder, Qwen3.5), LLAMA3 (Llama 3.x: the
+    answer is the call), GEMMA4 (`<|tool_call>call:NAME{...}`) or HARMONY (gpt-oss: a
+    message addressed to the function)."""
     text = template or ""
+    if GEMMA_OPEN in text:
+        return GEMMA4
+    if "<|channel|>" in text:
+        return HARMONY
     if "<function=" in text:
         return XML
     if OPEN in text:
@@ -131,6 +141,10 @@ def tool_grammar(tools: list[Tool], fmt: str) -> str:
 
     if fmt == XML:
         return xml_call_grammar(tools)
+    if fmt in (GEMMA4, HARMONY):
+        from localspec.server.calls import gemma_call_grammar, harmony_call_grammar
+
+        return gemma_call_grammar(tools) if fmt == GEMMA4 else harmony_call_grammar(tools)
     gbnf = schema_grammar(call_schema(tools, fmt))
     if fmt == LLAMA3:
         return gbnf
@@ -159,40 +173,6 @@ def xml_call_grammar(tools: list[Tool]) -> str:
             'value ::= ([^<] | "<" [^/])*',
         ]
     )
-
-
-@dataclass
-class BareCall:
-    """Llama 3.x's calls (the whole answer is `{"name": ..., "parameters": ...}`) as
-    Qwen's tags around them, so one parser reads both: an answer that starts as a call
-    does is held until that is sure, then passed on inside `<tool_call>`, closed at its
-    end; any other answer passes as it is."""
-
-    _held: str = ""
-    _call: bool | None = None  # None: not known yet
-
-    def push(self, text: str) -> str:
-        if self._call is not None:
-            return text
-        self._held += text
-        if STARTS_CALL.match(self._held):
-            self._call = True
-            return OPEN + self._held
-        if MAY_START_CALL.fullmatch(self._held):
-            return ""
-        self._call, held, self._held = False, self._held, ""
-        return held
-
-    def flush(self) -> str:
-        if self._call:
-            return CLOSE
-        held, self._held = self._held, ""
-        return held
-
-
-STARTS_CALL = re.compile(r'\s*\{\s*"name"')
-# what may still become that: the start of it, or nothing but space yet
-MAY_START_CALL = re.compile(r'\s*(\{\s*("(n(a(m(e)?)?)?)?)?)?')
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 from fastapi import Request
 
-from localspec.backends.base import ModelError
+from localspec.backends.base import Model, ModelError
 from localspec.backends.llama import LlamaModel
 from localspec.backends.llama_grammar import (
     GrammarError,
@@ -22,8 +22,10 @@ from localspec.backends.llama_grammar import (
 )
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.grammar import Grammar
+from localspec.server.calls import gemma_tool_responses, shown_markers
 from localspec.server.chat import (
     CALL_STYLE,
+    GEMMA4,
     forced_tools,
     template_messages,
     template_tools,
@@ -38,7 +40,7 @@ from localspec.server.infill import (
     infill_prompt,
 )
 from localspec.server.schemas import ChatRequest, CompletionRequest, content_text
-from localspec.server.thinking import opens_thinking
+from localspec.server.thinking import Thinking, opens_thinking
 from localspec.session import Session
 
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -56,7 +58,7 @@ class Prepared:
     source: list[int] | None = None  # a free draft source (FIM: the suffix, other files)
     truncated: bool = False  # the FIM prompt was cut to fit
     lines: InfillLines | None = None  # a middle's line rule (FIM)
-    thinking: tuple[bool, bool] = (False, False)  # (a thinking model, the block is open)
+    thinking: Thinking | None = None  # how the model writes its reasoning (None: it does not)
 
     @classmethod
     def infill(cls, built: InfillPrompt, config: GenerationConfig, lines: InfillLines) -> Prepared:
@@ -84,8 +86,13 @@ async def read_body(request: Request, limit: int) -> bytes:
 def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
     body.refuse_unsupported()
     tools = template_tools(body, session.supports_tools)
+    template = session.target.chat_template()
+    fmt = tool_format(template) if tools else None
+    messages = template_messages(body.messages)
+    if tool_format(template) == GEMMA4:
+        messages = gemma_tool_responses(messages)
     try:
-        text = session.prompt_text(template_messages(body.messages), tools)
+        text = session.prompt_text(messages, tools)
     except ModelError as e:
         raise ApiError(400, f"{e}; use /v1/completions", "messages") from None
     except (ValueError, TypeError, jinja2.TemplateError) as e:
@@ -96,10 +103,22 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
         predicted = content_text(body.prediction.content)
         prediction = session.target.tokenize(predicted, special=False) or None
     config = generation_config(body, prompt, session, None, "messages")
-    thinking = opens_thinking(session.target.chat_template(), text)
-    fmt = tool_format(session.target.chat_template()) if tools else None
+    config = replace(config, shown=shown_tokens(session.target, shown_markers(template)))
+    thinking = opens_thinking(template, text)
     params = {t.function.name: t.function.parameters or {} for t in body.tools or []}
     return Prepared(prompt, config, prediction, tools=fmt, tool_params=params, thinking=thinking)
+
+
+def shown_tokens(model: Model, markers: list[str]) -> frozenset[int]:
+    """The control tokens among a format's markers (Gemma 4's call and thought marks,
+    Harmony's message end), which the answer shows so that its parser reads them."""
+    bos, _ = model.special_ids
+    shown = set()
+    for marker in markers:
+        tokens = [t for t in model.tokenize(marker, special=True) if t != bos]
+        if len(tokens) == 1 and not model.token_bytes(tokens[0]):
+            shown.add(tokens[0])
+    return frozenset(shown)
 
 
 def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:

@@ -1,60 +1,98 @@
-"""Thinking models (Qwen3 and the like write `<think>…</think>` before their answer): the
-block goes to `reasoning_content`, as llama-server and vLLM send it, the rest to
-`content`. Where the chat template opens the block itself (the prompt ends in
-`<think>`), the answer starts inside it and only closes it."""
+"""Thinking models: their reasoning goes to `reasoning_content`, as llama-server and vLLM
+send it, the rest to `content`. Three ways of writing it (`Thinking`, read from the chat
+template): Qwen3 and the like write a `<think>…</think>` block before their answer,
+Gemma 4 a `<|channel>thought…<channel|>` one; where the chat template opens the block
+itself (the prompt ends in its opening), the answer starts inside it and only closes it.
+gpt-oss writes OpenAI's Harmony messages (`HarmonySplit`): `<|channel|>analysis` is its
+reasoning, `final` its answer, and a message addressed `to=functions.NAME` a tool call."""
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
+from localspec.server.chat import CLOSE as CALL_CLOSE
+from localspec.server.chat import OPEN as CALL_OPEN
 from localspec.server.chat import held_prefix
 
-OPEN, CLOSE = "<think>", "</think>"
+THINK = ("<think>", "</think>")  # Qwen3, DeepSeek-R1, QwQ
+GEMMA = ("<|channel>thought", "<channel|>")  # Gemma 4
+HARMONY = ("<|channel|>", "<|message|>")  # gpt-oss: a message's header, then its body
 State = Literal["start", "think", "content"]
 
 
-def opens_thinking(template: str | None, prompt_text: str) -> tuple[bool, bool]:
-    """(whether the model thinks: its template knows `<think>`, whether the prompt has
-    already opened the block)."""
-    thinks = template is not None and OPEN in template
-    return thinks, thinks and prompt_text.rstrip().endswith(OPEN)
+class Split(Protocol):
+    """Feed the answer's text as it streams; get (reasoning, content) back. `state` is
+    "think" while the text is reasoning (its tokens count as reasoning tokens)."""
+
+    state: State
+
+    def push(self, text: str) -> tuple[str, str]: ...
+
+    def flush(self) -> tuple[str, str]: ...
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """How a model writes its reasoning, and whether the prompt opened the block."""
+
+    marks: tuple[str, str] = THINK
+    opened: bool = False
+
+    def split(self) -> Split:
+        if self.marks == HARMONY:
+            return HarmonySplit()
+        return ThinkSplit(self.marks, "think" if self.opened else "start")
+
+
+def opens_thinking(template: str | None, prompt_text: str) -> Thinking | None:
+    """How the model thinks, by its template (None: it does not)."""
+    text = template or ""
+    for marks in (HARMONY, GEMMA, THINK):
+        if marks[0] in text:
+            opened = marks != HARMONY and prompt_text.rstrip().endswith(marks[0])
+            return Thinking(marks, opened)
+    return None
 
 
 @dataclass
 class ThinkSplit:
-    """Feed the answer's text as it streams; get (reasoning, content) back, holding what
-    may be the start of a mark."""
+    """A block of reasoning between two marks, then the answer; what may be the start
+    of a mark is held back."""
 
+    marks: tuple[str, str] = THINK
     state: State = "start"
     _held: str = ""
     _content_began: bool = False
 
     @classmethod
     def opened(cls, inside: bool) -> ThinkSplit:
-        return cls("think" if inside else "start")
+        return cls(THINK, "think" if inside else "start")
 
     def push(self, text: str) -> tuple[str, str]:
+        start, end = self.marks
         self._held += text
         reasoning = ""
         if self.state == "start":
             stripped = self._held.lstrip()
-            if stripped.startswith(OPEN):
-                self.state, self._held = "think", stripped[len(OPEN) :]
-            elif OPEN.startswith(stripped):
+            if stripped.startswith(start):
+                self.state, self._held = "think", stripped[len(start) :]
+            elif start.startswith(stripped):
                 return "", ""  # maybe the block's opening, still coming
             else:
                 self.state = "content"
         if self.state == "think":
-            end = self._held.find(CLOSE)
-            if end < 0:
-                keep = held_prefix(self._held, CLOSE)
+            at = self._held.find(end)
+            if at < 0:
+                keep = held_prefix(self._held, end)
                 reasoning, self._held = (
                     self._held[: len(self._held) - keep],
                     self._held[len(self._held) - keep :],
                 )
                 return reasoning, ""
-            reasoning, self._held = self._held[:end], self._held[end + len(CLOSE) :]
+            reasoning, self._held = self._held[:at], self._held[at + len(end) :]
             self.state = "content"
         return reasoning, self._content()
 
@@ -70,3 +108,92 @@ class ThinkSplit:
             self._content_began = bool(self._held)
         out, self._held = self._held, ""
         return out
+
+
+# Harmony's markers as llama.cpp renders them: <|channel|>, <|message|>, <|start|> and
+# <|constrain|> always, <|end|> where the request shows it (`Prepared.shown`); <|call|>
+# and <|return|> end the generation and never reach the text.
+START, END, CALL, RETURN = "<|start|>", "<|end|>", "<|call|>", "<|return|>"
+BODY_ENDS = (END, START, CALL, RETURN)
+RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+
+
+@dataclass
+class HarmonySplit:
+    """gpt-oss's answer, message by message: a header (`<|channel|>analysis`, or
+    `<|start|>assistant to=functions.get_weather<|channel|>commentary json`) up to
+    `<|message|>`, then a body up to `<|end|>`, the next `<|start|>` or the end. An
+    analysis body is reasoning; a body addressed to a function is a tool call, passed on
+    in Qwen's tags (`<tool_call>{"name": ..., "arguments": BODY}</tool_call>`) so that
+    the same parsers read it and stream its arguments as they are written; any other
+    body (final, a commentary preamble) is content."""
+
+    state: State = "start"
+    _held: str = ""
+    _header: str | None = ""  # the open message's header so far (None: in its body)
+    _call: bool = False
+
+    def push(self, text: str) -> tuple[str, str]:
+        self._held += text
+        reasoning, content = "", ""
+        while True:
+            if self._header is not None:
+                header, self._held = self._header + self._held, ""
+                at = header.find(HARMONY[1])
+                if at < 0:
+                    self._header = header
+                    return reasoning, content
+                self._held = header[at + len(HARMONY[1]) :]
+                content += self._open(header[:at])
+                self._header = None
+                continue
+            upto, mark = self._body_end()
+            body, self._held = self._held[:upto], self._held[upto:]
+            if self.state == "think":
+                reasoning += body
+            else:
+                content += body
+            if not mark:
+                return reasoning, content
+            self._held = self._held.removeprefix(END)  # the next <|start|> opens a header
+            content += self._close()
+            self._header = ""
+
+    def _body_end(self) -> tuple[int, str]:
+        """Where the open body ends in the held text, and the mark that ends it; where
+        none is there yet, how much of it is surely body (the rest may begin a mark)."""
+        found = [(self._held.find(m), m) for m in BODY_ENDS if m in self._held]
+        if found:
+            return min(found)
+        return len(self._held) - max(held_prefix(self._held, m) for m in BODY_ENDS), ""
+
+    def flush(self) -> tuple[str, str]:
+        """The end of the answer (at `<|call|>` or `<|return|>`): an open body ends."""
+        reasoning, content = self.push("")
+        held, self._held = self._held, ""
+        if self._header is not None:  # a header with no body: nothing to show, unless
+            # the model wrote no Harmony at all
+            header, self._header = self._header, ""
+            return reasoning, content + (header if HARMONY[0] not in header else "")
+        if self.state == "think":
+            reasoning += held
+        else:
+            content += held
+        return reasoning, content + self._close()
+
+    def _open(self, header: str) -> str:
+        """A message's header read: where its body goes."""
+        channel = header.split(HARMONY[0])[-1].split()[0] if HARMONY[0] in header else ""
+        recipient = RECIPIENT.search(header)
+        if recipient is not None and not recipient.group(1).startswith("assistant"):
+            self.state, self._call = "content", True
+            name = recipient.group(1).removeprefix("functions.")
+            return f'{CALL_OPEN}{{"name": {json.dumps(name)}, "arguments": '
+        self.state = "think" if channel == "analysis" else "content"
+        return ""
+
+    def _close(self) -> str:
+        if not self._call:
+            return ""
+        self._call = False
+        return f"}}{CALL_CLOSE}"

@@ -469,7 +469,7 @@ def test_a_llama_3_tool_call_is_read_from_its_own_format(llama: TestClient):
 
 
 def test_a_llama_3_answer_in_text_stays_text():
-    from localspec.server.chat import BareCall
+    from localspec.server.calls import BareCall
 
     for text in ("Paris is sunny.", '{"answer": 42}', "  {}"):
         bare = BareCall()

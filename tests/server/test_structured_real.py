@@ -201,7 +201,16 @@ def test_a_forced_call_grammar_takes_its_formats_call_and_forces_its_head(sessio
     """On the real vocabulary: each format's canonical call goes through its grammar
     token by token, a call of another name does not, and with one tool named the head
     up to its arguments is forced (jump-forward drafts it for free)."""
-    from localspec.server.chat import CALL_STYLE, HERMES, LLAMA3, XML, forced_tools, tool_grammar
+    from localspec.server.chat import (
+        CALL_STYLE,
+        GEMMA4,
+        HARMONY,
+        HERMES,
+        LLAMA3,
+        XML,
+        forced_tools,
+        tool_grammar,
+    )
     from localspec.server.schemas import ChatRequest
 
     tool = {
@@ -225,6 +234,10 @@ def test_a_forced_call_grammar_takes_its_formats_call_and_forces_its_head(sessio
         LLAMA3: '{"name": "get_weather", "parameters": {"city": "Paris"}}',
         XML: "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis <3 x<y\n"
         "</parameter>\n</function>\n</tool_call>",
+        GEMMA4: '<|tool_call>call:get_weather{city:<|"|>Paris, "old" {town}<|"|>}<tool_call|>',
+        HARMONY: "<|channel|>analysis<|message|>The user asks.<|end|><|start|>assistant"
+        '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": '
+        '"Paris"}',
     }
     for fmt, text in calls.items():
         grammar = LlamaGrammar(target, tool_grammar(forced, fmt), style=CALL_STYLE)
@@ -236,6 +249,10 @@ def test_a_forced_call_grammar_takes_its_formats_call_and_forces_its_head(sessio
         head = grammar.start().forced_text(64).decode()
         if fmt == XML:
             assert head.startswith("<tool_call>\n<function=get_weather>\n"), head
+        elif fmt == GEMMA4:
+            assert head == "<|tool_call>call:get_weather{", head
+        elif fmt == HARMONY:  # it may think first
+            assert head == "<|channel|>", head
         else:
             key = "arguments" if fmt == HERMES else "parameters"
             assert head.endswith(f'{{"name": "get_weather", "{key}": {{'), head

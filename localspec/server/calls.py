@@ -1,0 +1,248 @@
+"""Tool calls written other than as JSON in tags, turned into Qwen's tags as they are
+written, so that one parser reads every family and streams the arguments (`rewriter`):
+Llama 3.x's bare JSON (`BareCall`) and Gemma 4's calls (`GemmaCall`); gpt-oss's Harmony
+messages go the same way through `thinking.HarmonySplit`. Also what these families need
+around a call: Gemma 4's template reads a call's results from the calling message
+(`gemma_tool_responses`), their control tokens must show in the text (`MARKERS`), and a
+forced call is a grammar in their own syntax (`gemma_call_grammar`,
+`harmony_call_grammar`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from localspec.server.chat import (
+    CLOSE,
+    GEMMA4,
+    GEMMA_OPEN,
+    LLAMA3,
+    OPEN,
+    held_prefix,
+    loads_or_text,
+)
+from localspec.server.schemas import Tool
+
+GEMMA_CLOSE, QUOTE = "<tool_call|>", '<|"|>'  # a call's end; a string's both ends
+# control tokens a format's parser reads, shown in the text where the template has them
+# (Gemma 4's call and thought marks; Harmony's message end: llama.cpp already renders
+# its <|channel|>, <|message|>, <|start|> and <|constrain|>)
+MARKERS = ("<|tool_call>", GEMMA_CLOSE, QUOTE, "<|channel>", "<channel|>", "<|end|>")
+
+
+class Rewriter(Protocol):
+    def push(self, text: str) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+def rewriter(fmt: str | None) -> Rewriter | None:
+    """What turns `fmt`'s calls into Qwen's tags (None: they are written so)."""
+    if fmt == LLAMA3:
+        return BareCall()
+    if fmt == GEMMA4:
+        return GemmaCall()
+    return None
+
+
+def shown_markers(template: str | None) -> list[str]:
+    return [m for m in MARKERS if m in (template or "")]
+
+
+@dataclass
+class GemmaCall:
+    """Gemma 4's calls, `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>`
+    (bare keys, strings between `<|"|>` marks, JSON's numbers, literals, objects and
+    arrays), as `<tool_call>{"name": "NAME", "arguments": {"key": "text", "n": 3}}
+    </tool_call>`, converted as they are written; other text passes as it is."""
+
+    _held: str = ""
+    _state: Literal["text", "name", "arguments"] = "text"
+    _name: str = ""
+    _open: list[str] = field(default_factory=list)  # the arguments' open "{" and "["
+    _in_string: bool = False
+    _at_key: bool = False
+
+    def push(self, text: str) -> str:
+        self._held += text
+        out = ""
+        while True:
+            if self._state == "text":
+                at = self._held.find(GEMMA_OPEN)
+                if at < 0:
+                    keep = held_prefix(self._held, GEMMA_OPEN)
+                    cut = len(self._held) - keep
+                    out, self._held = out + self._held[:cut], self._held[cut:]
+                    return out
+                out += self._held[:at]
+                self._held, self._state, self._name = self._held[at + len(GEMMA_OPEN) :], "name", ""
+            elif self._state == "name":
+                at = self._held.find("{")
+                if at < 0:
+                    self._name, self._held = self._name + self._held, ""
+                    return out
+                self._name += self._held[:at]
+                self._held, self._state = self._held[at:], "arguments"
+                self._open, self._in_string, self._at_key = [], False, False
+                out += f'{OPEN}{{"name": {json.dumps(self._name.strip())}, "arguments": '
+            else:
+                converted, done = self._convert()
+                out += converted
+                if not done:
+                    return out
+
+    def flush(self) -> str:
+        """The end of the answer: an unclosed call closes here."""
+        if self._state == "text":
+            held, self._held = self._held, ""
+            return held
+        if self._state == "name":
+            self._state, held, self._held = "text", self._held, ""
+            return GEMMA_OPEN + self._name + held
+        converted, _ = self._convert()
+        self._state, held, self._held = "text", self._held, ""
+        return converted + held + "}" + CLOSE
+
+    def _convert(self) -> tuple[str, bool]:
+        """The arguments held so far as JSON, up to what may be part of a mark or a key;
+        True once the call's end was read."""
+        text, out, i = self._held, [], 0
+        while i < len(text):
+            rest = text[i:]
+            if rest.startswith(QUOTE):
+                self._in_string = not self._in_string
+                out.append('"')
+                i += len(QUOTE)
+                continue
+            if not self._in_string and rest.startswith(GEMMA_CLOSE):
+                self._held, self._state = text[i + len(GEMMA_CLOSE) :], "text"
+                return "".join(out) + "}" + CLOSE, True
+            if QUOTE.startswith(rest) or (not self._in_string and GEMMA_CLOSE.startswith(rest)):
+                break  # part of a mark: wait for the rest
+            if self._in_string:
+                out.append(json.dumps(text[i])[1:-1])
+            elif self._at_key and not text[i].isspace() and text[i] != "}":
+                colon = text.find(":", i)
+                if colon < 0:
+                    break  # the key goes on
+                out.append(json.dumps(text[i:colon].strip()))
+                self._at_key, i = False, colon
+                continue
+            else:
+                ch = text[i]
+                if ch in "{[":
+                    self._open.append(ch)
+                elif ch in "}]" and self._open:
+                    self._open.pop()
+                self._at_key = ch == "{" or (ch == "," and self._open[-1:] == ["{"])
+                out.append(ch)
+            i += 1
+        self._held = text[i:]
+        return "".join(out), False
+
+
+@dataclass
+class BareCall:
+    """Llama 3.x's calls (the whole answer is `{"name": ..., "parameters": ...}`) as
+    Qwen's tags around them, so one parser reads both: an answer that starts as a call
+    does is held until that is sure, then passed on inside `<tool_call>`, closed at its
+    end; any other answer passes as it is."""
+
+    _held: str = ""
+    _call: bool | None = None  # None: not known yet
+
+    def push(self, text: str) -> str:
+        if self._call is not None:
+            return text
+        self._held += text
+        if STARTS_CALL.match(self._held):
+            self._call = True
+            return OPEN + self._held
+        if MAY_START_CALL.fullmatch(self._held):
+            return ""
+        self._call, held, self._held = False, self._held, ""
+        return held
+
+    def flush(self) -> str:
+        if self._call:
+            return CLOSE
+        held, self._held = self._held, ""
+        return held
+
+
+STARTS_CALL = re.compile(r'\s*\{\s*"name"')
+# what may still become that: the start of it, or nothing but space yet
+MAY_START_CALL = re.compile(r'\s*(\{\s*("(n(a(m(e)?)?)?)?)?)?')
+
+
+def gemma_tool_responses(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI's `tool` messages as Gemma 4's template reads them: the results of a call,
+    `tool_responses` of the message that called (by the called function's name), so the
+    model reads them in its own turn and goes on there."""
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            names[call["id"]] = call["function"]["name"]
+        if message["role"] == "tool" and out and out[-1].get("tool_calls"):
+            name = message.get("name") or names.get(message.get("tool_call_id", ""), "unknown")
+            response = {"name": name, "response": loads_or_text(message["content"])}
+            out[-1] = {**out[-1], "tool_responses": [*out[-1].get("tool_responses", []), response]}
+            continue
+        out.append(message)
+    return out
+
+
+# Gemma 4's values: JSON's, with strings between <|"|> marks and bare keys
+GEMMA_VALUES = "\n".join(
+    [
+        'value ::= string | number | "true" | "false" | "null" | object | array',
+        'string ::= "<|\\"|>" ([^<] | "<" [^|])* "<|\\"|>"',
+        'number ::= "-"? [0-9]+ ("." [0-9]+)? ([eE] [-+]? [0-9]+)?',
+        'object ::= "{" (pair ("," pair)*)? "}"',
+        'pair ::= [a-zA-Z_] [a-zA-Z0-9_]* ":" value',
+        'array ::= "[" (value ("," value)*)? "]"',
+    ]
+)
+
+
+def gemma_call_grammar(tools: list[Tool]) -> str:
+    """GBNF of one Gemma 4 call of any of `tools`: its name, then an arguments object
+    of the function's keys (their values as Gemma writes any value)."""
+    calls, rules = [], []
+    for i, tool in enumerate(tools):
+        keys = list(((tool.function.parameters or {}).get("properties") or {}).keys())
+        key = " | ".join(json.dumps(k) for k in keys) or "[a-zA-Z_] [a-zA-Z0-9_]*"
+        name = json.dumps(tool.function.name + "{")
+        rules += [
+            f'call-{i} ::= {name} (arg-{i} ("," arg-{i})*)? "}}"',
+            f'arg-{i} ::= ({key}) ":" value',
+        ]
+        calls.append(f"call-{i}")
+    root = f'root ::= "<|tool_call>call:" ({" | ".join(calls)}) "{GEMMA_CLOSE}"'
+    return "\n".join([root, *rules, GEMMA_VALUES])
+
+
+def harmony_call_grammar(tools: list[Tool]) -> str:
+    """GBNF of a gpt-oss answer that calls one of `tools`: its reasoning if it writes
+    any, then a commentary message to the function, whose body is JSON by the function's
+    schema (where several tools may be called, by any of their schemas)."""
+    from localspec.backends.llama_grammar import schema_grammar
+
+    schemas = [tool.function.parameters or {"type": "object"} for tool in tools]
+    body = schema_grammar(schemas[0] if len(schemas) == 1 else {"oneOf": schemas})
+    body = re.sub(r"^root ::=", "arguments ::=", body, count=1, flags=re.M)
+    names = " | ".join(json.dumps(tool.function.name) for tool in tools)
+    return "\n".join(
+        [
+            'root ::= ("<|channel|>analysis<|message|>" thought "<|end|><|start|>assistant")?'
+            ' "<|channel|>commentary to=functions." name " <|constrain|>json<|message|>"'
+            " arguments",
+            'thought ::= ([^<] | "<" [^|])*',
+            f"name ::= {names}",
+            body,
+        ]
+    )

@@ -1,0 +1,232 @@
+"""Tool calls and reasoning of the catalog's Gemma 4 and gpt-oss models, through their
+chat templates' wire formats with a scripted toy model (no such model is reachable
+offline): each call read back, streamed as OpenAI streams it (the name first, the
+arguments in pieces), the results of a call rendered as the family reads them, and the
+reasoning split out. The control tokens these formats need shown: test_tool_markers_real."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from localspec.backends.toy import ToyModel, scripted
+from localspec.decoding.adaptive import auto_engine
+from localspec.server.app import ServerOptions, create_app
+from localspec.server.calls import GemmaCall, gemma_tool_responses
+from localspec.server.chat import GEMMA4, HARMONY, ToolCallStream, tool_format
+from localspec.server.thinking import GEMMA, HarmonySplit, opens_thinking
+from localspec.server.thinking import HARMONY as HARMONY_MARKS
+from localspec.session import Session
+
+TEMPLATES = Path(__file__).parent.parent / "data/templates"
+GEMMA_TEMPLATE = (TEMPLATES / "gemma4-wire.jinja").read_text()
+HARMONY_TEMPLATE = (TEMPLATES / "gpt-oss-wire.jinja").read_text()
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
+ARGUMENTS = {"city": 'Paris, "the" {old} town:\n1', "days": 3}
+GEMMA_CALL = (
+    'Let me check.<|tool_call>call:get_weather{city:<|"|>Paris, "the" {old} town:\n1<|"|>,'
+    "days:3}<tool_call|>"
+)
+HARMONY_CALL = (
+    "<|channel|>analysis<|message|>The user wants the weather.<|end|><|start|>assistant"
+    '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": '
+    + json.dumps(ARGUMENTS["city"])
+    + ', "days": 3}'
+)
+
+
+def in_pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_a_gemma_call_becomes_json_in_tags_as_it_is_written(size: int):
+    rewrite = GemmaCall()
+    out = "".join(rewrite.push(piece) for piece in in_pieces(GEMMA_CALL, size)) + rewrite.flush()
+    calls = ToolCallStream()
+    content, found = calls.push(out)
+    rest, more = calls.flush()
+    assert content + rest == "Let me check."
+    [call] = found + more
+    assert call.name == "get_weather" and json.loads(call.arguments) == ARGUMENTS
+
+
+def test_gemma_values_nest_and_other_text_passes():
+    text = (
+        'call:x <|tool_call>call:f{a:{b:[1,<|"|>x<|"|>,true],c:null},d:-2.5e3}<tool_call|>'
+        "<|tool_call>call:g{}<tool_call|> done"
+    )
+    rewrite = GemmaCall()
+    out = "".join(rewrite.push(c) for c in text) + rewrite.flush()
+    calls = ToolCallStream()
+    content, found = calls.push(out)
+    rest, more = calls.flush()
+    assert content + rest == "call:x  done"
+    first, second = found + more
+    assert json.loads(first.arguments) == {"a": {"b": [1, "x", True], "c": None}, "d": -2500.0}
+    assert (second.name, json.loads(second.arguments)) == ("g", {})
+    plain = GemmaCall()  # no call at all: every character comes back
+    assert "".join(plain.push(c) for c in "a <|tool x") + plain.flush() == "a <|tool x"
+
+
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_harmony_messages_split_into_reasoning_content_and_calls(size: int):
+    for answer, reasoning, content in (
+        (HARMONY_CALL, "The user wants the weather.", None),
+        # <|end|> as llama.cpp renders it when not shown: nothing
+        (HARMONY_CALL.replace("<|end|>", ""), "The user wants the weather.", None),
+        (
+            "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final"
+            "<|message|>Paris is sunny.",
+            "Easy.",
+            "Paris is sunny.",
+        ),
+    ):
+        split, r, c = HarmonySplit(), "", ""
+        for piece in in_pieces(answer, size):
+            dr, dc = split.push(piece)
+            r, c = r + dr, c + dc
+        dr, dc = split.flush()
+        r, c = r + dr, c + dc
+        assert r == reasoning
+        if content is not None:
+            assert c == content
+        else:
+            calls = ToolCallStream()
+            shown, found = calls.push(c)
+            rest, more = calls.flush()
+            [call] = found + more
+            assert not (shown + rest).strip()
+            assert call.name == "get_weather" and json.loads(call.arguments) == ARGUMENTS
+
+
+def test_each_template_is_known_by_its_format_and_its_reasoning_marks():
+    assert tool_format(GEMMA_TEMPLATE) == GEMMA4 and tool_format(HARMONY_TEMPLATE) == HARMONY
+    gemma = opens_thinking(GEMMA_TEMPLATE, "<|turn>model\n<|channel>thought\n<channel|>")
+    assert gemma is not None and gemma.marks == GEMMA and not gemma.opened
+    harmony = opens_thinking(HARMONY_TEMPLATE, "<|start|>assistant")
+    assert harmony is not None and harmony.marks == HARMONY_MARKS
+
+
+class Templated(ToyModel):
+    template = ""
+
+    def chat_template(self) -> str | None:
+        return self.template
+
+
+def served(template: str, reply: str, marker: bytes) -> TestClient:
+    model = Templated(scripted(reply, marker=marker), n_vocab=258, n_ctx=4096)
+    model.template = template
+    return TestClient(create_app(Session(auto_engine(model, None)), ServerOptions("toy")))
+
+
+def ask(**extra) -> dict:
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    request = {"model": "x", "messages": messages, "tools": [WEATHER], "max_tokens": 400}
+    return request | {"temperature": 0, **extra}
+
+
+def streamed(client: TestClient, request: dict) -> list[dict]:
+    r = client.post("/v1/chat/completions", json={**request, "stream": True})
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("tool_calls", "stop")
+    return [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+
+
+@pytest.mark.parametrize(
+    ("template", "reply", "marker", "content", "reasoning"),
+    [
+        (GEMMA_TEMPLATE, GEMMA_CALL, b"<channel|>", "Let me check.", None),
+        # (the marker: the generation prompt after the question, which the reply repeats)
+        (HARMONY_TEMPLATE, HARMONY_CALL, b"Paris?<|end|><|start|>assistant", None, "The user"),
+    ],
+    ids=["gemma4", "gpt-oss"],
+)
+def test_a_call_round_trips_whole_and_streamed(template, reply, marker, content, reasoning):
+    with served(template, reply, marker) as client:
+        choice = client.post("/v1/chat/completions", json=ask()).json()["choices"][0]
+        message = choice["message"]
+        assert choice["finish_reason"] == "tool_calls" and message["content"] == content
+        assert (message.get("reasoning_content") or "").startswith(reasoning or "")
+        call = message["tool_calls"][0]["function"]
+        assert call["name"] == "get_weather" and json.loads(call["arguments"]) == ARGUMENTS
+
+        deltas = streamed(client, ask())
+        pieces = [d["tool_calls"][0] for d in deltas if d.get("tool_calls")]
+        assert pieces[0]["function"]["name"] == "get_weather" and pieces[0]["id"]
+        assert len(pieces) > 2  # the arguments in pieces, as written
+        arguments = "".join(p["function"].get("arguments") or "" for p in pieces)
+        assert json.loads(arguments) == ARGUMENTS
+        shown = "".join(d.get("content") or "" for d in deltas)
+        assert shown.strip() == (content or "") and "<|" not in shown
+        thought = "".join(d.get("reasoning_content") or "" for d in deltas)
+        assert thought.startswith(reasoning or "")
+
+        # the call and its result go back in the family's own shapes
+        history = ask()["messages"] + [
+            {"role": "assistant", "content": "", "tool_calls": [message["tool_calls"][0]]},
+            {
+                "role": "tool",
+                "tool_call_id": message["tool_calls"][0]["id"],
+                "content": '{"c": 21}',
+            },
+        ]
+        again = client.post("/v1/chat/completions", json=ask(messages=history))
+        assert again.status_code == 200, again.text
+
+
+def test_the_results_of_a_call_are_read_where_each_family_reads_them():
+    from localspec.server.chat import template_messages
+    from localspec.server.schemas import ChatRequest
+
+    call = {"id": "call_1", "type": "function"}
+    call["function"] = {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 21}'},
+    ]
+    messages = template_messages(ChatRequest.model_validate(ask(messages=history)).messages)
+    model = Templated(scripted("x"), n_vocab=258, n_ctx=4096)
+    model.template = GEMMA_TEMPLATE
+    gemma = Session(auto_engine(model, None)).prompt_text(gemma_tool_responses(messages), [WEATHER])
+    assert gemma.endswith(
+        '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+        "<|tool_response>response:get_weather{celsius:21}<tool_response|>"
+        "<|channel>thought\n<channel|>"
+    )  # the model goes on in its own turn, after the result
+    model.template = HARMONY_TEMPLATE
+    harmony = Session(auto_engine(model, None)).prompt_text(messages, [WEATHER])
+    assert harmony.endswith(
+        '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city":'
+        ' "Paris"}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary'
+        '<|message|>"{\\"celsius\\": 21}"<|end|><|start|>assistant'
+    )
+
+
+def test_a_harmony_answer_without_tools_is_reasoning_then_content():
+    reply = (
+        "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final"
+        "<|message|>Hello!"
+    )
+    with served(HARMONY_TEMPLATE, reply, b"hi<|end|><|start|>assistant") as client:
+        request = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
+        body = client.post("/v1/chat/completions", json=request).json()
+        message = body["choices"][0]["message"]
+        assert message["content"] == "Hello!" and message["reasoning_content"] == "Simple."
+        assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
