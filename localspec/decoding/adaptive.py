@@ -78,6 +78,10 @@ from localspec.drafting import GAMMA_MAX
 PROBE_SHARE = 0.02  # at most this share of the time goes to probing an idle draft model
 GOOD_ALPHA = 0.9  # the draft model's α on text it drafts well (code): a probe looks for it
 CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
+# ... and in a completion, whose middle is short (~20 tokens, the fim bench's median, in
+# rounds of ~3): a draft model that has not read a new prompt pays it within the answer,
+# or not at all (it reads ahead between requests instead: `read_ahead`)
+FIM_CATCHUP_ROUNDS = 6
 MAX_SHADOWS = 64  # pending shadow drafts kept (a few rounds' worth of every free source)
 RECOVER = 0.02  # per token made without the draft model, its low α closes this share of
 # the gap to its prior
@@ -151,6 +155,7 @@ class AdaptiveDrafter:
             ngram_key(n): Acceptance.prior(a) for n, a in NGRAM_PRIOR.items()
         }
         self.prediction: Prediction | None = None
+        self._completing = False  # the prediction is a completion's (fill-in-the-middle)
         self.suffix: SuffixIndex | None = SuffixIndex()  # None: without it (to measure it)
         self.alpha |= {
             suffix_key(n): Acceptance.prior(a, PREDICTION_GAMMA_MAX)
@@ -191,15 +196,15 @@ class AdaptiveDrafter:
         fill-in-the-middle's (unanchored) starts from the priors fitted for completions,
         prompt lookup's too, until the next request that is not one."""
         self.prediction = prediction
-        completing = prediction is not None and not prediction.anchored
-        priors = FIM_PREDICTION_PRIOR if completing else PREDICTION_PRIOR
+        self._completing = prediction is not None and not prediction.anchored
+        priors = FIM_PREDICTION_PRIOR if self._completing else PREDICTION_PRIOR
         for n, a in priors.items():
             self.alpha[prediction_key(n)] = Acceptance.prior(a, PREDICTION_GAMMA_MAX)
-        if completing and self._chat_ngrams is None:
+        if self._completing and self._chat_ngrams is None:
             self._chat_ngrams = {ngram_key(n): self.alpha[ngram_key(n)] for n in NGRAM_PRIOR}
             for n, a in FIM_NGRAM_PRIOR.items():
                 self.alpha[ngram_key(n)] = Acceptance.prior(a)
-        elif not completing and self._chat_ngrams is not None:
+        elif not self._completing and self._chat_ngrams is not None:
             self.alpha |= self._chat_ngrams  # what the conversations had taught it
             self._chat_ngrams = None
 
@@ -249,6 +254,15 @@ class AdaptiveDrafter:
             tokens, q = tokens + more.tokens, q + more.q
         self._draft_s = self.busy_s - busy
         return Draft(tokens, q, by=choice.source, planned=choice.k, why=self.explain(choice))
+
+    def read_ahead(self, context: Sequence[int], n: int) -> int:
+        """Between requests: the draft model reads up to `n` more tokens of `context`
+        (the slot's text; an editor's next completion shares most of it), where it could
+        pay at all. Returns how many are left to read."""
+        model = self.model
+        if not isinstance(model, DraftModel) or not self.timings().seconds:
+            return 0
+        return model.read_ahead(context, n) if self.draft_could_pay() else 0
 
     def shadow(self, at: int, proposals: Sequence[tuple[str, int, Sequence[int]]]) -> None:
         """Keep the free proposals (source, match length, tokens) a round does not draft,
@@ -322,7 +336,9 @@ class AdaptiveDrafter:
         # deep prediction draft times, can tilt the line and make every draft look dear)
         a = t[0]
         ng = self.alpha[free_key(free, n)] if matched else None
-        catchup = self.catchup_cost(lag) / CATCHUP_ROUNDS
+        catchup = self.catchup_cost(lag) / (
+            FIM_CATCHUP_ROUNDS if self._completing else CATCHUP_ROUNDS
+        )
         fixed = catchup + (self.model.round_s if self.model is not None else 0.0)
         best = Choice("none", 0, 1.0)
         # Plain Python over at most 16 depths: this runs a few times a round, and numpy's

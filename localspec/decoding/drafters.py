@@ -207,6 +207,17 @@ class DraftModel(StepTimes):
 
         return draw(step, seq, gamma, params, rng, self.p_min if p_min is None else p_min)
 
+    def read_ahead(self, context: Sequence[int], n: int) -> int:
+        """Read up to `n` tokens of `context` it has not (between requests, so that the
+        next one finds it caught up); returns how many are left. A recurrent draft model
+        reads nothing here: its state cannot drop what a shorter next prompt leaves out."""
+        seq, held = self.view(context)
+        end = min(len(seq), held + n)
+        if end <= held or not self.model.can_cut or self.model.cut_depth is not None:
+            return 0
+        self._step(seq[:end])
+        return len(seq) - end
+
     def _step(self, seq: list[int]) -> np.ndarray:
         """One draft forward pass, timed (see `time_step`)."""
         decoded, busy = self.model.decoded, self.model.busy_s

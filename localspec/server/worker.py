@@ -10,6 +10,10 @@ one per round (and the first piece at once: that is the TTFT).
 
 A request whose client has gone is cancelled: waiting, it leaves the queue at once;
 decoding, its slot stops within the round (a prompt between chunks) and is free.
+
+An idle slot's draft model reads ahead what the slot's cache holds, a chunk at a time,
+while no request waits or decodes: an editor's next completion shares most of the last
+one's prompt, which the draft model would otherwise read within it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from localspec.server.scheduling import SHORT_TOKENS, pick_slot
 from localspec.session import Session
 
 log = logging.getLogger("localspec.server")
+IDLE_CHUNK = 64  # tokens an idle slot's draft model reads at a time: a request waits one
 
 
 @dataclass(frozen=True)
@@ -103,10 +108,12 @@ class Slot:
     def cached(self) -> list[int]:
         return self.engine.target.cached
 
-    def take(self, job: Job) -> None:
-        """Run `job` next: its cancel and length reach the views' shared passes."""
+    def take(self, job: Job | None) -> None:
+        """Run `job` next (None: the slot's own reading ahead): its cancel and length
+        reach the views' shared passes."""
+        cancel, short = (job.cancel, job.short) if job else (threading.Event(), False)
         for view in self.views:
-            view.cancel, view.short = job.cancel, job.short
+            view.cancel, view.short = cancel, short
 
 
 class Worker:
@@ -224,7 +231,7 @@ class Worker:
         return n_past + sum(n for _p, _c, n in chunks)
 
     def _serve(self, slot: Slot) -> None:
-        while (job := slot.inbox.get()) is not None:
+        while (job := self._next_job(slot)) is not None:
             started = time.perf_counter()
             try:
                 if job.cancel.is_set():  # its client left as it got the slot
@@ -239,6 +246,26 @@ class Worker:
                     self._mean_s += 0.2 * (time.perf_counter() - started - self._mean_s)
                     slot.job, slot.last_used = None, time.monotonic()
                     self._dispatch()
+
+    def _next_job(self, slot: Slot) -> Job | None:
+        """The slot's next job; until it comes, its draft model reads ahead."""
+        while slot.inbox.empty() and self._read_ahead(slot):
+            pass
+        return slot.inbox.get()
+
+    def _read_ahead(self, slot: Slot) -> bool:
+        """One chunk of the idle slot's draft model reading what the slot's cache holds,
+        while nothing else decodes or waits; False when there is nothing (more) to read."""
+        drafter = slot.engine.drafter
+        if not isinstance(drafter, AdaptiveDrafter) or self.depth() > 0:
+            return False
+        slot.take(None)
+        try:
+            with self.batcher.active():
+                return drafter.read_ahead(slot.cached, IDLE_CHUNK) > 0
+        except Exception as e:  # the next request reads it within its rounds instead
+            log.warning("reading ahead failed: %s", e)
+            return False
 
     def _decode(self, slot: Slot, job: Job) -> None:
         engine = self._engine_for(slot.engine, job)

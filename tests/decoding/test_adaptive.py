@@ -434,3 +434,20 @@ def test_what_a_draft_models_round_costs_beyond_its_steps_is_priced():
     assert d.model is not None
     d.model.round_s = 0.5  # five plain passes' worth a round: drafting cannot pay it
     assert d.choose(matched=0, gamma=8).k == 0
+
+
+def test_a_completion_pays_a_new_prompts_catch_up_within_its_few_rounds() -> None:
+    """The F16 target on 2 cores and a fresh 535-token completion prompt: the draft
+    model's catch-up (1.3 s) spread over a chat answer's rounds pays, but a middle of
+    ~20 tokens does not earn it back (in the fim bench such requests ran at 0.25-0.55x
+    plain decoding); once the draft model has read ahead, the completion drafts with it."""
+    from localspec.decoding.prediction import Prediction
+
+    d = on_cpu(drafter_with(a=0.0789, b=0.0, c=0.0099, alpha=0.9), F16_CPU_T)
+    d.model.catchup_s = 0.0025  # type: ignore[union-attr]
+    assert d.choose(matched=0, gamma=8, lag=535).source == "draft"  # a chat
+    d.predict(Prediction([1, 2, 3], 10, anchored=False))  # a fill-in-the-middle
+    assert d.choose(matched=0, gamma=8, lag=535).source != "draft"
+    assert d.choose(matched=0, gamma=8, lag=20).source == "draft"  # read ahead
+    d.predict(None)
+    assert d.choose(matched=0, gamma=8, lag=535).source == "draft"

@@ -12,15 +12,15 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from localspec.backends.toy import ASSISTANT, ToyModel, scripted
 from localspec.backends.toy import TEMPLATE as TOY_TEMPLATE
-from localspec.backends.toy import ToyModel, scripted
 from localspec.decoding.adaptive import auto_engine
 from localspec.decoding.engine import GenerationConfig
 from localspec.server.app import ServerOptions, create_app
 from localspec.server.chat import ToolCallStream
 from localspec.server.errors import ApiError
 from localspec.server.guard import Guard
-from localspec.server.worker import Job, Worker
+from localspec.server.worker import Failed, Job, Worker
 from localspec.session import Session
 
 KEY = "sk-test-key"
@@ -318,6 +318,32 @@ def test_the_queue_counts_only_clients_still_there_and_0_means_no_waiting():
         assert all(job.inbox.qsize() == 0 for job in live)
     finally:
         loop.close()
+
+
+async def test_an_idle_slots_draft_model_reads_ahead_what_its_cache_holds():
+    """A completion does not pay its draft model's catch-up of a new prompt (its middle
+    is a few rounds long); once it is answered and nothing else runs, the draft model
+    reads the slot's text, so the next keystroke's request finds it caught up."""
+    from localspec.backends.base import common_prefix
+
+    target = ToyModel(scripted(REPLY), pass_s=0.02, token_s=0.0002)
+    draft = ToyModel(scripted(REPLY), pass_s=0.001, token_s=0.0001)
+    worker = Worker(Session(auto_engine(target, draft)))
+    worker.start()
+    try:
+        prompt = list(b"x = compute(1)\n" * 20 + ASSISTANT)  # within the draft's window
+        loop = asyncio.get_running_loop()
+        job = Job("infill", prompt, GenerationConfig(max_tokens=8), loop, source=list(b"y"))
+        worker.submit(job)
+        events = [e async for e in job.events()]
+        assert events and not any(isinstance(e, Failed) for e in events)
+        for _ in range(200):
+            if common_prefix(draft.cached, target.cached) >= len(prompt):
+                break
+            await asyncio.sleep(0.02)
+        assert common_prefix(draft.cached, target.cached) >= len(prompt)
+    finally:
+        worker.stop()
 
 
 def test_fill_in_the_middle_with_a_model_without_fim_tokens_is_a_400(client: TestClient):
