@@ -23,6 +23,7 @@ from localspec.decoding.drafters import Drafter, DraftModel, MtpDrafter, NgramDr
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Event
 from localspec.drafting import GAMMA_MAX, MODEL_FREE_DRAFTERS
+from localspec.thinking import without_reasoning
 
 
 class Message(TypedDict):
@@ -109,7 +110,18 @@ class Session:
         config: GenerationConfig = GenerationConfig(),
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
-        return self.engine.generate(self.render(messages), config, cancel)
+        return self.engine.generate(self.render(self.history(messages)), config, cancel)
+
+    def history(self, messages: Sequence[Message]) -> list[Message]:
+        """A conversation as saved (each answer as it streamed) as the next turn's prompt
+        shows it: the answers without their reasoning (see `without_reasoning`)."""
+        template = self.target.chat_template()
+        return [
+            {**m, "content": without_reasoning(template, m["content"])}
+            if m["role"] == "assistant"
+            else m
+            for m in messages
+        ]
 
     def complete(
         self,

@@ -52,9 +52,9 @@ from localspec.server.schemas import (
     CompletionRequest,
     parse,
 )
-from localspec.server.thinking import Split
 from localspec.server.worker import Failed, Job, Worker
 from localspec.session import Session
+from localspec.thinking import Split
 
 FINISH_REASONS: dict[StopReason, str] = {
     "eog": "stop",

@@ -21,10 +21,10 @@ from localspec.server.chat import (
     GEMMA_OPEN,
     LLAMA3,
     OPEN,
-    held_prefix,
     loads_or_text,
 )
 from localspec.server.schemas import Tool
+from localspec.thinking import held_prefix
 
 GEMMA_CLOSE, QUOTE = "<tool_call|>", '<|"|>'  # a call's end; a string's both ends
 # control tokens a format's parser reads, shown in the text where the template has them

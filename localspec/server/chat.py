@@ -27,8 +27,9 @@ from typing import Any
 
 from localspec.server.errors import ApiError
 from localspec.server.schemas import ChatMessageIn, ChatRequest, Tool, content_text
+from localspec.thinking import CALL_CLOSE, CALL_OPEN, held_prefix
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+OPEN, CLOSE = CALL_OPEN, CALL_CLOSE
 GEMMA_OPEN = "<|tool_call>call:"  # Gemma 4's call: the name, then its arguments object
 
 
@@ -287,14 +288,6 @@ class ToolCallStream:
             return OPEN + held, []
         self.calls.append(call)
         return "", [call]
-
-
-def held_prefix(text: str, mark: str = OPEN) -> int:
-    """Length of the longest suffix of `text` that begins `mark`."""
-    for n in range(min(len(mark) - 1, len(text)), 0, -1):
-        if text.endswith(mark[:n]):
-            return n
-    return 0
 
 
 # a call's head as Qwen's and Hermes' templates have it written: its name, then its

@@ -40,8 +40,8 @@ from localspec.server.infill import (
     infill_prompt,
 )
 from localspec.server.schemas import ChatRequest, CompletionRequest, content_text
-from localspec.server.thinking import Thinking, opens_thinking
 from localspec.session import Session
+from localspec.thinking import Thinking, opens_thinking
 
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default for /v1/completions
 

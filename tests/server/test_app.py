@@ -426,7 +426,7 @@ def test_a_thinking_models_block_goes_to_reasoning_content(thinker: TestClient):
 
 
 def test_the_split_holds_marks_back_and_knows_a_block_the_prompt_opened():
-    from localspec.server.thinking import ThinkSplit
+    from localspec.thinking import ThinkSplit
 
     for inside, text in ((False, THOUGHT), (True, THOUGHT[len("<think>") :])):
         split, reasoning, content = ThinkSplit.opened(inside), "", ""

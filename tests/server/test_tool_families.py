@@ -17,9 +17,9 @@ from localspec.decoding.adaptive import auto_engine
 from localspec.server.app import ServerOptions, create_app
 from localspec.server.calls import GemmaCall, gemma_tool_responses
 from localspec.server.chat import GEMMA4, HARMONY, ToolCallStream, tool_format
-from localspec.server.thinking import GEMMA, HarmonySplit, opens_thinking
-from localspec.server.thinking import HARMONY as HARMONY_MARKS
 from localspec.session import Session
+from localspec.thinking import GEMMA, HarmonySplit, opens_thinking
+from localspec.thinking import HARMONY as HARMONY_MARKS
 
 TEMPLATES = Path(__file__).parent.parent / "data/templates"
 GEMMA_TEMPLATE = (TEMPLATES / "gemma4-wire.jinja").read_text()
@@ -230,3 +230,34 @@ def test_a_harmony_answer_without_tools_is_reasoning_then_content():
         message = body["choices"][0]["message"]
         assert message["content"] == "Hello!" and message["reasoning_content"] == "Simple."
         assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+
+
+def test_a_chat_shows_the_next_turn_its_answers_without_their_reasoning():
+    """The chat saves each answer as it streamed; gpt-oss's template refuses Harmony's
+    channels in a message's content, so the next turn's prompt holds the final text."""
+    from localspec.thinking import without_reasoning
+
+    saved = (
+        "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final"
+        "<|message|>Hello!"
+    )
+    model = Templated(scripted("x"), n_vocab=258, n_ctx=4096)
+    model.template = HARMONY_TEMPLATE
+    session = Session(auto_engine(model, None))
+    conversation = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": saved},
+        {"role": "user", "content": "and?"},
+    ]
+    with pytest.raises(ValueError, match="channel"):
+        session.prompt_text(conversation)
+    shown = session.prompt_text(session.history(conversation))
+    assert "<|channel|>final<|message|>Hello!<|end|><|start|>user<|message|>and?" in shown
+    assert "Simple." not in shown
+    for template, answer, content in (
+        (GEMMA_TEMPLATE, "<|channel>thought\nHmm.<channel|>Hi!", "Hi!"),
+        ("{{ '<think>' }}", "<think>\nHmm.\n</think>\n\nHi!", "Hi!"),
+        ("{{ '<think>' }}", "Hmm.\n</think>\n\nHi!", "Hi!"),  # the prompt opened the block
+        ("{{ messages }}", "<think>kept</think> Hi!", "<think>kept</think> Hi!"),
+    ):
+        assert without_reasoning(template, answer) == content

@@ -13,14 +13,21 @@ import re
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from localspec.server.chat import CLOSE as CALL_CLOSE
-from localspec.server.chat import OPEN as CALL_OPEN
-from localspec.server.chat import held_prefix
-
 THINK = ("<think>", "</think>")  # Qwen3, DeepSeek-R1, QwQ
 GEMMA = ("<|channel>thought", "<channel|>")  # Gemma 4
 HARMONY = ("<|channel|>", "<|message|>")  # gpt-oss: a message's header, then its body
 State = Literal["start", "think", "content"]
+# Qwen's tags: the shape every family's tool calls are passed on in, to one parser
+# (localspec.server.chat); Harmony's calls too
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def held_prefix(text: str, mark: str = CALL_OPEN) -> int:
+    """Length of the longest suffix of `text` that begins `mark`."""
+    for n in range(min(len(mark) - 1, len(text)), 0, -1):
+        if text.endswith(mark[:n]):
+            return n
+    return 0
 
 
 class Split(Protocol):
@@ -55,6 +62,23 @@ def opens_thinking(template: str | None, prompt_text: str) -> Thinking | None:
             opened = marks != HARMONY and prompt_text.rstrip().endswith(marks[0])
             return Thinking(marks, opened)
     return None
+
+
+def without_reasoning(template: str | None, answer: str) -> str:
+    """A saved answer as the next turn's prompt shows it: its content, the reasoning left
+    out, as the templates want it (gpt-oss's refuses Harmony's channels in a message's
+    content; Qwen3's drops a `<think>` block itself). An answer whose block the prompt
+    had opened holds only its end."""
+    thinking = opens_thinking(template, "")
+    if thinking is None:
+        return answer
+    start, end = thinking.marks
+    if thinking.marks != HARMONY and end in answer and start not in answer:
+        thinking = Thinking(thinking.marks, opened=True)
+    split = thinking.split()
+    _, content = split.push(answer)
+    _, rest = split.flush()
+    return content + rest
 
 
 @dataclass
