@@ -234,15 +234,16 @@ def harmony_call_grammar(tools: list[Tool]) -> str:
 
     schemas = [tool.function.parameters or {"type": "object"} for tool in tools]
     body = schema_grammar(schemas[0] if len(schemas) == 1 else {"oneOf": schemas})
-    body = re.sub(r"^root ::=", "arguments ::=", body, count=1, flags=re.M)
+    # its own rules' names cannot be those of the schema's (which are built from keys)
+    body = re.sub(r"^root ::=", "harmony-arguments ::=", body, count=1, flags=re.M)
     names = " | ".join(json.dumps(tool.function.name) for tool in tools)
     return "\n".join(
         [
-            'root ::= ("<|channel|>analysis<|message|>" thought "<|end|><|start|>assistant")?'
-            ' "<|channel|>commentary to=functions." name " <|constrain|>json<|message|>"'
-            " arguments",
-            'thought ::= ([^<] | "<" [^|])*',
-            f"name ::= {names}",
+            'root ::= ("<|channel|>analysis<|message|>" harmony-thought'
+            ' "<|end|><|start|>assistant")? "<|channel|>commentary to=functions."'
+            ' harmony-name " <|constrain|>json<|message|>" harmony-arguments',
+            'harmony-thought ::= ([^<] | "<" [^|])*',
+            f"harmony-name ::= {names}",
             body,
         ]
     )
