@@ -87,9 +87,10 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
     body.refuse_unsupported()
     tools = template_tools(body, session.supports_tools)
     template = session.target.chat_template()
-    fmt = tool_format(template) if tools else None
+    family = tool_format(template)
+    fmt = family if tools else None
     messages = template_messages(body.messages)
-    if tool_format(template) == GEMMA4:
+    if family == GEMMA4:  # a tool's results go back into the calling turn
         messages = gemma_tool_responses(messages)
     try:
         text = session.prompt_text(messages, tools)
