@@ -23,7 +23,7 @@ from localspec.decoding.drafters import Drafter, DraftModel, MtpDrafter, NgramDr
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Event
 from localspec.drafting import GAMMA_MAX, MODEL_FREE_DRAFTERS
-from localspec.thinking import without_reasoning
+from localspec.thinking import CONTROL_MARKS, Thinking, opens_thinking, without_reasoning
 
 
 class Message(TypedDict):
@@ -110,7 +110,20 @@ class Session:
         config: GenerationConfig = GenerationConfig(),
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
+        """The answer to a conversation; a thinking model's reasoning marks show in its
+        text, where `thinking` splits them off."""
+        marks = [m for m in CONTROL_MARKS if m in (self.target.chat_template() or "")]
+        if marks:
+            config = replace(config, shown=config.shown | shown_tokens(self.target, marks))
         return self.engine.generate(self.render(self.history(messages)), config, cancel)
+
+    def thinking(self, messages: Sequence[Message]) -> Thinking | None:
+        """How the answer to `messages` holds its reasoning (None: the model does not
+        think), by the chat template and whether the prompt opened the block."""
+        template = self.target.chat_template()
+        if opens_thinking(template, "") is None:
+            return None
+        return opens_thinking(template, self.prompt_text(self.history(messages)))
 
     def history(self, messages: Sequence[Message]) -> list[Message]:
         """A conversation as saved (each answer as it streamed) as the next turn's prompt
@@ -137,6 +150,18 @@ class Session:
         self.target.close()
         if self.draft_model is not None:
             self.draft_model.close()
+
+
+def shown_tokens(model: Model, markers: list[str]) -> frozenset[int]:
+    """The control tokens among a format's markers (Gemma 4's call and thought marks,
+    Harmony's message end), which the answer shows so that its parser reads them."""
+    bos, _ = model.special_ids
+    shown = set()
+    for marker in markers:
+        tokens = [t for t in model.tokenize(marker, special=True) if t != bos]
+        if len(tokens) == 1 and not model.token_bytes(tokens[0]):
+            shown.add(tokens[0])
+    return frozenset(shown)
 
 
 def _formatter(model: Model) -> object:

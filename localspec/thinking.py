@@ -17,6 +17,9 @@ THINK = ("<think>", "</think>")  # Qwen3, DeepSeek-R1, QwQ
 GEMMA = ("<|channel>thought", "<channel|>")  # Gemma 4
 HARMONY = ("<|channel|>", "<|message|>")  # gpt-oss: a message's header, then its body
 State = Literal["start", "think", "content"]
+# reasoning marks that are control tokens, which llama.cpp renders as nothing unless
+# asked (Gemma 4's thought block; Harmony's message end: its other marks it renders)
+CONTROL_MARKS = ("<|channel>", "<channel|>", "<|end|>")
 # Qwen's tags: the shape every family's tool calls are passed on in, to one parser
 # (localspec.server.chat); Harmony's calls too
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -67,18 +70,35 @@ def opens_thinking(template: str | None, prompt_text: str) -> Thinking | None:
 def without_reasoning(template: str | None, answer: str) -> str:
     """A saved answer as the next turn's prompt shows it: its content, the reasoning left
     out, as the templates want it (gpt-oss's refuses Harmony's channels in a message's
-    content; Qwen3's drops a `<think>` block itself). An answer whose block the prompt
-    had opened holds only its end."""
+    content; Qwen3's drops a `<think>` block itself)."""
     thinking = opens_thinking(template, "")
     if thinking is None:
         return answer
-    start, end = thinking.marks
-    if thinking.marks != HARMONY and end in answer and start not in answer:
-        thinking = Thinking(thinking.marks, opened=True)
+    return split_answer(written_thinking(answer, (thinking.marks,)) or thinking, answer)[1]
+
+
+def written_thinking(
+    answer: str, families: tuple[tuple[str, str], ...] = (HARMONY, GEMMA, THINK)
+) -> Thinking | None:
+    """How a whole answer holds its reasoning, read from its own marks (a saved answer,
+    where the template is not at hand): an answer whose block the prompt had opened
+    holds only its end. None: no reasoning in it."""
+    for marks in families:
+        start, end = marks
+        if marks == HARMONY:
+            if start in answer:
+                return Thinking(HARMONY)
+        elif start in answer or end in answer:
+            return Thinking(marks, opened=start not in answer)
+    return None
+
+
+def split_answer(thinking: Thinking, answer: str) -> tuple[str, str]:
+    """A whole answer's (reasoning, content)."""
     split = thinking.split()
-    _, content = split.push(answer)
-    _, rest = split.flush()
-    return content + rest
+    reasoning, content = split.push(answer)
+    more, rest = split.flush()
+    return reasoning + more, content + rest
 
 
 @dataclass

@@ -301,13 +301,18 @@ def servers(commands: dict[str, list[str]], ports: dict[str, int], logs: Path, t
 def many_servers(args: argparse.Namespace, parallel: int) -> tuple[dict, dict]:
     """(commands, ports): localspec and llama-server (-md and plain), `parallel` slots;
     with --slots, localspec with that many slots instead, and with --one-slot-too also
-    `localspec-1slot` (one slot: how requests were served before slots)."""
-    names = ("localspec", "localspec-1slot", "llama-spec", "llama-plain")
+    `localspec-1slot` (one slot: how requests were served before slots), with
+    --plain-too `localspec-plain` (no drafts: the server's own cost, apart from auto's)."""
+    names = ("localspec", "localspec-1slot", "localspec-plain", "llama-spec", "llama-plain")
     ports = {name: free_port() for name in names}
     slots = args.slots or parallel
     commands = {"localspec": localspec_server(args, ports["localspec"], parallel=slots)}
     if args.one_slot_too:
         commands["localspec-1slot"] = localspec_server(args, ports["localspec-1slot"])
+    if args.plain_too:
+        commands["localspec-plain"] = localspec_server(
+            args, ports["localspec-plain"], draft=False, parallel=slots
+        )
     if args.peer:
         commands["llama-spec"] = llama_server(args, ports["llama-spec"], True, parallel)
         commands["llama-plain"] = llama_server(args, ports["llama-plain"], False, parallel)
@@ -618,6 +623,9 @@ def main() -> None:
     )
     p.add_argument("--slots", type=int, help="localspec's slots in the clients and editor suites")
     p.add_argument("--one-slot-too", action="store_true", help="and localspec with one slot")
+    p.add_argument(
+        "--plain-too", action="store_true", help="and localspec without drafts (clients suite)"
+    )
     p.add_argument("--run", action="store_true", help="also `localspec run` on each prompt")
     p.add_argument(
         "--peer-n-max", type=int, default=3, help="llama-server's draft length (its default: 3)"

@@ -12,7 +12,7 @@ from typing import Any
 from textual.message import Message
 
 from localspec.conversations import Conversation, ConversationInfo
-from localspec.decoding.events import Source, Stats
+from localspec.decoding.events import Stats
 from tui.figures import Speedup
 from tui.listing import Listing
 from tui.memory import MemoryUse
@@ -22,10 +22,11 @@ from tui.pair import LoadedPair, PairSpec
 @dataclass
 class AnswerPieces(Message):
     """Text emitted since the last message, as (text, source) runs: the rounds since the
-    last redraw (see turn.Pacer), or the first token alone (so that it shows at once)."""
+    last redraw (see turn.Pacer), or the first token alone (so that it shows at once).
+    A source is "draft" or "target" (events.Source), or "reasoning" (tui.reasoning)."""
 
     answer_id: int
-    runs: list[tuple[str, Source]]
+    runs: list[tuple[str, str]]
     tokens: int
 
 

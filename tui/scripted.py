@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from localspec.backends.toy import ToyModel, scripted
+from localspec.backends.toy import TEMPLATE, ToyModel, scripted
 from localspec.decoding.drafters import DraftModel
 from localspec.decoding.engine import Engine
 from localspec.session import Session
@@ -32,10 +32,15 @@ def _swap_words(text: str) -> str:
 
 
 def scripted_session(
-    reply: Reply | str = DEMO_REPLY, token_s: float = 0.0, gamma: int = 3, n_ctx: int = 4096
+    reply: Reply | str = DEMO_REPLY,
+    token_s: float = 0.0,
+    gamma: int = 3,
+    n_ctx: int = 4096,
+    template: str = TEMPLATE,
 ) -> Session:
     """A Session whose target answers `reply` (text, or a function of the prompt);
-    `token_s`: seconds per model pass, to stream slowly."""
+    `token_s`: seconds per model pass, to stream slowly; `template`: the target's chat
+    template (a thinking model's, say)."""
 
     def target_text(prompt: bytes) -> str:
         return reply(prompt.decode("utf-8", "replace")) if callable(reply) else reply
@@ -43,7 +48,9 @@ def scripted_session(
     def draft_text(prompt: bytes) -> str:
         return _swap_words(target_text(prompt))
 
-    target = ToyModel(scripted(target_text), name="toy-target", pass_s=token_s, n_ctx=n_ctx)
+    target = ToyModel(
+        scripted(target_text), name="toy-target", pass_s=token_s, n_ctx=n_ctx, template=template
+    )
     draft = ToyModel(scripted(draft_text), name="toy-draft", pass_s=token_s / 4, n_ctx=n_ctx)
     engine = Engine(target, DraftModel(draft, p_min=0.0), gamma)
     return Session(engine, draft)  # type: ignore[arg-type]  # a toy in the LlamaModel slot
@@ -54,12 +61,13 @@ def scripted_loader(
     token_s: float = 0.0,
     fail: Exception | None = None,
     n_ctx: int = 4096,
+    template: str = TEMPLATE,
 ) -> PairLoader:
     """A PairLoader for the scripted pair (or one that fails with `fail`)."""
 
     def load(spec: PairSpec, say: Callable[[str], None]) -> Any:
         if fail is not None:
             raise fail
-        return scripted_session(reply, token_s, n_ctx=n_ctx)
+        return scripted_session(reply, token_s, n_ctx=n_ctx, template=template)
 
     return load

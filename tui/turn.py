@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from textual.message import Message
 
 from localspec.conversations import ConversationStore, ConversationWriter
-from localspec.decoding.events import Finished, Piece, RoundEnd, Source, Stats
+from localspec.decoding.events import Finished, Piece, RoundEnd, Stats
 from localspec.session import Message as ChatMessage
 from localspec.settings import Settings
 from tui.advice import advice
 from tui.figures import Speedup, speedup, stats_record
 from tui.messages import AnswerDone, AnswerPieces, AnswerTick
 from tui.pair import LoadedPair
+from tui.reasoning import ReasoningRuns
 
 UI_SHARE = 0.1  # of a core, at most, for redrawing a streaming answer
 
@@ -136,14 +137,15 @@ def stream(
     if turn.cancel.is_set():  # stopped while waiting for the previous turn to end
         return "cancelled", Stats()
     session = pair.session_for(turn.settings)
+    thinking = session.thinking(messages)
     events = session.chat(messages, turn.settings.generation(), turn.cancel)
     last: Stats | None = None
-    pending = Pending(turn.answer_id, post)
+    pending = Pending(turn.answer_id, post, ReasoningRuns(thinking.split()) if thinking else None)
     shown_at = -math.inf  # the first round shows at once, however long the machine has been up
     try:
         for event in events:
             if turn.cancel.is_set():
-                pending.flush()  # saved already, so shown too; nothing after the stop
+                pending.end()  # saved already, so shown too; nothing after the stop
                 return "cancelled", last or Stats()
             if isinstance(event, Piece):
                 log.piece(event.text, event.source)  # on disk before it is shown
@@ -159,34 +161,55 @@ def stream(
                     pending.flush()
                     post(AnswerTick(turn.answer_id, last, _speedup(pair, last), event.why))
             elif isinstance(event, Finished):
-                pending.flush()
+                pending.end()
                 return event.stop_reason, event.stats
     finally:
         close = getattr(events, "close", None)  # a generator: closing stops the engine
         if close is not None:
             close()
-    pending.flush()
+    pending.end()
     return "cancelled", last or Stats()
 
 
 class Pending:
     """Pieces not yet posted, merged into runs by source: one message per redraw rather
-    than one per token keeps the UI ahead of a fast GPU."""
+    than one per token keeps the UI ahead of a fast GPU. A thinking model's reasoning
+    comes in runs of its own (`reasoning`)."""
 
-    def __init__(self, answer_id: int, post: Callable[[Message], object]) -> None:
+    def __init__(
+        self,
+        answer_id: int,
+        post: Callable[[Message], object],
+        reasoning: ReasoningRuns | None = None,
+    ) -> None:
         self.answer_id = answer_id
         self.post = post
-        self.runs: list[tuple[str, Source]] = []
+        self.reasoning = reasoning
+        self.runs: list[tuple[str, str]] = []
         self.tokens = 0
 
     def add(self, piece: Piece) -> None:
         self.tokens += piece.token >= 0  # a flushed tail is text, not a token
-        if not piece.text:
+        if self.reasoning is None:
+            self._add(piece.text, piece.source)
             return
-        if self.runs and self.runs[-1][1] == piece.source:
-            self.runs[-1] = (self.runs[-1][0] + piece.text, piece.source)
+        for text, source in self.reasoning.push(piece.text, piece.source):
+            self._add(text, source)
+
+    def _add(self, text: str, source: str) -> None:
+        if not text:
+            return
+        if self.runs and self.runs[-1][1] == source:
+            self.runs[-1] = (self.runs[-1][0] + text, source)
         else:
-            self.runs.append((piece.text, piece.source))
+            self.runs.append((text, source))
+
+    def end(self) -> None:
+        """The answer ended (or stopped): what a reasoning split still held, then all."""
+        if self.reasoning is not None:
+            for text, source in self.reasoning.flush():
+                self._add(text, source)
+        self.flush()
 
     def flush(self) -> None:
         if self.runs or self.tokens:

@@ -23,6 +23,13 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 ASSISTANT = b"<|assistant|>"
+# a thinking model's, as Qwen3's: the model opens its own <think> block (the template
+# writes an empty one only where thinking is turned off)
+THINKING_TEMPLATE = TEMPLATE.replace(
+    "<|assistant|>{% endif %}",
+    "<|assistant|>{% if enable_thinking is defined and not enable_thinking %}"
+    "<think>\n\n</think>\n\n{% endif %}{% endif %}",
+)
 
 
 class ToyModel(Model):
@@ -38,6 +45,7 @@ class ToyModel(Model):
         token_s: float = 0.0,
         recurrent: bool = False,
         sleep: bool = True,
+        template: str = TEMPLATE,
     ) -> None:
         """`pass_s` + `token_s` per token: simulated time a pass takes, a sleep, or with
         `sleep=False` only booked on `busy_s` (what adaptive drafting reads): the same
@@ -53,6 +61,7 @@ class ToyModel(Model):
         self.decode_calls = 0  # how many passes ran: the test of "one pass per round"
         self.recurrent = recurrent
         self.sleep = sleep
+        self.template = template
         self.state: list[int] = []  # what the "backend" has read, as it sees it
 
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
@@ -102,7 +111,7 @@ class ToyModel(Model):
         return (BOS, EOS)
 
     def chat_template(self) -> str | None:
-        return TEMPLATE
+        return self.template
 
 
 def markov(n_vocab: int, seed: int, scale: float = 2.0) -> LogitsFn:

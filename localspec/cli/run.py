@@ -13,6 +13,7 @@ from localspec.cli.options import (
     session_config,
 )
 from localspec.errors import LocalspecError
+from localspec.thinking import Thinking
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,17 +54,17 @@ def run(args: argparse.Namespace) -> int:
     session = open_session(session_config(args), say=warn)
     try:
         if args.raw:
-            events = session.complete(prompt, config)
+            events, out = session.complete(prompt, config), Output(None, args.json)
         else:
             messages: list[Message] = []
             if args.system:
                 messages.append({"role": "system", "content": args.system})
             messages.append({"role": "user", "content": prompt})
+            out = Output(session.thinking(messages), args.json)
             events = session.chat(messages, config)
         for event in events:
-            if isinstance(event, Piece) and not args.json:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
+            if isinstance(event, Piece):
+                out.write(event.text)
             elif isinstance(event, RoundEnd) and args.explain:
                 print(
                     f"[round {event.stats.rounds}] {event.drafter} drafted {event.drafted}, "
@@ -71,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             elif isinstance(event, Finished):
-                finish(event, args.json)
+                out.end()
+                finish(event, args.json, out)
     finally:
         session.close()
     return 0
@@ -81,13 +83,48 @@ def warn(line: str) -> None:
     print(f"localspec: {line}", file=sys.stderr)
 
 
-def finish(done, as_json: bool) -> None:  # done: Finished
+class Output:
+    """The answer as it streams, to stdout; a thinking model's reasoning to stderr
+    (dimmed on a terminal), so that stdout holds the answer alone. With --json nothing
+    streams: both are kept for the one object at the end."""
+
+    def __init__(self, thinking: Thinking | None, quiet: bool) -> None:
+        self.split = thinking.split() if thinking is not None else None
+        self.quiet = quiet
+        self.reasoning: list[str] = []
+        self.content: list[str] = []
+        self._dim = sys.stderr.isatty()
+
+    def write(self, text: str) -> None:
+        reasoning, content = self.split.push(text) if self.split else ("", text)
+        self._show(reasoning, content)
+
+    def end(self) -> None:
+        if self.split is not None:
+            self._show(*self.split.flush())
+
+    def _show(self, reasoning: str, content: str) -> None:
+        self.reasoning.append(reasoning)
+        self.content.append(content)
+        if self.quiet:
+            return
+        if reasoning:
+            sys.stderr.write(f"\x1b[2m{reasoning}\x1b[0m" if self._dim else reasoning)
+            sys.stderr.flush()
+        if content:
+            sys.stdout.write(content)
+            sys.stdout.flush()
+
+
+def finish(done, as_json: bool, out: Output) -> None:  # done: Finished
     s = done.stats
     if as_json:
+        reasoning = {"reasoning": "".join(out.reasoning)} if out.split is not None else {}
         print(
             json.dumps(
                 {
-                    "text": done.text,
+                    "text": "".join(out.content),
+                    **reasoning,
                     "tokens": len(done.tokens),
                     "stop_reason": done.stop_reason,
                     "stats": {

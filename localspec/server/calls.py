@@ -228,22 +228,34 @@ def gemma_call_grammar(tools: list[Tool]) -> str:
 
 def harmony_call_grammar(tools: list[Tool]) -> str:
     """GBNF of a gpt-oss answer that calls one of `tools`: its reasoning if it writes
-    any, then a commentary message to the function, whose body is JSON by the function's
-    schema (where several tools may be called, by any of their schemas)."""
+    any, then a commentary message to a function, whose body is JSON by that function's
+    schema."""
     from localspec.backends.llama_grammar import schema_grammar
 
-    schemas = [tool.function.parameters or {"type": "object"} for tool in tools]
-    body = schema_grammar(schemas[0] if len(schemas) == 1 else {"oneOf": schemas})
-    # its own rules' names cannot be those of the schema's (which are built from keys)
-    body = re.sub(r"^root ::=", "harmony-arguments ::=", body, count=1, flags=re.M)
-    names = " | ".join(json.dumps(tool.function.name) for tool in tools)
+    calls, bodies = [], []
+    for i, tool in enumerate(tools):
+        schema = tool.function.parameters or {"type": "object"}
+        # each schema's rules under a prefix of their own: two schemas' rules (named after
+        # their keys) and the root's own rules cannot collide
+        bodies.append(prefixed(schema_grammar(schema), f"harmony-{i}-"))
+        head = json.dumps(f"{tool.function.name} <|constrain|>json<|message|>")
+        calls.append(f"{head} harmony-{i}-root")
     return "\n".join(
         [
             'root ::= ("<|channel|>analysis<|message|>" harmony-thought'
             ' "<|end|><|start|>assistant")? "<|channel|>commentary to=functions."'
-            ' harmony-name " <|constrain|>json<|message|>" harmony-arguments',
+            f" ({' | '.join(calls)})",
             'harmony-thought ::= ([^<] | "<" [^|])*',
-            f"harmony-name ::= {names}",
-            body,
+            *bodies,
         ]
     )
+
+
+# a GBNF rule body's parts: a string literal, a character class, or a name
+GBNF_PART = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|[a-zA-Z0-9-]+')
+
+
+def prefixed(gbnf: str, prefix: str) -> str:
+    """`gbnf` with each of its rules renamed `prefix` + name, wherever it is named."""
+    names = set(re.findall(r"^([a-zA-Z0-9-]+) ::=", gbnf, flags=re.M))
+    return GBNF_PART.sub(lambda m: prefix + m[0] if m[0] in names else m[0], gbnf)

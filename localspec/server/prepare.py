@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 from fastapi import Request
 
-from localspec.backends.base import Model, ModelError
+from localspec.backends.base import ModelError
 from localspec.backends.llama import LlamaModel
 from localspec.backends.llama_grammar import (
     GrammarError,
@@ -40,7 +40,7 @@ from localspec.server.infill import (
     infill_prompt,
 )
 from localspec.server.schemas import ChatRequest, CompletionRequest, content_text
-from localspec.session import Session
+from localspec.session import Session, shown_tokens
 from localspec.thinking import Thinking, opens_thinking
 
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -108,18 +108,6 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
     thinking = opens_thinking(template, text)
     params = {t.function.name: t.function.parameters or {} for t in body.tools or []}
     return Prepared(prompt, config, prediction, tools=fmt, tool_params=params, thinking=thinking)
-
-
-def shown_tokens(model: Model, markers: list[str]) -> frozenset[int]:
-    """The control tokens among a format's markers (Gemma 4's call and thought marks,
-    Harmony's message end), which the answer shows so that its parser reads them."""
-    bos, _ = model.special_ids
-    shown = set()
-    for marker in markers:
-        tokens = [t for t in model.tokenize(marker, special=True) if t != bos]
-        if len(tokens) == 1 and not model.token_bytes(tokens[0]):
-            shown.add(tokens[0])
-    return frozenset(shown)
 
 
 def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:

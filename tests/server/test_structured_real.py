@@ -263,3 +263,49 @@ def test_a_forced_call_grammar_takes_its_formats_call_and_forces_its_head(sessio
             wrong.accept(token)
         else:
             pytest.fail(f"{fmt}: another function's name went through")
+
+
+def test_a_forced_calls_arguments_follow_its_own_functions_schema(session) -> None:
+    """With two tools, a call of one with the other's arguments is refused in every
+    format; with its own, it goes through (on the real vocabulary)."""
+    from localspec.server.chat import CALL_STYLE, GEMMA4, HARMONY, HERMES, LLAMA3, XML, tool_grammar
+    from localspec.server.schemas import Tool
+
+    def tool(name: str, properties: dict) -> Tool:
+        schema = {"type": "object", "properties": properties, "required": list(properties)}
+        return Tool.model_validate(
+            {"type": "function", "function": {"name": name, "parameters": schema}}
+        )
+
+    tools = [
+        tool("get_weather", {"city": {"type": "string"}}),
+        tool("add", {"a": {"type": "integer"}}),
+    ]
+    calls = {  # format -> a call of `add` with these arguments
+        HERMES: lambda args: f'<tool_call>\n{{"name": "add", "arguments": {args}}}\n</tool_call>',
+        LLAMA3: lambda args: f'{{"name": "add", "parameters": {args}}}',
+        XML: lambda args: (
+            "<tool_call>\n<function=add>\n"
+            + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in json.loads(args).items())
+            + "</function>\n</tool_call>"
+        ),
+        GEMMA4: lambda args: (
+            "<|tool_call>call:add{"
+            + ",".join(f"{k}:{json.dumps(v)}" for k, v in json.loads(args).items())
+            + "}<tool_call|>"
+        ),
+        HARMONY: lambda args: (
+            f"<|channel|>commentary to=functions.add <|constrain|>json<|message|>{args}"
+        ),
+    }
+    target = session.target
+    for fmt, call in calls.items():
+        grammar = LlamaGrammar(target, tool_grammar(tools, fmt), style=CALL_STYLE)
+        for args, ok in (('{"a": 2}', True), ('{"city": "Paris"}', False)):
+            state, went = grammar.start(), True
+            for token in target.tokenize(call(args), special=False):
+                if not state.allows(token):
+                    went = False
+                    break
+                state.accept(token)
+            assert went and state.allows(target.special_ids[1]) if ok else not went, (fmt, args)

@@ -261,3 +261,28 @@ def test_a_chat_shows_the_next_turn_its_answers_without_their_reasoning():
         ("{{ messages }}", "<think>kept</think> Hi!", "<think>kept</think> Hi!"),
     ):
         assert without_reasoning(template, answer) == content
+
+
+@pytest.mark.parametrize(
+    ("answer", "reasoning", "content"),
+    [
+        ("<think>\nHmm.\n</think>\n\nHi!", "\nHmm.\n", "Hi!"),
+        ("Hmm.\n</think>\n\nHi!", "Hmm.\n", "Hi!"),  # the prompt had opened the block
+        ("<think>\nstill thinking", "\nstill thinking", ""),  # stopped while thinking
+        ("<|channel>thought\nHmm.<channel|>Hi!", "\nHmm.", "Hi!"),
+        (
+            "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final"
+            "<|message|>Hello!",
+            "Simple.",
+            "Hello!",
+        ),
+    ],
+)
+def test_a_saved_answer_splits_by_its_own_marks(answer, reasoning, content):
+    """The chat shows a saved answer without its template at hand (tui.widgets)."""
+    from localspec.thinking import split_answer, written_thinking
+
+    thinking = written_thinking(answer)
+    assert thinking is not None
+    assert split_answer(thinking, answer) == (reasoning, content)
+    assert written_thinking("Plain, with think and channel words.") is None

@@ -13,7 +13,7 @@ import pytest
 from localspec.backends.llama import LlamaModel, LoadOptions
 from localspec.decoding.engine import _Output
 from localspec.decoding.text import TextStream
-from localspec.server.prepare import shown_tokens
+from localspec.session import shown_tokens
 
 pytestmark = pytest.mark.real
 

@@ -13,6 +13,7 @@ import pytest
 from rich.console import Console
 
 from localspec.backends.base import LoadFailed
+from localspec.backends.toy import THINKING_TEMPLATE
 from localspec.conversations import ConversationStore
 from localspec.settings import Settings, load_settings
 from tui.app import ChatApp
@@ -89,6 +90,7 @@ async def test_an_answer_streams_in_and_is_saved(home: Path):
         assert answer.status == "done"
         assert answer.text == REPLY
         assert "42" in str(answer.query_one("Markdown").source)
+        assert not answer.query_one("Collapsible").display  # no reasoning: no block
         assert answer.summary.startswith("done · ") and "tok/s" in answer.summary
         assert app.query_one(PromptInput).text == ""
         assert not app.generating
@@ -195,6 +197,49 @@ async def test_a_saved_conversation_reopens_and_continues(home: Path):
         "two",
         "I have seen 2 user turns.",
     ]
+
+
+THOUGHT = "The user greets me; I greet back."
+
+
+async def test_a_thinking_models_reasoning_folds_above_its_answer(home: Path):
+    def reply(prompt: str) -> str:
+        # the next turn's prompt holds the answers without their reasoning
+        turns = prompt.count("<|user|>")
+        return f"<think>\n{THOUGHT}\n</think>\n\nHello, turn {turns}!" + (
+            " I forgot my thought." if turns > 1 and THOUGHT not in prompt else ""
+        )
+
+    app = make_app(reply, template=THINKING_TEMPLATE)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "Hi")
+        await until(pilot, lambda: done(app))
+        answer = answers(app)[-1]
+        block = answer.query_one("Collapsible")
+        assert block.display and block.collapsed  # the answer proper began: folded
+        assert plain(block.query_one(".answer-reasoning-text")).strip() == THOUGHT
+        assert answer.query_one("Markdown").source == "Hello, turn 1!"
+        assert answer.text == "Hello, turn 1!"  # the provenance view: the answer proper
+        await send(pilot, "Again")
+        await until(pilot, lambda: len(answers(app)) == 2 and done(app))
+        assert answers(app)[-1].text == "Hello, turn 2! I forgot my thought."
+    (conversation,) = saved(home)
+    first = conversation.messages[1]
+    assert first.content == f"<think>\n{THOUGHT}\n</think>\n\nHello, turn 1!"  # as written
+
+    app = make_app(reply, template=THINKING_TEMPLATE)  # reopened: shown as it streamed
+    async with app.run_test(size=(100, 40)) as pilot:
+        await ready(pilot)
+        app.open_conversation(conversation.id)
+        await until(pilot, lambda: len(answers(app)) == 2)
+        answer = answers(app)[0]
+        await until(pilot, lambda: answer.query_one("Markdown").source != "")
+        block = answer.query_one("Collapsible")
+        assert block.display and block.collapsed
+        assert plain(block.query_one(".answer-reasoning-text")).strip() == THOUGHT
+        assert answer.query_one("Markdown").source == "Hello, turn 1!"
+        assert answer.text == "Hello, turn 1!"
 
 
 async def test_settings_apply_to_the_next_answer_and_persist(home: Path):

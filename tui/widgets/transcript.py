@@ -11,11 +11,13 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import Markdown, Static
+from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from localspec.conversations import Conversation
+from localspec.thinking import split_answer, written_thinking
 from tui.figures import summary_line
+from tui.reasoning import REASONING, split_runs
 
 # stop reason -> the answer's status (a CSS class on the answer: -done, -stopped, ...)
 STATUS = {"cancelled": "stopped", "interrupted": "stopped", "error": "error"}
@@ -52,7 +54,8 @@ class ProvenanceView(Widget):
 
 
 class Answer(Vertical):
-    """An answer: Markdown while it streams, the provenance view, and a summary line."""
+    """An answer: a thinking model's reasoning (a block that folds once the answer
+    proper begins), Markdown while it streams, the provenance view, and a summary line."""
 
     status: reactive[str] = reactive("streaming")
     """streaming, done, stopped or error: a CSS class (-done, ...) styles the answer."""
@@ -70,7 +73,8 @@ class Answer(Vertical):
     ) -> None:
         super().__init__()
         self.answer_id = answer_id
-        self.spans: list[list[str]] = [[t, s] for t, s in spans]
+        self.spans: list[list[str]] = [[t, s] for t, s in spans if s != REASONING]
+        self.reasoning = "".join(t for t, s in spans if s == REASONING)
         self._content = content
         self._stream: MarkdownStream | None = None
         self._ended = status != "streaming"
@@ -79,8 +83,15 @@ class Answer(Vertical):
         self.set_reactive(Answer.status, status)
         self.set_reactive(Answer.summary, summary)
         self.add_class(f"-{status}")
+        self.set_class(bool(self.reasoning), "-thinking")
 
     def compose(self) -> ComposeResult:
+        thought = Static(Text(self.reasoning), classes="answer-reasoning-text", markup=False)
+        # shown where the answer has reasoning (the class -thinking: folding an answer
+        # sets and resets its children's display)
+        yield Collapsible(
+            thought, title="Reasoning", collapsed=bool(self._content), classes="answer-reasoning"
+        )
         yield Markdown(self._content, classes="answer-markdown")
         yield ProvenanceView(self.spans, classes="answer-provenance")
         yield Static(self.summary, classes="answer-summary", markup=False)
@@ -93,6 +104,13 @@ class Answer(Vertical):
         """Append (text, source) runs; a no-op once the answer has ended."""
         if self._ended:
             return
+        if thought := "".join(text for text, source in runs if source == REASONING):
+            self._think(thought)
+        runs = [(text, source) for text, source in runs if source != REASONING]
+        if not runs:
+            return
+        if self.reasoning and not self.spans:  # the answer proper begins: fold the thought
+            self.query_one(Collapsible).collapsed = True
         for text, source in runs:
             if self.spans and self.spans[-1][1] == source:
                 self.spans[-1][0] += text
@@ -104,6 +122,11 @@ class Answer(Vertical):
         view = self.query_one(ProvenanceView)
         if view.display:  # a hidden one renders its spans as they are when it is shown
             view.refresh(layout=True)
+
+    def _think(self, text: str) -> None:
+        self.reasoning += text
+        self.add_class("-thinking")
+        self.query_one(".answer-reasoning-text", Static).update(Text(self.reasoning))
 
     def stop(self) -> None:
         """Marked stopped at once; what the engine had already sent still arrives."""
@@ -235,6 +258,10 @@ class Transcript(VerticalScroll):
             elif m.role == "assistant":
                 status = STATUS.get(m.stop_reason or "", "done")
                 summary = summary_line(m.stop_reason or "", m.stats)
-                widgets.append(Answer(None, m.content, m.spans, status, summary))
+                content, spans = m.content, list(m.spans)
+                if thinking := written_thinking(content):
+                    content = split_answer(thinking, content)[1]
+                    spans = split_runs(thinking.split(), spans)
+                widgets.append(Answer(None, content, spans, status, summary))
         self.mount_all(widgets or [Markdown(WELCOME, id="welcome")])
         self.anchor()  # each answer folds once its Markdown is mounted (Answer._shown)
