@@ -23,6 +23,7 @@ from localspec.decoding.drafters import Drafter, DraftModel, MtpDrafter, NgramDr
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Event
 from localspec.drafting import GAMMA_MAX, MODEL_FREE_DRAFTERS
+from localspec.errors import LocalspecError
 from localspec.thinking import CONTROL_MARKS, Thinking, opens_thinking, without_reasoning
 
 
@@ -64,8 +65,10 @@ class Session:
         self.target = engine.target
         self.draft_model = draft_model
         self.head: MtpHead | None = None  # the target's MTP head, where it drafts
-        self._template: object | None = None
+        self._template: Callable[..., Any] | None = None  # a Jinja2ChatFormatter
         self.notes: list[str] = list(engine.notes)  # what loading had to give up, for the user
+        # the chat template's variables for every conversation (--chat-template-kwargs)
+        self.template_kwargs: dict[str, Any] = {}
         self.lock = threading.Lock()  # one generation at a time per loaded pair
 
     @property
@@ -88,13 +91,18 @@ class Session:
         return self.target.tokenize(self.prompt_text(messages), special=True)
 
     def prompt_text(
-        self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """The conversation through the GGUF's chat template, as text; `tools` (OpenAI's
-        function descriptions) reach templates that describe tools to the model."""
+        function descriptions) reach templates that describe tools to the model;
+        `template_kwargs` (over the session's own) are the template's other variables."""
         if self._template is None:
             self._template = _formatter(self.target)
-        return self._template(messages=list(messages), tools=tools).prompt  # type: ignore[operator]
+        kwargs = {**self.template_kwargs, **(template_kwargs or {})}
+        return self._template(messages=list(messages), tools=tools, **kwargs).prompt
 
     @property
     def supports_tools(self) -> bool:
@@ -152,6 +160,30 @@ class Session:
             self.draft_model.close()
 
 
+# what the chat formatter passes the template itself
+TEMPLATE_OWN = frozenset(
+    {"messages", "tools", "functions", "function_call", "tool_choice", "bos_token", "eos_token"}
+    | {"add_generation_prompt", "raise_exception", "strftime_now"}
+)
+
+
+class TemplateKwargsError(LocalspecError):
+    """Chat-template variables that cannot be used; one line that says which."""
+
+
+def template_kwargs(value: Any) -> dict[str, Any]:
+    """Variables for the chat template, as llama-server's `chat_template_kwargs` gives
+    them (Qwen3's `enable_thinking`, gpt-oss's `reasoning_effort`): an object whose
+    names are not the ones the formatter passes itself."""
+    if not isinstance(value, dict):
+        raise TemplateKwargsError("chat template kwargs must be a JSON object")
+    if own := sorted(TEMPLATE_OWN & set(value)):
+        raise TemplateKwargsError(
+            f"chat template kwargs cannot set {', '.join(own)}: localspec passes them itself"
+        )
+    return dict(value)
+
+
 def shown_tokens(model: Model, markers: list[str]) -> frozenset[int]:
     """The control tokens among a format's markers (Gemma 4's call and thought marks,
     Harmony's message end), which the answer shows so that its parser reads them."""
@@ -164,7 +196,7 @@ def shown_tokens(model: Model, markers: list[str]) -> frozenset[int]:
     return frozenset(shown)
 
 
-def _formatter(model: Model) -> object:
+def _formatter(model: Model) -> Callable[..., Any]:
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     template = model.chat_template()

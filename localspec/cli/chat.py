@@ -12,7 +12,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from localspec.cli.options import add_model_options, add_sampling_options, session_config
+from localspec.cli.options import (
+    add_model_options,
+    add_sampling_options,
+    add_template_option,
+    session_config,
+)
 
 if TYPE_CHECKING:
     from localspec.session import Session
@@ -35,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_options(p)
     add_sampling_options(p)
     p.add_argument("--system", help="system prompt (default: from the settings)")
+    add_template_option(p)
     p.add_argument(
         "--demo",
         action="store_true",
@@ -87,7 +93,7 @@ def pair_loader(args: argparse.Namespace, settings: Settings) -> tuple[PairLoade
         if chosen.n_gpu_layers is not None:
             target_load = replace(target_load, n_gpu_layers=chosen.n_gpu_layers)
         draft_load = replace(config.draft_load, n_ctx=target_load.n_ctx)
-        return open_session(
+        session = open_session(
             replace(
                 config,
                 target=chosen.target,
@@ -97,5 +103,7 @@ def pair_loader(args: argparse.Namespace, settings: Settings) -> tuple[PairLoade
             ),
             say=say,
         )
+        session.template_kwargs = args.chat_template_kwargs
+        return session
 
     return load, spec

@@ -28,6 +28,31 @@ threads_arg = ranged_int(0, 1024)
 _gamma_int = ranged_int(0, 32)
 
 
+def template_kwargs_arg(text: str) -> dict:
+    """--chat-template-kwargs: a JSON object of the chat template's variables."""
+    import json
+
+    from localspec.session import TemplateKwargsError, template_kwargs
+
+    try:
+        return template_kwargs(json.loads(text))
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    except TemplateKwargsError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_template_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument(
+        "--chat-template-kwargs",
+        type=template_kwargs_arg,
+        default={},
+        metavar="JSON",
+        help="the chat template's variables, e.g. '{\"enable_thinking\": false}' (Qwen3: "
+        'answer without thinking) or \'{"reasoning_effort": "high"}\' (gpt-oss)',
+    )
+
+
 def gamma_arg(text: str) -> int | str:
     """Tokens drafted per round, or 'auto'."""
     if text == "auto":

@@ -9,6 +9,7 @@ import sys
 from localspec.cli.options import (
     add_model_options,
     add_sampling_options,
+    add_template_option,
     sampling_params,
     session_config,
 )
@@ -22,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_options(p)
     add_sampling_options(p)
     p.add_argument("--system", help="system message (chat mode)")
+    add_template_option(p)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="plain completion, no chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
@@ -52,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, sampling=sampling_params(args), stop=tuple(args.stop)
     )
     session = open_session(session_config(args), say=warn)
+    session.template_kwargs = args.chat_template_kwargs
     try:
         if args.raw:
             events, out = session.complete(prompt, config), Output(None, args.json)

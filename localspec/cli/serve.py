@@ -11,7 +11,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from localspec.cli.options import add_model_options, ranged_int, session_config
+from localspec.cli.options import (
+    add_model_options,
+    add_template_option,
+    ranged_int,
+    session_config,
+)
 from localspec.models.memory import MAX_SLOTS
 
 LOOPBACK_NAMES = ("localhost",)
@@ -70,6 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a web origin whose pages may call the API (e.g. http://localhost:3000; "
         "'*': any); requests from browsers are refused otherwise; repeatable",
     )
+    add_template_option(g)  # every request's; a request's chat_template_kwargs win
     p.set_defaults(func=serve)
 
 
@@ -163,6 +169,7 @@ def serve(args: argparse.Namespace) -> int:
         draft_load=replace(config.draft_load, n_seq=parallel, kv_unified=unified),
     )
     session = open_session(config, say=warn)
+    session.template_kwargs = args.chat_template_kwargs
     try:
         name = args.model_name or model_name(config.target)
         draft = Path(config.draft).stem if config.draft.endswith(".gguf") else config.draft

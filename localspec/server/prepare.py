@@ -40,7 +40,7 @@ from localspec.server.infill import (
     infill_prompt,
 )
 from localspec.server.schemas import ChatRequest, CompletionRequest, content_text
-from localspec.session import Session, shown_tokens
+from localspec.session import Session, TemplateKwargsError, shown_tokens, template_kwargs
 from localspec.thinking import Thinking, opens_thinking
 
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -93,7 +93,11 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
     if family == GEMMA4:  # a tool's results go back into the calling turn
         messages = gemma_tool_responses(messages)
     try:
-        text = session.prompt_text(messages, tools)
+        variables = template_kwargs(body.template_variables())
+    except TemplateKwargsError as e:
+        raise ApiError(400, str(e), "chat_template_kwargs") from None
+    try:
+        text = session.prompt_text(messages, tools, variables)
     except ModelError as e:
         raise ApiError(400, f"{e}; use /v1/completions", "messages") from None
     except (ValueError, TypeError, jinja2.TemplateError) as e:
@@ -105,7 +109,7 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
         prediction = session.target.tokenize(predicted, special=False) or None
     config = generation_config(body, prompt, session, None, "messages")
     config = replace(config, shown=shown_tokens(session.target, shown_markers(template)))
-    thinking = opens_thinking(template, text)
+    thinking = None if body.reasoning_format == "none" else opens_thinking(template, text)
     params = {t.function.name: t.function.parameters or {} for t in body.tools or []}
     return Prepared(prompt, config, prediction, tools=fmt, tool_params=params, thinking=thinking)
 

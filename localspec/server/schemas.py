@@ -165,9 +165,22 @@ class ChatRequest(GenerationBody):
     tool_choice: ToolChoice | None = None
     prediction: PredictionIn | None = None
     response_format: dict[str, Any] | None = None
+    # the chat template's own variables (llama-server's and vLLM's): Qwen3's
+    # enable_thinking, gpt-oss's reasoning_effort (OpenAI's field sets that one too)
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    # llama-server's: "none" leaves the reasoning in the content, as written
+    reasoning_format: str | None = None
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def template_variables(self) -> dict[str, Any]:
+        """The chat template's variables this request sets."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            kwargs.setdefault("reasoning_effort", self.reasoning_effort)
+        return kwargs
 
     def logprob_count(self) -> int | None:
         """How many top log-probabilities each token carries (None: no logprobs)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import localspec
 
 from localspec.backends.toy import THINKING_TEMPLATE
 from localspec.cli import main
@@ -39,3 +40,29 @@ def test_json_has_the_answer_and_its_reasoning_apart(thinker, capsys):
 def test_raw_completion_shows_the_text_as_written(thinker, capsys):
     main(["run", "<|user|>Is it?\n<|assistant|>", "--raw", "--target", "t.gguf", "--draft", "none"])
     assert capsys.readouterr().out == REPLY + "\n"
+
+
+def test_a_template_variable_turns_thinking_off(monkeypatch, capsys):
+    """Qwen3's template writes an empty block where `enable_thinking` is false: the
+    model answers at once."""
+    empty = "<think>\n\n</think>\n\nYes, it is."
+    monkeypatch.setattr(
+        "localspec.session.open_session",
+        lambda config, say: scripted_session(empty, template=THINKING_TEMPLATE),
+    )
+    run = ["run", "Is it?", "--target", "toy.gguf", "--draft", "none", "--json"]
+    main([*run, "--chat-template-kwargs", '{"enable_thinking": false}'])
+    off = json.loads(capsys.readouterr().out)
+    assert (off["text"], off["tokens"]) == ("Yes, it is.", len("Yes, it is."))
+    main(run)  # thinking on: the model writes the block itself
+    assert json.loads(capsys.readouterr().out)["tokens"] == len(empty)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [("{oops", "not JSON"), ("[1]", "a JSON object"), ('{"messages": 1}', "cannot set messages")],
+)
+def test_bad_template_variables_are_one_line(value: str, words: str):
+    r = localspec("run", "hi", "--target", "x.gguf", "--chat-template-kwargs", value)
+    assert r.returncode != 0 and words in r.stderr.splitlines()[-1]
+    assert "Traceback" not in r.stderr

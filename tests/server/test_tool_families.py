@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from localspec.backends.toy import ToyModel, scripted
+from localspec.backends.toy import ASSISTANT, THINKING_TEMPLATE, ToyModel, scripted
 from localspec.decoding.adaptive import auto_engine
 from localspec.server.app import ServerOptions, create_app
 from localspec.server.calls import GemmaCall, gemma_tool_responses
@@ -122,17 +122,14 @@ def test_each_template_is_known_by_its_format_and_its_reasoning_marks():
     assert harmony is not None and harmony.marks == HARMONY_MARKS
 
 
-class Templated(ToyModel):
-    template = ""
-
-    def chat_template(self) -> str | None:
-        return self.template
+def toy(template: str, reply="x", marker: bytes = ASSISTANT) -> ToyModel:  # reply: str | fn
+    return ToyModel(scripted(reply, marker=marker), n_vocab=258, template=template)
 
 
-def served(template: str, reply: str, marker: bytes) -> TestClient:
-    model = Templated(scripted(reply, marker=marker), n_vocab=258, n_ctx=4096)
-    model.template = template
-    return TestClient(create_app(Session(auto_engine(model, None)), ServerOptions("toy")))
+def served(template: str, reply, marker: bytes = ASSISTANT, **variables) -> TestClient:
+    session = Session(auto_engine(toy(template, reply, marker), None))
+    session.template_kwargs = variables  # serve --chat-template-kwargs
+    return TestClient(create_app(session, ServerOptions("toy")))
 
 
 def ask(**extra) -> dict:
@@ -202,16 +199,15 @@ def test_the_results_of_a_call_are_read_where_each_family_reads_them():
         {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 21}'},
     ]
     messages = template_messages(ChatRequest.model_validate(ask(messages=history)).messages)
-    model = Templated(scripted("x"), n_vocab=258, n_ctx=4096)
-    model.template = GEMMA_TEMPLATE
-    gemma = Session(auto_engine(model, None)).prompt_text(gemma_tool_responses(messages), [WEATHER])
+    gemma = Session(auto_engine(toy(GEMMA_TEMPLATE), None)).prompt_text(
+        gemma_tool_responses(messages), [WEATHER]
+    )
     assert gemma.endswith(
         '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
         "<|tool_response>response:get_weather{celsius:21}<tool_response|>"
         "<|channel>thought\n<channel|>"
     )  # the model goes on in its own turn, after the result
-    model.template = HARMONY_TEMPLATE
-    harmony = Session(auto_engine(model, None)).prompt_text(messages, [WEATHER])
+    harmony = Session(auto_engine(toy(HARMONY_TEMPLATE), None)).prompt_text(messages, [WEATHER])
     assert harmony.endswith(
         '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city":'
         ' "Paris"}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary'
@@ -241,9 +237,7 @@ def test_a_chat_shows_the_next_turn_its_answers_without_their_reasoning():
         "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final"
         "<|message|>Hello!"
     )
-    model = Templated(scripted("x"), n_vocab=258, n_ctx=4096)
-    model.template = HARMONY_TEMPLATE
-    session = Session(auto_engine(model, None))
+    session = Session(auto_engine(toy(HARMONY_TEMPLATE), None))
     conversation = [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": saved},
@@ -286,3 +280,48 @@ def test_a_saved_answer_splits_by_its_own_marks(answer, reasoning, content):
     assert thinking is not None
     assert split_answer(thinking, answer) == (reasoning, content)
     assert written_thinking("Plain, with think and channel words.") is None
+
+
+def test_the_chat_template_gets_the_servers_and_the_requests_variables():
+    """llama-server's and vLLM's `chat_template_kwargs`, OpenAI's `reasoning_effort`
+    (which gpt-oss's template reads), and `serve --chat-template-kwargs` beneath them."""
+    effort = (
+        "{% if reasoning_effort is defined %}<|system|>effort {{ reasoning_effort }}\n{% endif %}"
+    )
+
+    def echo(prompt: bytes) -> str:
+        said = prompt.split(b"effort ")
+        return "effort " + (said[1].split(b"\n")[0].decode() if len(said) > 1 else "none")
+
+    def answer(client: TestClient, **extra) -> str:
+        r = client.post("/v1/chat/completions", json=ask(tools=None, **extra))
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    with served(effort + THINKING_TEMPLATE, echo) as client:
+        assert answer(client) == "effort none"
+        assert answer(client, reasoning_effort="high") == "effort high"
+        assert answer(client, chat_template_kwargs={"reasoning_effort": "low"}) == "effort low"
+    with served(effort + THINKING_TEMPLATE, echo, reasoning_effort="medium") as client:
+        assert answer(client) == "effort medium"
+        assert answer(client, reasoning_effort="high") == "effort high"  # the request's wins
+        r = client.post(
+            "/v1/chat/completions", json=ask(tools=None, chat_template_kwargs={"messages": []})
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+        assert "messages" in r.json()["error"]["message"]
+
+
+def test_thinking_turned_off_by_the_template_and_reasoning_left_in_the_content():
+    plain = ask(tools=None)
+    with served(THINKING_TEMPLATE, "<think>\nHmm.\n</think>\n\nHi!") as client:
+        message = client.post("/v1/chat/completions", json=plain).json()["choices"][0]["message"]
+        assert (message["content"], message["reasoning_content"].strip()) == ("Hi!", "Hmm.")
+        r = client.post("/v1/chat/completions", json=plain | {"reasoning_format": "none"})
+        assert r.json()["choices"][0]["message"]["content"] == "<think>\nHmm.\n</think>\n\nHi!"
+    # Qwen3's template writes an empty block where thinking is off; the model goes on after
+    with served(THINKING_TEMPLATE, "<think>\n\n</think>\n\nHi!") as client:
+        off = {"chat_template_kwargs": {"enable_thinking": False}}
+        r = client.post("/v1/chat/completions", json=plain | off)
+        assert r.json()["choices"][0]["message"]["content"] == "Hi!"
+        assert r.json()["usage"]["completion_tokens"] == len("Hi!")  # the block is the prompt's

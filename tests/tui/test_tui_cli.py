@@ -68,3 +68,16 @@ def test_the_pair_opened_first():
     saved = Settings(target="a.gguf", draft="b.gguf")
     spec = pair_loader(parse(["chat"]), saved)[1]
     assert (spec.target, spec.draft) == ("a.gguf", "b.gguf")
+
+
+def test_the_chat_templates_variables_reach_the_loaded_pair(monkeypatch: pytest.MonkeyPatch):
+    from tui.scripted import scripted_session
+
+    monkeypatch.setattr(
+        "localspec.session.open_session", lambda config, say: scripted_session("hi")
+    )
+    args = build_parser().parse_args(
+        ["chat", "-t", "t.gguf", "--chat-template-kwargs", '{"enable_thinking": false}']
+    )
+    load, spec = pair_loader(args, Settings())
+    assert load(spec, print).template_kwargs == {"enable_thinking": False}
