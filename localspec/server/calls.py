@@ -24,13 +24,14 @@ from localspec.server.chat import (
     loads_or_text,
 )
 from localspec.server.schemas import Tool
-from localspec.thinking import held_prefix
+from localspec.thinking import CONTROL_MARKS, held_prefix
 
 GEMMA_CLOSE, QUOTE = "<tool_call|>", '<|"|>'  # a call's end; a string's both ends
 # control tokens a format's parser reads, shown in the text where the template has them
-# (Gemma 4's call and thought marks; Harmony's message end: llama.cpp already renders
-# its <|channel|>, <|message|>, <|start|> and <|constrain|>)
-MARKERS = ("<|tool_call>", GEMMA_CLOSE, QUOTE, "<|channel>", "<channel|>", "<|end|>")
+# (Gemma 4's call marks, and the reasoning marks: its thought block's, Harmony's message
+# end; llama.cpp already renders Harmony's <|channel|>, <|message|>, <|start|> and
+# <|constrain|>)
+MARKERS = ("<|tool_call>", GEMMA_CLOSE, QUOTE, *CONTROL_MARKS)
 
 
 class Rewriter(Protocol):
