@@ -36,12 +36,16 @@ class Downloads(ChatBase):
         """Download a pair; progress is read off the disk twice a second meanwhile."""
         since = time.time() - 1
         line = ["starting…"]
-        finished = threading.Event()
+        finished, posting = threading.Event(), threading.Lock()
 
         def progress() -> None:
             while not finished.wait(PROGRESS_EVERY_S) and not self._stopping.is_set():
                 done = downloaded_bytes(since, download_files)
-                self.post_message(DownloadUpdate(Download(pair.id, done, pair.missing, line[0])))
+                with posting:  # never after the end's message: it would undo it
+                    if finished.is_set():
+                        return
+                    update = Download(pair.id, done, pair.missing, line[0])
+                    self.post_message(DownloadUpdate(update))
 
         self.call_from_thread(
             self.run_worker, progress, thread=True, group="download-progress", exit_on_error=False
@@ -54,7 +58,8 @@ class Downloads(ChatBase):
         else:
             end = Download(pair.id, pair.missing, pair.missing, "done", True)
         finally:
-            finished.set()
+            with posting:
+                finished.set()
         self.post_message(DownloadUpdate(end))
 
     def on_download_update(self, message: DownloadUpdate) -> None:
