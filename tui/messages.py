@@ -116,9 +116,10 @@ class Download:
 
 @dataclass
 class DownloadUpdate(Message):
-    """Progress or the end of a download; a newer one replaces a queued one."""
+    """Progress or the end of a download; a newer one replaces a queued progress one
+    (never a queued end, which says how it ended)."""
 
     download: Download
 
     def can_replace(self, message: Message) -> bool:
-        return isinstance(message, DownloadUpdate) and not self.download.finished
+        return isinstance(message, DownloadUpdate) and not message.download.finished

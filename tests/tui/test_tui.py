@@ -507,3 +507,34 @@ async def test_models_screen_switches_and_downloads_pairs(
     assert loaded[1] == PairSpec("toy-1b:Q4_K_M", "toy-draft:Q4_K_M")
     settings, _ = load_settings(home / "settings.toml")
     assert (settings.target, settings.draft) == ("toy-1b:Q4_K_M", "toy-draft:Q4_K_M")
+
+
+async def test_a_finished_download_stays_finished(home: Path, monkeypatch: pytest.MonkeyPatch):
+    """The progress reader's last update, computed while the download ended, never
+    arrives after the end's (it would show the pair downloading again, and refuse the
+    next download)."""
+    import threading
+    import time as clock
+
+    import tui.downloads
+    from localspec.models.inventory import PairStatus
+
+    reading = threading.Event()
+
+    def slow_reading(since, files) -> int:  # the download ends while this reads the disk
+        reading.set()
+        clock.sleep(0.5)
+        return 1000
+
+    def pull(pair_id: str, say) -> None:
+        assert reading.wait(10)
+
+    monkeypatch.setattr(tui.downloads, "downloaded_bytes", slow_reading)
+    monkeypatch.setattr(tui.downloads, "pull_pair", pull)
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        app.start_download(PairStatus("big", "toy-7b", "toy-draft", "Q4_K_M", GiB, 4000, "CPU"))
+        await until(pilot, lambda: app.download is not None and app.download.finished)
+        await pilot.pause(1.0)  # the reading ends, and would post after the end
+        assert app.download.finished and app.download.line == "done"
