@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Four slots of serve's `Worker` in-process, on real threads: tok/s of one batch of
+fresh chat prompts, with a cache per slot or one shared (`kv_unified`), plainly or with
+`--gamma auto`; and the share of the wall time spent in llama.cpp's passes.
+
+    .venv/bin/python scripts/slots_overhead.py --target T.gguf --draft D.gguf \\
+        --mode auto --cache shared
+(docs/bench/serve/2026-11-27-clients: the F16 target, 96 tokens, each mode once)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+import time
+
+from localspec.backends.llama import LoadOptions
+from localspec.decoding.engine import GenerationConfig
+from localspec.decoding.events import Finished
+from localspec.decoding.sampling import SamplingParams
+from localspec.server.worker import Failed, Job, Worker
+from localspec.session import SessionConfig, open_session
+
+WARM = [  # read first, so that the measured batch starts warm but on other prompts
+    "Write a C function that reverses a linked list.",
+    "What is a monad? Briefly.",
+    "Write a SQL query for the top 5 customers by revenue.",
+    "Describe the water cycle.",
+]
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Explain how a hash map handles collisions, in detail.",
+    "Write a bash script that renames all .txt files to .md.",
+    "In a few paragraphs: why do cats purr?",
+]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--mode", choices=["plain", "auto"], default="auto")
+    p.add_argument("--cache", choices=["per-slot", "shared"], default="shared")
+    p.add_argument("--tokens", type=int, default=96)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    load = LoadOptions(
+        n_ctx=2048, n_threads=args.threads, n_seq=len(PROMPTS), kv_unified=args.cache == "shared"
+    )
+    plain = args.mode == "plain"
+    config = SessionConfig(
+        args.target, "none" if plain else args.draft, 0 if plain else "auto", load, load
+    )
+    session = open_session(config)
+    worker = Worker(session, max_queue=8, parallel=len(PROMPTS))
+    worker.start()
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    def answer(prompts: list[str]) -> list[Finished]:
+        jobs = [
+            Job(
+                "bench",
+                session.render([{"role": "user", "content": text}]),
+                GenerationConfig(args.tokens, SamplingParams(temperature=0)),
+                loop,
+            )
+            for text in prompts
+        ]
+        for job in jobs:
+            worker.submit(job)
+
+        async def end(job: Job) -> Finished:
+            async for event in job.events():
+                if isinstance(event, Failed):
+                    raise SystemExit(f"failed: {event}")
+                if isinstance(event, Finished):
+                    return event
+            raise SystemExit("no end")
+
+        return [asyncio.run_coroutine_threadsafe(end(j), loop).result(600) for j in jobs]
+
+    answer(WARM)
+    log = worker.batcher.log
+    steps, seconds, started = log.steps, log.seconds, time.perf_counter()
+    ends = answer(PROMPTS)
+    wall = time.perf_counter() - started
+    tokens = sum(e.stats.tokens for e in ends)
+    print(
+        f"{args.mode}, {args.cache} cache: {tokens / wall:.2f} tok/s (prompts read "
+        f"included), {wall:.1f} s, {log.steps - steps} steps, "
+        f"{(log.seconds - seconds) / wall:.0%} of it in llama.cpp's passes"
+    )
+    for e in ends:
+        s = e.stats
+        print(f"  {s.tokens} tokens, {s.rounds} rounds, drafted {s.drafted}, accepted {s.accepted}")
+    worker.stop()
+    session.close()
+
+
+if __name__ == "__main__":
+    main()
