@@ -15,7 +15,7 @@ import asyncio
 import threading
 import time
 
-from localspec.backends.llama import LoadOptions
+from localspec.backends.llama import LlamaModel, LoadOptions
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.events import Finished
 from localspec.decoding.sampling import SamplingParams
@@ -95,6 +95,10 @@ def main() -> None:
     for e in ends:
         s = e.stats
         print(f"  {s.tokens} tokens, {s.rounds} rounds, drafted {s.drafted}, accepted {s.accepted}")
+    assert isinstance(session.target, LlamaModel)
+    passes = worker.batcher.passes(session.target)
+    times = ", ".join(f"{k}: {t * 1000:.0f}" for k, t in sorted(passes.seconds.items()))
+    print(f"  the target's shared passes, ms by tokens in the pass: {times}")
     worker.stop()
     session.close()
 

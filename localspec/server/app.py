@@ -336,7 +336,7 @@ class Answer:
         """The whole answer's content and tool calls."""
         if not self.tools:
             return text, []
-        if (native := rewriter(self.tools)) is not None:
+        if (native := rewriter(self.tools, self.tool_params)) is not None:
             text = native.push(text) + native.flush()
         calls = ToolCallStream(self.tool_params)
         content, found = calls.push(text)
@@ -347,7 +347,7 @@ class Answer:
     async def stream_chat(self, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
         yield self.chat_chunk({"role": "assistant", "content": ""})
         calls = ToolCallDeltas(self.tool_params) if self.tools else None
-        native = rewriter(self.tools)  # its calls as Qwen's tags
+        native = rewriter(self.tools, self.tool_params)  # its calls as Qwen's tags
         split = self.thinking.split() if self.thinking is not None else None
         scored: list[Event] = []  # pieces whose log-probabilities are not yet sent
         async for event in self.events():

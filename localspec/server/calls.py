@@ -1,6 +1,7 @@
 """Tool calls written other than as JSON in tags, turned into Qwen's tags as they are
 written, so that one parser reads every family and streams the arguments (`rewriter`):
-Llama 3.x's bare JSON (`BareCall`) and Gemma 4's calls (`GemmaCall`); gpt-oss's Harmony
+Llama 3.x's bare JSON and built-in tools' calls (`BareCall`) and Gemma 4's calls
+(`GemmaCall`); gpt-oss's Harmony
 messages go the same way through `thinking.HarmonySplit`. Also what these families need
 around a call: Gemma 4's template reads a call's results from the calling message
 (`gemma_tool_responses`), their control tokens must show in the text (`MARKERS`), and a
@@ -10,8 +11,10 @@ forced call is a grammar in their own syntax (`gemma_call_grammar`,
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -40,17 +43,22 @@ class Rewriter(Protocol):
     def flush(self) -> str: ...
 
 
-def rewriter(fmt: str | None) -> Rewriter | None:
-    """What turns `fmt`'s calls into Qwen's tags (None: they are written so)."""
+def rewriter(fmt: str | None, tools: Iterable[str] = ()) -> Rewriter | None:
+    """What turns `fmt`'s calls of the request's `tools` (their names) into Qwen's tags
+    (None: they are written so)."""
     if fmt == LLAMA3:
-        return BareCall()
+        return BareCall.for_tools(tools)
     if fmt == GEMMA4:
         return GemmaCall()
     return None
 
 
-def shown_markers(template: str | None) -> list[str]:
-    return [m for m in MARKERS if m in (template or "")]
+def shown_markers(template: str | None, fmt: str | None = None) -> list[str]:
+    """The markers the answer shows: its format's (Llama 3.x's python tag only where the
+    request has tools: it says a call follows)."""
+    text = template or ""
+    llama = [PYTHON_TAG] if fmt == LLAMA3 and PYTHON_TAG in text else []
+    return [m for m in MARKERS if m in text] + llama
 
 
 @dataclass
@@ -145,33 +153,112 @@ class GemmaCall:
         return "".join(out), False
 
 
+PYTHON_TAG = "<|python_tag|>"  # Llama 3.x: what follows is for the tool environment
+# Meta's built-in tools, by the names llama-server knows them by: a request's tools of
+# these names reach Llama 3.x's template as `builtin_tools`, and the model calls them as
+# `<|python_tag|>NAME.call(key="value")`, or writes code after the tag (the code tools)
+LLAMA_BUILTINS = ("brave_search", "web_search", "wolfram_alpha", "python", "code_interpreter")
+CODE_TOOLS = ("python", "code_interpreter")
+
+
+def llama_builtins(names: Iterable[str]) -> list[str]:
+    """The request's tools that Llama 3.x's template knows as built-in."""
+    return [name for name in names if name in LLAMA_BUILTINS]
+
+
 @dataclass
 class BareCall:
-    """Llama 3.x's calls (the whole answer is `{"name": ..., "parameters": ...}`) as
-    Qwen's tags around them, so one parser reads both: an answer that starts as a call
-    does is held until that is sure, then passed on inside `<tool_call>`, closed at its
-    end; any other answer passes as it is."""
+    """Llama 3.x's calls as Qwen's tags around JSON, so one parser reads both: the whole
+    answer is `{"name": ..., "parameters": ...}` (after `<|python_tag|>` or not), held
+    until that is sure, then passed on inside `<tool_call>` as it is written; with
+    built-in tools, `<|python_tag|>brave_search.call(query="...")` (held to its end:
+    Python's own parser reads it) or code after the tag, a call of the code tool whose
+    `code` streams as it is written. Any other answer passes as it is (the tag left out)."""
 
+    builtins: tuple[str, ...] = ()  # the request's built-in tools, called NAME.call(...)
+    code_tool: str | None = None  # the request's tool that code after the tag calls
     _held: str = ""
-    _call: bool | None = None  # None: not known yet
+    _mode: Literal["open", "text", "json", "builtin", "code"] = "open"  # open: not known
+
+    @classmethod
+    def for_tools(cls, names: Iterable[str]) -> BareCall:
+        builtins = tuple(llama_builtins(names))
+        code = next((name for name in builtins if name in CODE_TOOLS), None)
+        return cls(builtins, code)
 
     def push(self, text: str) -> str:
-        if self._call is not None:
+        if self._mode in ("text", "json"):
             return text
+        if self._mode == "code":
+            return json_chars(text)
         self._held += text
-        if STARTS_CALL.match(self._held):
-            self._call = True
-            return OPEN + self._held
-        if MAY_START_CALL.fullmatch(self._held):
+        return "" if self._mode == "builtin" else self._decide()
+
+    def _decide(self) -> str:
+        held = self._held
+        if STARTS_CALL.match(held):
+            return self._to("json", OPEN + held)
+        body = held.lstrip()
+        if not body.startswith(PYTHON_TAG):
+            if MAY_START_CALL.fullmatch(held) or PYTHON_TAG.startswith(body):
+                return ""
+            return self._to("text", held)
+        rest = body[len(PYTHON_TAG) :]
+        if STARTS_CALL.match(rest):
+            return self._to("json", OPEN + rest)
+        heads = [f"{name}.call(" for name in self.builtins]
+        code = rest.lstrip()
+        if any(code.startswith(head) for head in heads):
+            self._mode = "builtin"
             return ""
-        self._call, held, self._held = False, self._held, ""
-        return held
+        if MAY_START_CALL.fullmatch(rest) or any(head.startswith(code) for head in heads):
+            return ""
+        if self.code_tool is not None:
+            head = f'{OPEN}{{"name": {json.dumps(self.code_tool)}, "arguments": {{"code": "'
+            return self._to("code", head + json_chars(rest))
+        return self._to("text", rest)
+
+    def _to(self, mode: Literal["text", "json", "code"], out: str) -> str:
+        self._mode, self._held = mode, ""
+        return out
 
     def flush(self) -> str:
-        if self._call:
+        mode, held, self._held = self._mode, self._held, ""
+        if mode == "json":
             return CLOSE
-        held, self._held = self._held, ""
-        return held
+        if mode == "code":
+            return '"}}' + CLOSE
+        body = held.lstrip()
+        rest = body[len(PYTHON_TAG) :] if body.startswith(PYTHON_TAG) else held
+        if mode == "builtin" and (call := builtin_call(rest, self.builtins)) is not None:
+            name, arguments = call
+            return f"{OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CLOSE}"
+        return rest
+
+
+def builtin_call(text: str, names: Sequence[str]) -> tuple[str, dict[str, Any]] | None:
+    """`NAME.call(key="value", n=3)` as NAME and its arguments, for NAME among `names`
+    (None where it is not such a call, with literal arguments only)."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "call"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in names
+            and not node.args
+        ):
+            return None
+        arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
+    except (SyntaxError, ValueError):
+        return None
+    return node.func.value.id, arguments
+
+
+def json_chars(text: str) -> str:
+    """`text` as it reads inside a JSON string."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
 STARTS_CALL = re.compile(r'\s*\{\s*"name"')

@@ -4,8 +4,8 @@ Templates that support tools write a call one of five ways (`tool_format`): Qwen
 and Hermes' as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in the answer;
 Qwen3-Coder's and Qwen3.5's as XML in the same tags, `<function=NAME>` and a
 `<parameter=KEY>` block of raw text for each argument (typed back by the tool's schema);
-Llama 3.x's as the whole answer, `{"name": ..., "parameters": {...}}` (after
-`<|python_tag|>`, a control token that renders as nothing); Gemma 4's as
+Llama 3.x's as the whole answer, `{"name": ..., "parameters": {...}}`, or for Meta's
+built-in tools `<|python_tag|>brave_search.call(query="...")`; Gemma 4's as
 `<|tool_call>call:NAME{key:<|"|>text<|"|>}<tool_call|>`; gpt-oss's as a Harmony message
 addressed to the function. The last three are rewritten into the first shape as they
 are written (`localspec.server.calls`, `thinking.HarmonySplit`). `ToolCallStream` splits

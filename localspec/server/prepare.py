@@ -22,10 +22,11 @@ from localspec.backends.llama_grammar import (
 )
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.grammar import Grammar
-from localspec.server.calls import gemma_tool_responses, shown_markers
+from localspec.server.calls import gemma_tool_responses, llama_builtins, shown_markers
 from localspec.server.chat import (
     CALL_STYLE,
     GEMMA4,
+    LLAMA3,
     forced_tools,
     template_messages,
     template_tools,
@@ -96,6 +97,11 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
         variables = template_kwargs(body.template_variables())
     except TemplateKwargsError as e:
         raise ApiError(400, str(e), "chat_template_kwargs") from None
+    params = {t.function.name: t.function.parameters or {} for t in body.tools or []}
+    # Meta's built-in tools, called as it trained Llama 3.x to call them
+    builtins = llama_builtins(params) if fmt == LLAMA3 else []
+    if builtins and "builtin_tools" in (template or ""):
+        variables.setdefault("builtin_tools", builtins)
     try:
         text = session.prompt_text(messages, tools, variables)
     except ModelError as e:
@@ -108,9 +114,8 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
         predicted = content_text(body.prediction.content)
         prediction = session.target.tokenize(predicted, special=False) or None
     config = generation_config(body, prompt, session, None, "messages")
-    config = replace(config, shown=shown_tokens(session.target, shown_markers(template)))
+    config = replace(config, shown=shown_tokens(session.target, shown_markers(template, fmt)))
     thinking = None if body.reasoning_format == "none" else opens_thinking(template, text)
-    params = {t.function.name: t.function.parameters or {} for t in body.tools or []}
     return Prepared(prompt, config, prediction, tools=fmt, tool_params=params, thinking=thinking)
 
 

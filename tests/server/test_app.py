@@ -506,6 +506,109 @@ def test_a_llama_3_answer_in_text_stays_text():
     assert out == "<tool_call> " + LLAMA_CALL + "</tool_call>"
 
 
+SEARCH = {
+    "type": "function",
+    "function": {
+        "name": "brave_search",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+    },
+}
+PYTHON = {
+    "type": "function",
+    "function": {
+        "name": "code_interpreter",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}},
+    },
+}
+CODE = 'import math\nprint("r =", math.sqrt(2))\n'
+
+
+@pytest.mark.parametrize("size", [1, 4, 1000])
+@pytest.mark.parametrize(
+    ("answer", "call"),
+    [
+        (
+            '<|python_tag|>brave_search.call(query="Paris, \\"old\\" town")',
+            {"name": "brave_search", "arguments": {"query": 'Paris, "old" town'}},
+        ),
+        ("<|python_tag|>" + CODE, {"name": "code_interpreter", "arguments": {"code": CODE}}),
+        ("<|python_tag|>" + LLAMA_CALL, json.loads(LLAMA_CALL)),
+    ],
+    ids=["builtin", "code", "json-after-tag"],
+)
+def test_llama_3_builtin_tools_calls_become_json_in_tags(answer: str, call: dict, size: int):
+    """Meta's built-in tools: `<|python_tag|>NAME.call(...)`, or code after the tag for
+    its code tool; read as the JSON calls are, whatever the pieces' sizes."""
+    from localspec.server.calls import BareCall
+    from localspec.server.chat import ToolCallStream
+
+    bare = BareCall.for_tools(["get_weather", "brave_search", "code_interpreter"])
+    pieces = [answer[i : i + size] for i in range(0, len(answer), size)]
+    out = "".join(bare.push(p) for p in pieces) + bare.flush()
+    stream = ToolCallStream()
+    content, found = stream.push(out)
+    rest, more = stream.flush()
+    [read] = found + more
+    assert not (content + rest).strip() and read.name == call["name"]
+    assert json.loads(read.arguments) == call.get("arguments", call.get("parameters"))
+
+
+def test_llama_3_text_after_the_tag_that_is_no_call_stays_text():
+    from localspec.server.calls import BareCall
+
+    # no code tool among the request's: the code is text; a call of a tool it lacks too
+    for answer in ("<|python_tag|>print(1)", '<|python_tag|>wolfram_alpha.call(q="x")'):
+        bare = BareCall.for_tools(["brave_search"])
+        out = "".join(bare.push(c) for c in answer) + bare.flush()
+        assert out == answer.removeprefix("<|python_tag|>")
+    bare = BareCall.for_tools(["brave_search"])  # not literal arguments: nothing lost
+    assert bare.push('<|python_tag|>brave_search.call(query=x + "y")') == ""
+    assert bare.flush() == 'brave_search.call(query=x + "y")'
+
+
+def test_llama_3_builtin_tools_reach_its_template_and_round_trip():
+    """A request with Meta's built-in tools: the template gets `builtin_tools` (its
+    system prompt lists them), the call comes back as OpenAI's, whole and streamed, and
+    goes back into the prompt as the template writes it."""
+    turn = b"assistant<|end_header_id|>\n\n"
+    reply = '<|python_tag|>brave_search.call(query="weather in Paris")'
+
+    def answer(prompt: bytes) -> str:  # only a template that lists the tool gets the call
+        return reply if b"Tools: brave_search\n" in prompt else "not told"
+
+    model = Llama(scripted(answer, marker=turn), n_vocab=258, n_ctx=4096)
+    with TestClient(create_app(Session(auto_engine(model, None)), ServerOptions("toy"))) as c:
+        ask = chat(temperature=0, tools=[WEATHER, SEARCH], max_tokens=200)
+        choice = c.post("/v1/chat/completions", json=ask).json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and not choice["message"]["content"]
+        [call] = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "brave_search"
+        assert json.loads(call["function"]["arguments"]) == {"query": "weather in Paris"}
+
+        r = c.post("/v1/chat/completions", json={**ask, "stream": True})
+        chunks = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+        deltas = [ch["choices"][0]["delta"] for ch in chunks if ch["choices"]]
+        pieces = [d["tool_calls"][0] for d in deltas if d.get("tool_calls")]
+        assert pieces[0]["function"]["name"] == "brave_search" and pieces[0]["id"]
+        arguments = "".join(p["function"].get("arguments") or "" for p in pieces)
+        assert json.loads(arguments) == {"query": "weather in Paris"}
+        assert not "".join(d.get("content") or "" for d in deltas)
+
+    from localspec.server.chat import template_messages
+    from localspec.server.schemas import ChatRequest
+
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "sunny"},
+    ]
+    messages = template_messages(ChatRequest.model_validate(chat(messages=history)).messages)
+    session = Session(auto_engine(model, None))
+    tools = [WEATHER, SEARCH]
+    text = session.prompt_text(messages, tools, {"builtin_tools": ["brave_search"]})
+    assert '<|python_tag|>brave_search.call(query="weather in Paris")<|eom_id|>' in text
+
+
 def test_a_forced_call_is_a_grammar_in_the_models_own_format():
     """tool_choice "required" or a named function: no Qwen tags in a Llama answer."""
     from localspec.server.chat import HERMES, LLAMA3, call_schema, forced_tools, tool_grammar
