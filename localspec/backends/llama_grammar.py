@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 from typing import Any
 
 import llama_cpp.llama_cpp as ll
@@ -26,7 +27,8 @@ def in_style(tail: bytes, allowed: set[int]) -> int | None:
     """Where the grammar leaves the whitespace between a JSON answer's parts open (or
     the one character after it), a guess in the answer's own style: on a new line, the
     last line's indentation, then the character; after other whitespace, the character;
-    after a character, what followed it the time before (a space where it has not come
+    after a character, the whitespace the answer put between the two characters the
+    time before, or what followed it the time before (a space where it has not come
     before), or where that is not allowed the one character without space. None where
     no guess is allowed."""
     solid = allowed - WHITESPACE
@@ -40,11 +42,23 @@ def in_style(tail: bytes, allowed: set[int]) -> int | None:
         return min(solid) if len(solid) == 1 else None
     if tail and tail[-1] in WHITESPACE:
         return min(solid) if len(solid) == 1 else None
+    if len(solid) == 1 and (gap := gap_before(tail, min(solid))) is not None:
+        return gap[0] if gap else min(solid)
     at = tail.rfind(tail[-1:], 0, len(tail) - 1) if tail else -1
     guess = tail[at + 1] if at >= 0 else SPACE
     if guess in allowed:
         return guess
     return min(solid) if len(solid) == 1 else None
+
+
+def gap_before(tail: bytes, char: int) -> bytes | None:
+    """The whitespace the answer last put between its last character and `char` (a
+    model that writes `"x" , "y"` does so at every comma), None where it has not yet."""
+    if not tail:
+        return None
+    pattern = re.escape(tail[-1:]) + rb"([ \t\n]*)" + re.escape(bytes([char]))
+    gaps = re.findall(pattern, tail[:-1])
+    return gaps[-1] if gaps else None
 
 
 class GrammarError(LocalspecError):

@@ -298,7 +298,7 @@ class AdaptiveDrafter:
         if choice is None:
             return
         if self.slots() == 1:  # a pass shared with other slots' tokens times them too
-            self.verify.observe(outcome.drafted + 1, outcome.verify_s)
+            self.verify.observe(outcome.forced + outcome.drafted + 1, outcome.verify_s)
         n_ng = min(choice.ngram, outcome.drafted)
         if n_ng:
             self.alpha[self.free_key()].observe(n_ng, min(outcome.accepted, n_ng))

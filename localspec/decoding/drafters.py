@@ -43,7 +43,8 @@ class Outcome:
 
     drafted: int
     accepted: int
-    verify_s: float  # the target's time for the batch of drafted + 1 tokens
+    verify_s: float  # the target's time for its pass: forced + drafted + 1 tokens
+    forced: int = 0  # the grammar's tokens before these, in the same pass (jump-forward)
 
 
 UNBOUNDED = 1 << 30  # the context a model-free drafter can draft after

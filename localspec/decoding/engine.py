@@ -131,7 +131,7 @@ class Engine:
                 break
             started = time.perf_counter()
             budget = max(0, min(self.gamma, room - 1, out.remaining - 1))
-            lead = self._forced(state, budget)
+            lead = self._forced(state, budget, tokens)
             draft = self._timed_draft(rec, tokens + lead, budget - len(lead), params, rng)
             draft = with_lead(lead, draft)
             # the target reads the draft up to a token it does not have, which it refuses
@@ -278,15 +278,18 @@ class Engine:
 
         return verify_sampled(draft.tokens, draft.q, p, rng)
 
-    def _forced(self, state: GrammarState | None, budget: int) -> list[int]:
+    def _forced(self, state: GrammarState | None, budget: int, text: list[int]) -> list[int]:
         """Jump-forward: the tokens of what the grammar alone allows next (at most
-        `budget`), as the target's tokenizer writes that text."""
+        `budget`), as the answer wrote that text before (`as_written`), else as the
+        target's tokenizer writes it."""
         if state is None or budget < 1:
             return []
-        text = state.forced_text(4 * budget)
-        if not text:
+        forced = state.forced_text(4 * budget)
+        if not forced:
             return []
-        tokens = self.target.tokenize(text.decode("utf-8", "replace"), special=False)
+        run, spelled = as_written(self.target, text, forced)
+        rest = forced[len(spelled) :].decode("utf-8", "replace")
+        tokens = run + (self.target.tokenize(rest, special=False) if rest else [])
         # the last token may merge with the free text after it (` "` + `John` is ` "John`
         # to the tokenizer), which the target would then write instead: leave it out
         return tokens[: min(budget, len(tokens) - 1)]
@@ -301,6 +304,32 @@ class Engine:
                 state.accept(token)
 
 
+WRITTEN_WINDOW = 512  # tokens of the text `as_written` looks back over
+
+
+def as_written(model: Model, text: Sequence[int], forced: bytes) -> tuple[list[int], bytes]:
+    """The longest earlier run of `text`'s tokens that spells the start of `forced`, and
+    what it spells: under a grammar the target splits text as it pleases (`f` `i` `le`
+    for a key its tokenizer writes `file`, where an unconstrained favourite such as
+    `filename` is refused), and it splits the same key the same way each time."""
+    best: list[int] = []
+    spelled = b""
+    recent = text[-WRITTEN_WINDOW:]
+    for i, first in enumerate(recent):
+        if not forced.startswith(model.token_bytes(first)) or not model.token_bytes(first):
+            continue
+        run, here = [], b""
+        for token in recent[i:]:
+            piece = model.token_bytes(token)
+            if not piece or not forced.startswith(here + piece):
+                break
+            run.append(token)
+            here += piece
+        if len(here) >= len(spelled):  # the latest of the longest
+            best, spelled = run, here
+    return best, spelled
+
+
 def with_lead(lead: list[int], draft: Draft) -> Draft:
     """The round's draft: the grammar's forced tokens (certain, q one-hot), then the
     drafter's."""
@@ -313,15 +342,15 @@ def with_lead(lead: list[int], draft: Draft) -> Draft:
 
 def drafters_part(outcome: Outcome, lead: int) -> Outcome:
     """What the drafter's own tokens (after `lead` forced ones) met: untested where a
-    forced token was refused; the pass's time pro rata, as its batch was larger."""
+    forced token was refused. The pass's time stays whole, with the forced tokens it held:
+    T(k) is a pass's time by its size, and a share pro rata would teach `auto` a T(1) of
+    a fraction of a real pass's (on a CPU, T(5) is about 1.5 T(1), not 5 T(1))."""
     if not lead:
         return outcome
-    own = outcome.drafted - lead
-    accepted = outcome.accepted - lead
-    share = (own + 1) / (outcome.drafted + 1)
+    own, accepted = outcome.drafted - lead, outcome.accepted - lead
     if accepted < 0:
-        return Outcome(0, 0, outcome.verify_s * share)
-    return Outcome(own, accepted, outcome.verify_s * share)
+        return Outcome(0, 0, outcome.verify_s, forced=lead)
+    return Outcome(own, accepted, outcome.verify_s, forced=lead)
 
 
 class _Output:

@@ -79,3 +79,9 @@ def test_whitespace_is_guessed_in_the_answers_own_style():
     # '"' is not allowed here: the one character there is, without a space
     assert in_style(b'{"a":"x","b":', set(b" \n\t1")) == ord("1")
     assert in_style(b'{"a":"x","b":', set(b" \n\t12")) is None  # two: no guess
+    # a model that writes a space before its commas does so at each one
+    comma = set(b" \n\t,")
+    assert in_style(b'{ "a": "x" , "b": "y"', comma) == ord(" ")
+    assert in_style(b'{ "a": "x" , "b": "y" ', comma) == ord(",")
+    assert in_style(b'{ "a": "x", "b": "y"', comma) == ord(",")
+    assert in_style(b'{ "a": "x"\n, "b": "y"', comma) == ord("\n")

@@ -451,3 +451,19 @@ def test_a_completion_pays_a_new_prompts_catch_up_within_its_few_rounds() -> Non
     assert d.choose(matched=0, gamma=8, lag=20).source == "draft"  # read ahead
     d.predict(None)
     assert d.choose(matched=0, gamma=8, lag=535).source == "draft"
+
+
+def test_a_pass_with_the_grammars_forced_tokens_times_its_whole_size():
+    """Jump-forward: a round's pass holds the forced tokens before the drafter's. Its
+    time teaches T of the whole pass, not a pro-rata share as T of the drafter's part (a
+    T(1) learned as a fifth of T(5) would make every draft look dear)."""
+    from localspec.decoding.engine import drafters_part
+
+    assert drafters_part(Outcome(6, 5, 0.3), 4) == Outcome(2, 1, 0.3, forced=4)
+    assert drafters_part(Outcome(4, 2, 0.3), 4) == Outcome(0, 0, 0.3, forced=4)  # refused
+    assert drafters_part(Outcome(3, 3, 0.3), 0) == Outcome(3, 3, 0.3)
+    d = drafter_with(a=0.10, b=0.05, c=0.08, alpha=0.7)
+    before = dict(d.verify.seconds)  # T(1) 0.10 ... T(5) 0.30
+    d._last = Choice("none", 0, 1.0)
+    d.accept([1, 2, 3], drafters_part(Outcome(4, 4, 0.16), 4))  # a pass of 5 in 0.16 s
+    assert d.verify.seconds[1] == before[1] and d.verify.seconds[5] < before[5]

@@ -126,3 +126,22 @@ def test_constrained_sampling_follows_the_constrained_law():
         else:
             assert chi2(counts[k], law) < critical(law), k
         law = law @ masked
+
+
+def test_forced_text_is_drafted_as_the_answer_split_it_before():
+    """Under a grammar the target splits a key as it pleases (`f` `i` `le`, where its
+    favourite `filename` is refused): the next time the grammar forces that text, the
+    draft splits it the same way; text never written before goes by the tokenizer."""
+    from localspec.decoding.engine import as_written
+
+    f, i, le = 300, 301, 302  # tokens of several bytes, as a real vocabulary has them
+
+    class Pieces(ToyModel):
+        def token_bytes(self, token: int, special: bool = False) -> bytes:
+            return {f: b"f", i: b"i", le: b"le"}.get(token) or super().token_bytes(token)
+
+    model = Pieces(markov(V, seed=1), n_vocab=258)  # bytes, and three tokens more
+    written = [*b'{"', f, i, le, *b'": 1, "']
+    assert as_written(model, written, b'file": ') == ([f, i, le, *b'": '], b'file": ')
+    assert as_written(model, written, b"fig") == ([f, i], b"fi")  # the start of it
+    assert as_written(model, written, b"xyz") == ([], b"")
