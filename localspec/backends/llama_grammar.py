@@ -25,29 +25,33 @@ WHITESPACE = frozenset(b" \t\n")
 
 def in_style(tail: bytes, allowed: set[int]) -> int | None:
     """Where the grammar leaves the whitespace between a JSON answer's parts open (or
-    the one character after it), a guess in the answer's own style: on a new line, the
-    last line's indentation, then the character; after other whitespace, the character;
+    the one character after it), a guess in the answer's own style: on a new line, its
+    indentation (`line_indent`), then the character; after other whitespace, the character;
     after a character, the whitespace the answer put between the two characters the
-    time before, or what followed it the time before (a space where it has not come
-    before), or where that is not allowed the one character without space. None where
-    no guess is allowed."""
+    time before, or after the same character where JSON went on (where it has not come
+    before: a space after ':', ',', '{' and '['), or the one character without space.
+    None where no guess is allowed."""
     solid = allowed - WHITESPACE
     line = tail.rfind(b"\n")
     if line >= 0 and not tail[line + 1 :].strip():  # in a new line's indentation
-        last = tail[tail.rfind(b"\n", 0, line) + 1 : line]
-        indent = last[: len(last) - len(last.lstrip())]
+        indent = line_indent(tail[: line + 1], solid)
         at = len(tail) - line - 1
+        if indent is None:
+            return None
         if at < len(indent):
             return indent[at] if indent[at] in allowed else None
         return min(solid) if len(solid) == 1 else None
     if tail and tail[-1] in WHITESPACE:
         return min(solid) if len(solid) == 1 else None
-    if len(solid) == 1 and (gap := gap_before(tail, min(solid))) is not None:
-        return gap[0] if gap else min(solid)
-    at = tail.rfind(tail[-1:], 0, len(tail) - 1) if tail else -1
-    guess = tail[at + 1] if at >= 0 else SPACE
-    if guess in allowed:
-        return guess
+    gap = gap_before(tail, min(solid)) if len(solid) == 1 else None
+    if gap is None:
+        gap = gap_after(tail)
+    if gap:
+        return gap[0] if gap[0] in allowed else None
+    if gap == b"" and len(solid) == 1:
+        return min(solid)
+    if SPACE in allowed and gap is None and tail[-1:] in (b":", b",", b"{", b"["):
+        return SPACE  # none yet: a space after a separator or opener, none before one
     return min(solid) if len(solid) == 1 else None
 
 
@@ -58,6 +62,41 @@ def gap_before(tail: bytes, char: int) -> bytes | None:
         return None
     pattern = re.escape(tail[-1:]) + rb"([ \t\n]*)" + re.escape(bytes([char]))
     gaps = re.findall(pattern, tail[:-1])
+    return gaps[-1] if gaps else None
+
+
+def line_indent(text: bytes, solid: set[int]) -> bytes | None:
+    """The indentation of the line after `text` (which ends a line): the last line's,
+    one step deeper after a '{' or '[' and one step shallower before a '}' or ']', the
+    step as the answer took it before (None where it has not yet: no guess)."""
+    lines = text[:-1].split(b"\n")
+    indents = [ln[: len(ln) - len(ln.lstrip())] for ln in lines]
+    indent = indents[-1]
+    opens = [i for i, ln in enumerate(lines[:-1]) if ln.rstrip()[-1:] in (b"{", b"[")]
+    steps = [indents[i + 1][len(indents[i]) :] for i in opens]
+    step = next((s for s in reversed(steps) if s), b"")
+    if lines[-1].rstrip()[-1:] in (b"{", b"["):
+        return indent + step if step else None
+    if solid and solid <= {ord("}"), ord("]")}:
+        return indent[: len(indent) - len(step)] if step and indent.endswith(step) else None
+    return indent
+
+
+# where a JSON value or key starts, or an object or array ends: the whitespace before it
+# is the answer's layout (a ':' inside a string, as in a URL, says nothing of it)
+STRUCTURE = rb"[\"{\[\]}0-9tfn\-]"
+
+
+def gap_after(tail: bytes) -> bytes | None:
+    """The whitespace the answer last put after its last character where JSON went on
+    (a first ',' of an answer laid out over lines: as after its '{'); None where it has
+    not yet."""
+    if not tail:
+        return None
+    gaps = re.findall(re.escape(tail[-1:]) + rb"([ \t\n]*)" + STRUCTURE, tail[:-1])
+    if not gaps and tail[-1:] == b",":
+        opened = re.findall(rb"[{\[]([ \t\n]*)" + STRUCTURE, tail)
+        gaps = [g for g in opened[-1:] if b"\n" in g]
     return gaps[-1] if gaps else None
 
 

@@ -131,7 +131,7 @@ class Engine:
                 break
             started = time.perf_counter()
             budget = max(0, min(self.gamma, room - 1, out.remaining - 1))
-            lead = self._forced(state, budget, tokens)
+            lead = self._forced(state, budget, out.tokens)
             draft = self._timed_draft(rec, tokens + lead, budget - len(lead), params, rng)
             draft = with_lead(lead, draft)
             # the target reads the draft up to a token it does not have, which it refuses
@@ -280,8 +280,8 @@ class Engine:
 
     def _forced(self, state: GrammarState | None, budget: int, text: list[int]) -> list[int]:
         """Jump-forward: the tokens of what the grammar alone allows next (at most
-        `budget`), as the answer wrote that text before (`as_written`), else as the
-        target's tokenizer writes it."""
+        `budget`), as the answer (`text`, under the grammar) wrote that text before
+        (`as_written`), else as the target's tokenizer writes it."""
         if state is None or budget < 1:
             return []
         forced = state.forced_text(4 * budget)

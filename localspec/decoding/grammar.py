@@ -10,8 +10,9 @@ first rejection, and past a refused token there is no state to mask with.
 
 Where the grammar leaves a single way on for several characters (a key, a colon, the
 quote that opens a string), those characters are a free draft ("jump-forward"):
-`forced_text` finds them, the target's tokenizer turns them into tokens, and the target
-verifies them with the rest of the round.
+`forced_text` finds them, split into tokens as the answer split that text before (or
+by the target's tokenizer: a constrained target often splits a key its own way), and
+the target verifies them with the rest of the round.
 """
 
 from __future__ import annotations

@@ -85,3 +85,19 @@ def test_whitespace_is_guessed_in_the_answers_own_style():
     assert in_style(b'{ "a": "x" , "b": "y" ', comma) == ord(",")
     assert in_style(b'{ "a": "x", "b": "y"', comma) == ord(",")
     assert in_style(b'{ "a": "x"\n, "b": "y"', comma) == ord("\n")
+    # what followed a ':' inside a string (a URL's) says nothing of the layout
+    colon = set(b" \n\t{")
+    assert in_style(b'{"url": "https://x", "headers":', colon) == ord(" ")
+    assert in_style(b'{"url":"https://x","headers":', colon) == ord("{")
+    # a first ',' of an answer laid out over lines: a new line, as after its '{'
+    key = set(b' \n\t"')
+    assert in_style(b'{\n  "method": "POST",', key) == ord("\n")
+    assert in_style(b'{\n  "method"', set(b" \n\t:")) == ord(":")  # before a ':', no space
+    # a new line after an opener: one step deeper, before a closer one shallower, the
+    # step as the answer took it; before any step is known, no guess
+    assert in_style(b"{\n", key) is None
+    nested = b'{\n  "h": {\n'
+    assert [in_style(nested + b" " * n, key) for n in range(5)] == [32, 32, 32, 32, 34]
+    close = set(b" \n\t}")
+    done = b'{\n  "h": {\n    "a": "x"\n'
+    assert [in_style(done + b" " * n, close) for n in range(3)] == [32, 32, ord("}")]
