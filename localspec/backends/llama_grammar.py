@@ -190,6 +190,9 @@ class LlamaGrammarState:
     def allows(self, token: int) -> bool:
         return bool(np.isfinite(self._apply(np.array([token]), np.zeros(1)))[0])
 
+    def allowed(self, tokens: np.ndarray) -> np.ndarray:
+        return np.isfinite(self._apply(tokens.astype(np.int32), np.zeros(len(tokens))))
+
     def mask(self, logits: np.ndarray) -> np.ndarray:
         n = len(logits)
         return self._apply(np.arange(n, dtype=np.int32), logits).astype(logits.dtype)

@@ -33,6 +33,10 @@ class GrammarState(Protocol):
         """`logits` with every token the grammar refuses next at -inf (a copy)."""
         ...
 
+    def allowed(self, tokens: np.ndarray) -> np.ndarray:
+        """Whether each of `tokens` may come next (booleans)."""
+        ...
+
     def accept(self, token: int) -> None:
         """Advance past `token`, which must be allowed."""
         ...
@@ -64,10 +68,19 @@ def states_along(state: GrammarState, tokens: Sequence[int]) -> Iterator[Grammar
         yield here
 
 
+SHORTLIST = 64  # a row's best tokens checked before its whole vocabulary
+
+
 def masked_argmax(state: GrammarState, row: np.ndarray) -> int:
     """The best token the grammar allows: the row's own argmax where it is allowed (one
-    token checked), else the argmax of the masked row (the whole vocabulary checked)."""
+    token checked), else the best allowed among its SHORTLIST best (if any is allowed,
+    the best allowed of all is among them), else the argmax of the masked row (the whole
+    vocabulary checked: ~20 ms under llama.cpp's grammar for a 152k vocabulary, where
+    the shortlist takes well under 1). Ties go to the lower id, as np.argmax's do."""
     best = int(np.argmax(row))
     if state.allows(best):
         return best
+    top = np.sort(np.argpartition(row, -SHORTLIST)[-SHORTLIST:]) if len(row) > SHORTLIST else None
+    if top is not None and len(ok := top[state.allowed(top)]):
+        return int(ok[np.argmax(row[ok])])
     return int(np.argmax(state.mask(row)))

@@ -32,6 +32,9 @@ class Parity:
         out[ALLOWED[self.state]] = logits[ALLOWED[self.state]]
         return out
 
+    def allowed(self, tokens: np.ndarray) -> np.ndarray:
+        return np.isin(tokens, ALLOWED[self.state])
+
     def accept(self, token: int) -> None:
         assert self.allows(token), (self.state, token)
         self.state = 1 if token % 2 == 0 else 0
@@ -145,3 +148,42 @@ def test_forced_text_is_drafted_as_the_answer_split_it_before():
     assert as_written(model, written, b'file": ') == ([f, i, le, *b'": '], b'file": ')
     assert as_written(model, written, b"fig") == ([f, i], b"fi")  # the start of it
     assert as_written(model, written, b"xyz") == ([], b"")
+
+
+def test_the_best_allowed_token_is_found_from_a_shortlist_as_from_the_whole_row():
+    """masked_argmax checks the row's best tokens before its whole vocabulary: the same
+    token as the masked row's argmax, whether the allowed ones rank high, low, or tie."""
+    from localspec.decoding.grammar import masked_argmax
+
+    class Allowed:
+        def __init__(self, ids: np.ndarray) -> None:
+            self.ids, self.asked = ids, 0
+
+        def allows(self, token: int) -> bool:
+            return bool(np.isin(token, self.ids))
+
+        def allowed(self, tokens: np.ndarray) -> np.ndarray:
+            return np.isin(tokens, self.ids)
+
+        def mask(self, logits: np.ndarray) -> np.ndarray:
+            self.asked += 1
+            out = np.full_like(logits, -np.inf)
+            out[self.ids] = logits[self.ids]
+            return out
+
+    rng = np.random.default_rng(0)
+    n = 5000
+    for trial in range(200):
+        row = rng.standard_normal(n).astype(np.float32)
+        if trial % 4 == 0:
+            row = np.round(row, 1)  # many ties
+        size = [1, 3, 50, 2500][trial % 4]
+        state = Allowed(rng.choice(n, size, replace=False))
+        expected = int(np.argmax(Allowed(state.ids).mask(row)))
+        assert masked_argmax(state, row) == expected
+    # where one of the best 64 is allowed, the vocabulary is not masked
+    row = np.arange(n, dtype=np.float32)
+    state = Allowed(np.array([n - 10, 3]))
+    assert masked_argmax(state, row) == n - 10 and state.asked == 0
+    state = Allowed(np.array([3, 7]))
+    assert masked_argmax(state, row) == 7 and state.asked == 1
