@@ -226,9 +226,15 @@ class DraftLog:
         return self.drafter.n_ctx
 
     def draft(
-        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        gamma: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        forced: int = 0,
     ) -> Draft:
-        proposed = self.drafter.draft(context, gamma, params, rng)
+        proposed = self.drafter.draft(context, gamma, params, rng, forced=forced)
         self.drafts[len(context)] = tuple(proposed.tokens)
         return proposed
 

@@ -27,6 +27,11 @@ drafting: a free match goes first; the draft model drafts when there is none, or
 one that ends short when that pays (a suffix run whose continuation grows unsure, the end
 of a prediction; an n-gram match is always γ long, as a copy of the text goes on).
 
+Under a grammar, the forced tokens of jump-forward (engine.py) come first in the round's
+pass, as good as certain: a draft after f of them is judged against that round's rate,
+(f + 1 + E(k)) / T(f + k + 1) over (f + 1) / T(f + 1), and the pass's time teaches T of
+its whole size.
+
 A request may bring a prediction of its answer (Predicted Outputs, see prediction.py):
 another free source, weighed like the n-grams with its own α (per alignment length,
 measured afresh for each request) and drafted deeper (up to PREDICTION_GAMMA_MAX): where
@@ -210,20 +215,26 @@ class AdaptiveDrafter:
 
     # --- the round ------------------------------------------------------------------
     def draft(
-        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        gamma: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        forced: int = 0,
     ) -> Draft:
         deep, gamma = min(gamma, PREDICTION_GAMMA_MAX), min(gamma, GAMMA_MAX)
-        if len(context) != self._text_len:
+        if len(context) - forced != self._text_len:
             self.shadows.clear()  # another text (the next request): they would not apply
         lag = self.model.unread(context) if self.model else 0
         n, match = self.ngrams.match(context, gamma)
-        free = [("ngram", n, match, self.choose(len(match), gamma, lag, n))]
+        free = [("ngram", n, match, self.choose(len(match), gamma, lag, n, forced=forced))]
         if self.prediction is not None:
             n, found = self.prediction.match(context, deep)
             depth = deep if n >= max(PREDICTION_PRIOR) else gamma  # deep along a long run
             found = found[:depth]
             if found:
-                choice = self.choose(len(found), depth, lag, n, free="prediction")
+                choice = self.choose(len(found), depth, lag, n, "prediction", forced)
                 if found[:1] == match[:1]:
                     # the lookup proposes what the prediction does (an edited file is in
                     # the prompt too): the prediction drafts it, deeper, on this request's α
@@ -237,7 +248,7 @@ class AdaptiveDrafter:
                     # the lookup's match is the end of this longer run: the suffix drafts
                     # it, on its own α (else the one measured first would keep it)
                     free = [f for f in free if f[0] != "ngram"]
-                choice = self.choose(len(tokens), depth, lag, run.run, free="suffix")
+                choice = self.choose(len(tokens), depth, lag, run.run, "suffix", forced)
                 free.append(("suffix", run.run, tokens, choice))
         # the free source whose round pays best (a probe counts as plain decoding)
         self._free, self._match_n, match, choice = max(free, key=lambda f: f[3].gain or 1.0)
@@ -322,19 +333,29 @@ class AdaptiveDrafter:
         return (lag - 1) * (self.model.catchup_s or self.draft_cost / 2)
 
     def choose(
-        self, matched: int, gamma: int, lag: int = 0, n: int = 4, free: str = "ngram"
+        self,
+        matched: int,
+        gamma: int,
+        lag: int = 0,
+        n: int = 4,
+        free: str = "ngram",
+        forced: int = 0,
     ) -> Choice:
         """The source and k with the best expected tokens/s (see the module docstring);
         `matched` tokens from a match of length `n` by the free source `free` ("ngram",
-        "prediction" or "suffix"). The draft model drafts at most GAMMA_MAX tokens in a round."""
+        "prediction" or "suffix"). The draft model drafts at most GAMMA_MAX tokens in a
+        round. After `forced` tokens of the grammar's (jump-forward, as good as certain)
+        the pass already holds forced + 1 tokens: a draft is priced from there, its
+        expected tokens added to those forced + 1 (gains are over that round's rate)."""
         if gamma == 0 or not self.timings().seconds:
             return Choice("none", 0, 1.0)  # time one plain round first: T(1)
         c = self.draft_cost
         m, depth = min(matched, gamma), min(gamma, GAMMA_MAX)
-        t = self.priced(max(m, depth) + 1)  # t[k - 1] = T(k)
+        t = self.priced(max(m, depth) + 1 + forced)[forced:]  # t[k - 1] = T(forced + k)
         # a plain round's time: T(1) as timed, not the line's a (one far batch size, as a
         # deep prediction draft times, can tilt the line and make every draft look dear)
         a = t[0]
+        per = 1 / (forced + 1)  # a drafted token's share of the round's tokens, as a rate
         ng = self.alpha[free_key(free, n)] if matched else None
         catchup = self.catchup_cost(lag) / (
             FIM_CATCHUP_ROUNDS if self._completing else CATCHUP_ROUNDS
@@ -346,15 +367,15 @@ class AdaptiveDrafter:
         # A source not yet seen is judged at its prior, at every depth: on a CPU a 2-token
         # pass can cost most of a 6-token one, so a 1-token try is the dearest way to learn.
         if ng and m:
-            gains = [(1 + e) * a / t[k] for k, e in enumerate(ng.expected(m), 1)]
+            gains = [(1 + per * e) * a / t[k] for k, e in enumerate(ng.expected(m), 1)]
             best = better(best, free, gains, 1, free_tokens=None)
         if self.model is not None:
             dm = self.alpha["draft"]
             # Its first try pays the catch-up of the whole prompt, so it has to pay by the
             # priors, not just time a batch size (on a CPU the dearest one, T(2)).
-            batch = t if dm.seen[0] else self.priced(depth + 1, prior=True)
+            batch = t if dm.seen[0] else self.priced(depth + 1 + forced, prior=True)[forced:]
             gains = [
-                (1 + e) * a / (fixed + k * c + batch[k])
+                (1 + per * e) * a / (fixed + k * c + batch[k])
                 for k, e in enumerate(dm.expected(depth), 1)
             ]
             best = better(best, "draft", gains, 1, free_tokens=0)
@@ -363,7 +384,7 @@ class AdaptiveDrafter:
                 ng_expected = ng.expected(m)[-1]
                 reach = ng.all_accepted(m)
                 gains = [
-                    (1 + ng_expected + reach * e) * a / (fixed + (r + 1) * c + batch[m + r])
+                    (1 + per * (ng_expected + reach * e)) * a / (fixed + (r + 1) * c + batch[m + r])
                     for r, e in enumerate(dm.expected(depth - m), 1)
                 ]
                 best = better(best, f"{free}+draft", gains, m + 1, free_tokens=m)

@@ -66,9 +66,16 @@ class Drafter(Protocol):
         ...
 
     def draft(
-        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        gamma: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        forced: int = 0,
     ) -> Draft:
-        """Propose up to `gamma` tokens to follow `context`."""
+        """Propose up to `gamma` tokens to follow `context`, whose last `forced` tokens
+        are the grammar's jump-forward draft: not yet verified, in the same pass."""
         ...
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
@@ -84,7 +91,13 @@ class NoDrafter:
     n_ctx = UNBOUNDED
 
     def draft(
-        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        gamma: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        forced: int = 0,
     ) -> Draft:
         return Draft()
 
@@ -193,6 +206,8 @@ class DraftModel(StepTimes):
         params: SamplingParams,
         rng: np.random.Generator,
         p_min: float | Sequence[float] | None = None,
+        *,
+        forced: int = 0,
     ) -> Draft:
         """Up to `gamma` tokens, stopping at a confidence below `p_min` (this round's;
         default: its own)."""
@@ -266,6 +281,8 @@ class MtpDrafter(StepTimes):
         params: SamplingParams,
         rng: np.random.Generator,
         p_min: float | Sequence[float] | None = None,
+        *,
+        forced: int = 0,
     ) -> Draft:
         head, last = self.head, len(context) - 1
         entries = head.catch_up(context)
@@ -302,7 +319,13 @@ class NgramDrafter:
         self.index = NgramIndex(n_max, n_min)
 
     def draft(
-        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        gamma: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        forced: int = 0,
     ) -> Draft:
         tokens = self.index.lookup(context, gamma)
         return Draft(tokens, [None] * len(tokens))

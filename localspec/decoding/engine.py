@@ -132,7 +132,7 @@ class Engine:
             started = time.perf_counter()
             budget = max(0, min(self.gamma, room - 1, out.remaining - 1))
             lead = self._forced(state, budget, out.tokens)
-            draft = self._timed_draft(rec, tokens + lead, budget - len(lead), params, rng)
+            draft = self._timed_draft(rec, tokens, lead, budget, params, rng)
             draft = with_lead(lead, draft)
             # the target reads the draft up to a token it does not have, which it refuses
             n = self.readable(draft.tokens)
@@ -186,14 +186,18 @@ class Engine:
         self,
         rec: StatsRecorder,
         tokens: list[int],
-        gamma: int,
+        lead: list[int],
+        budget: int,
         params: SamplingParams,
         rng: np.random.Generator,
     ) -> Draft:
-        if gamma == 0:
+        """The drafter's tokens after the grammar's forced `lead` (which it is told of:
+        they go in the same pass), `budget` in all."""
+        gamma = budget - len(lead)
+        if gamma <= 0:
             return Draft()
         busy, started = self.drafter.busy_s, time.perf_counter()
-        draft = self.drafter.draft(tokens, gamma, params, rng)
+        draft = self.drafter.draft(tokens + lead, gamma, params, rng, forced=len(lead))
         rec.draft_s += time.perf_counter() - started
         rec.llama_s += self.drafter.busy_s - busy
         return draft

@@ -124,13 +124,19 @@ class PredictionDrafter:
         return self.fallback.n_ctx
 
     def draft(
-        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        gamma: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        forced: int = 0,
     ) -> Draft:
         _, tokens = self.prediction.match(context, gamma)
         self._drafted_by_prediction = bool(tokens)
         if tokens:
             return Draft(tokens, [None] * len(tokens), by="prediction")
-        return self.fallback.draft(context, gamma, params, rng)
+        return self.fallback.draft(context, gamma, params, rng, forced=forced)
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         if self._drafted_by_prediction:

@@ -467,3 +467,15 @@ def test_a_pass_with_the_grammars_forced_tokens_times_its_whole_size():
     d._last = Choice("none", 0, 1.0)
     d.accept([1, 2, 3], drafters_part(Outcome(4, 4, 0.16), 4))  # a pass of 5 in 0.16 s
     assert d.verify.seconds[1] == before[1] and d.verify.seconds[5] < before[5]
+
+
+def test_a_draft_after_the_grammars_forced_tokens_is_priced_in_their_pass():
+    """Jump-forward's tokens go in the same pass: a draft after them lengthens a pass
+    that already yields forced + 1 tokens, so it must beat that round's rate, not plain
+    decoding's (on a CPU line a + b(k - 1): 13 tokens in 0.34 s against 1 in 0.10 s)."""
+    d = drafter_with(a=0.10, b=0.02, c=0.01, alpha=0.7)
+    alone = d.choose(matched=0, gamma=8)
+    assert alone.source == "draft" and alone.k >= 1  # 1.7 tokens in 0.13 s beat 1 in 0.10
+    after = d.choose(matched=0, gamma=8, forced=12)
+    assert after.source == "none"  # 13.7 tokens in 0.37 s do not beat 13 in 0.34
+    assert d.choose(matched=0, gamma=8, forced=0) == alone
