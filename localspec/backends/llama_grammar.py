@@ -191,7 +191,11 @@ class LlamaGrammarState:
         return bool(np.isfinite(self._apply(np.array([token]), np.zeros(1)))[0])
 
     def allowed(self, tokens: np.ndarray) -> np.ndarray:
-        return np.isfinite(self._apply(tokens.astype(np.int32), np.zeros(len(tokens))))
+        """(A draft model's token past the grammar's vocabulary: refused, never asked.)"""
+        ok = tokens < self.grammar.model.n_vocab
+        out = np.zeros(len(tokens), dtype=bool)
+        out[ok] = np.isfinite(self._apply(tokens[ok].astype(np.int32), np.zeros(int(ok.sum()))))
+        return out
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         n = len(logits)

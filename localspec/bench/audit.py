@@ -24,6 +24,7 @@ import numpy as np
 from localspec.backends.base import Model
 from localspec.decoding.drafters import Draft, Drafter, Outcome
 from localspec.decoding.events import RoundEnd
+from localspec.decoding.grammar import GrammarState
 from localspec.decoding.sampling import SamplingParams
 
 Verdict = Literal["numerics", "defect"]
@@ -233,8 +234,9 @@ class DraftLog:
         rng: np.random.Generator,
         *,
         forced: int = 0,
+        grammar: GrammarState | None = None,
     ) -> Draft:
-        proposed = self.drafter.draft(context, gamma, params, rng, forced=forced)
+        proposed = self.drafter.draft(context, gamma, params, rng, forced=forced, grammar=grammar)
         self.drafts[len(context)] = tuple(proposed.tokens)
         return proposed
 

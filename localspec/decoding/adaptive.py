@@ -75,6 +75,7 @@ from localspec.decoding.estimates import (
     Acceptance,
     VerifyCost,
 )
+from localspec.decoding.grammar import GrammarState, last_state
 from localspec.decoding.prediction import Prediction
 from localspec.decoding.sampling import Probs, SamplingParams
 from localspec.decoding.suffix import DEEP_RUN, SUFFIX_PRIOR, SuffixIndex, suffix_key
@@ -222,6 +223,7 @@ class AdaptiveDrafter:
         rng: np.random.Generator,
         *,
         forced: int = 0,
+        grammar: GrammarState | None = None,
     ) -> Draft:
         deep, gamma = min(gamma, PREDICTION_GAMMA_MAX), min(gamma, GAMMA_MAX)
         if len(context) - forced != self._text_len:
@@ -258,9 +260,21 @@ class AdaptiveDrafter:
         tokens = match[: choice.ngram]
         q: list[Probs | None] = [None] * choice.ngram
         busy = self.busy_s
-        if self.model is not None and choice.k > choice.ngram:
+        # under a grammar the draft model goes on within it, from its state after the
+        # free tokens (none where the grammar refuses one of them: the rest would be lost)
+        after = grammar if grammar is None else last_state(grammar, tokens)
+        if (
+            self.model is not None
+            and choice.k > choice.ngram
+            and (grammar is None or after is not None)
+        ):
             more = self.model.draft(
-                [*context, *tokens], choice.k - choice.ngram, params, rng, self.p_min(choice)
+                [*context, *tokens],
+                choice.k - choice.ngram,
+                params,
+                rng,
+                self.p_min(choice),
+                grammar=after,
             )
             tokens, q = tokens + more.tokens, q + more.q
         self._draft_s = self.busy_s - busy

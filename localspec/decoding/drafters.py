@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from localspec.backends.base import Model, common_prefix, shared_prefix
+from localspec.decoding.grammar import GrammarState, shortlisted
 from localspec.decoding.sampling import (
     Probs,
     SamplingParams,
@@ -73,9 +74,11 @@ class Drafter(Protocol):
         rng: np.random.Generator,
         *,
         forced: int = 0,
+        grammar: GrammarState | None = None,
     ) -> Draft:
         """Propose up to `gamma` tokens to follow `context`, whose last `forced` tokens
-        are the grammar's jump-forward draft: not yet verified, in the same pass."""
+        are the grammar's jump-forward draft: not yet verified, in the same pass. Under a
+        grammar, `grammar` is its state after `context`: a drafter may draft within it."""
         ...
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
@@ -98,6 +101,7 @@ class NoDrafter:
         rng: np.random.Generator,
         *,
         forced: int = 0,
+        grammar: GrammarState | None = None,
     ) -> Draft:
         return Draft()
 
@@ -208,6 +212,7 @@ class DraftModel(StepTimes):
         p_min: float | Sequence[float] | None = None,
         *,
         forced: int = 0,
+        grammar: GrammarState | None = None,
     ) -> Draft:
         """Up to `gamma` tokens, stopping at a confidence below `p_min` (this round's;
         default: its own)."""
@@ -221,7 +226,8 @@ class DraftModel(StepTimes):
                 self._overhead = time.perf_counter() - started
             return logits
 
-        return draw(step, seq, gamma, params, rng, self.p_min if p_min is None else p_min)
+        p_min = self.p_min if p_min is None else p_min
+        return draw(step, seq, gamma, params, rng, p_min, grammar)
 
     def read_ahead(self, context: Sequence[int], n: int) -> int:
         """Read up to `n` tokens of `context` it has not (between requests, so that the
@@ -283,6 +289,7 @@ class MtpDrafter(StepTimes):
         p_min: float | Sequence[float] | None = None,
         *,
         forced: int = 0,
+        grammar: GrammarState | None = None,
     ) -> Draft:
         head, last = self.head, len(context) - 1
         entries = head.catch_up(context)
@@ -298,7 +305,8 @@ class MtpDrafter(StepTimes):
             return logits
 
         state = np.empty(head.n_embd, dtype=np.float32)
-        drafted = draw(step, seq, gamma, params, rng, self.p_min if p_min is None else p_min)
+        p_min = self.p_min if p_min is None else p_min
+        drafted = draw(step, seq, gamma, params, rng, p_min, grammar)
         head.settle(context)
         return drafted
 
@@ -326,6 +334,7 @@ class NgramDrafter:
         rng: np.random.Generator,
         *,
         forced: int = 0,
+        grammar: GrammarState | None = None,
     ) -> Draft:
         tokens = self.index.lookup(context, gamma)
         return Draft(tokens, [None] * len(tokens))
@@ -350,18 +359,29 @@ def draw(
     params: SamplingParams,
     rng: np.random.Generator,
     p_min: float | Sequence[float],
+    grammar: GrammarState | None = None,
 ) -> Draft:
     """Up to `gamma` tokens from a draft model: `step(i)` gives the logits after `seq`,
-    which each drafted token extends; it stops at a token too unsure (`pick`)."""
+    which each drafted token extends; it stops at a token too unsure (`pick`). Under a
+    grammar it drafts what the grammar allows (`shortlisted`: a token the target's
+    grammar refuses is a sure rejection), q the law it drew from."""
     tokens: list[int] = []
     qs: list[Probs | None] = []
+    here = grammar.clone() if grammar is not None else None
     for i in range(gamma):
-        x, q = pick(step(i), params, seq, rng, p_min_at(p_min, i))
+        logits: np.ndarray | None = step(i)
+        if here is not None and logits is not None:
+            logits = shortlisted(here, logits)
+        if logits is None:
+            break
+        x, q = pick(logits, params, seq, rng, p_min_at(p_min, i))
         if x is None:
             break
         qs.append(q)
         tokens.append(x)
         seq.append(x)
+        if here is not None:
+            here.accept(x)
     return Draft(tokens, qs)
 
 

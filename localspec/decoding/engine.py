@@ -34,7 +34,13 @@ from localspec.decoding.events import (
     StatsRecorder,
     StopReason,
 )
-from localspec.decoding.grammar import Grammar, GrammarState, masked_argmax, states_along
+from localspec.decoding.grammar import (
+    Grammar,
+    GrammarState,
+    last_state,
+    masked_argmax,
+    states_along,
+)
 from localspec.decoding.sampling import (
     Probs,
     SamplingParams,
@@ -132,7 +138,7 @@ class Engine:
             started = time.perf_counter()
             budget = max(0, min(self.gamma, room - 1, out.remaining - 1))
             lead = self._forced(state, budget, out.tokens)
-            draft = self._timed_draft(rec, tokens, lead, budget, params, rng)
+            draft = self._timed_draft(rec, tokens, lead, budget, params, rng, state)
             draft = with_lead(lead, draft)
             # the target reads the draft up to a token it does not have, which it refuses
             n = self.readable(draft.tokens)
@@ -190,14 +196,19 @@ class Engine:
         budget: int,
         params: SamplingParams,
         rng: np.random.Generator,
+        state: GrammarState | None = None,
     ) -> Draft:
         """The drafter's tokens after the grammar's forced `lead` (which it is told of:
-        they go in the same pass), `budget` in all."""
+        they go in the same pass), `budget` in all, within the grammar (its state after
+        the lead)."""
         gamma = budget - len(lead)
         if gamma <= 0:
             return Draft()
         busy, started = self.drafter.busy_s, time.perf_counter()
-        draft = self.drafter.draft(tokens + lead, gamma, params, rng, forced=len(lead))
+        grammar = None if state is None else last_state(state, lead)
+        draft = self.drafter.draft(
+            tokens + lead, gamma, params, rng, forced=len(lead), grammar=grammar
+        )
         rec.draft_s += time.perf_counter() - started
         rec.llama_s += self.drafter.busy_s - busy
         return draft

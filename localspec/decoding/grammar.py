@@ -68,7 +68,28 @@ def states_along(state: GrammarState, tokens: Sequence[int]) -> Iterator[Grammar
         yield here
 
 
+def last_state(state: GrammarState, tokens: Sequence[int]) -> GrammarState | None:
+    """The state after `tokens` (a clone), None where the grammar refuses one of them."""
+    states = list(states_along(state, tokens))
+    return states[-1] if len(states) == len(tokens) + 1 else None
+
+
 SHORTLIST = 64  # a row's best tokens checked before its whole vocabulary
+
+
+def shortlisted(state: GrammarState, row: np.ndarray) -> np.ndarray | None:
+    """A draft model's row under the grammar: its SHORTLIST best tokens that the grammar
+    allows, the rest at -inf (None where none of them is: the draft stops there). The
+    whole vocabulary's mask would cost a draft step's worth of time per token; a draft
+    only has to report the law it drew from, and this is that law."""
+    top = np.argpartition(row, -SHORTLIST)[-SHORTLIST:] if len(row) > SHORTLIST else None
+    ids = np.arange(len(row)) if top is None else top
+    ok = ids[state.allowed(ids)]
+    if not len(ok):
+        return None
+    out = np.full_like(row, -np.inf)
+    out[ok] = row[ok]
+    return out
 
 
 def masked_argmax(state: GrammarState, row: np.ndarray) -> int:

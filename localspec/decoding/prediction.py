@@ -20,6 +20,7 @@ from difflib import SequenceMatcher
 import numpy as np
 
 from localspec.decoding.drafters import Draft, Drafter, Outcome
+from localspec.decoding.grammar import GrammarState
 from localspec.decoding.sampling import SamplingParams
 
 TAIL = 64  # the most answer tokens compared when aligning; longer runs add no certainty
@@ -131,12 +132,13 @@ class PredictionDrafter:
         rng: np.random.Generator,
         *,
         forced: int = 0,
+        grammar: GrammarState | None = None,
     ) -> Draft:
         _, tokens = self.prediction.match(context, gamma)
         self._drafted_by_prediction = bool(tokens)
         if tokens:
             return Draft(tokens, [None] * len(tokens), by="prediction")
-        return self.fallback.draft(context, gamma, params, rng, forced=forced)
+        return self.fallback.draft(context, gamma, params, rng, forced=forced, grammar=grammar)
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         if self._drafted_by_prediction:

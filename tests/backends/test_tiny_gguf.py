@@ -216,7 +216,7 @@ def test_a_draft_token_past_the_targets_vocabulary_is_refused(unequal_models) ->
     proposal = QWEN_SMALL_VOCAB + 5
 
     class PaddingDrafter(NoDrafter):
-        def draft(self, context, gamma, params, rng):  # type: ignore[override]
+        def draft(self, context, gamma, params, rng, *, forced=0, grammar=None):  # type: ignore[override]
             q = np.zeros(QWEN_LARGE_VOCAB)
             q[proposal] = 1.0
             return Draft([proposal], [None if params.greedy else q])

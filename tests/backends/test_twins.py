@@ -67,7 +67,7 @@ class Oracle:
     def __init__(self, prompt_len: int, answer: Sequence[int], n_vocab: int) -> None:
         self.at, self.answer, self.n_vocab, self.rounds = prompt_len, list(answer), n_vocab, 0
 
-    def draft(self, context, gamma, params, rng) -> Draft:
+    def draft(self, context, gamma, params, rng, *, forced=0, grammar=None) -> Draft:
         done = len(context) - self.at
         tokens = self.answer[done : done + gamma]
         wrong = self.rounds % (gamma + 1)

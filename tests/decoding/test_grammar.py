@@ -187,3 +187,34 @@ def test_the_best_allowed_token_is_found_from_a_shortlist_as_from_the_whole_row(
     assert masked_argmax(state, row) == n - 10 and state.asked == 0
     state = Allowed(np.array([3, 7]))
     assert masked_argmax(state, row) == 7 and state.asked == 1
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_draft_model_drafts_within_the_grammar(temperature: float):
+    """A draft token the grammar refuses is a sure rejection: under a grammar the draft
+    model drafts what it allows (greedy and sampled; the sampled q is the law it drew
+    from, which the chi-square test above holds the answers to)."""
+    draft = DraftModel(ToyModel(markov(V, seed=2), n_vocab=V), p_min=0.0)
+    params = SamplingParams(temperature=temperature, seed=1)
+    rng = np.random.default_rng(1)
+    context = [3, 1, 4, 1, 5]
+    state = Parity()
+    for t in context:
+        state.accept(t)
+    free = draft.draft(list(context), 12, params, rng)
+    within = draft.draft(list(context), 12, params, rng, grammar=state.clone())
+    start = state.state
+    assert not follows_from(start, free.tokens)  # this draft model strays, unconstrained
+    assert len(within.tokens) == 12 and follows_from(start, within.tokens)
+    if temperature:
+        for q, x in zip(within.q, within.tokens, strict=True):
+            assert q is not None and q[x] > 0 and q[0] == 0.0  # never a refused token
+
+
+def follows_from(state: int, tokens) -> bool:
+    here = Parity(state)
+    for t in tokens:
+        if not here.allows(t):
+            return False
+        here.accept(t)
+    return True

@@ -25,6 +25,7 @@ from localspec.decoding.adaptive import auto_engine
 from localspec.decoding.drafters import Draft, Drafter, DraftModel, NgramDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import RoundEnd
+from localspec.decoding.grammar import GrammarState
 from localspec.decoding.prediction import Prediction
 from localspec.decoding.sampling import Probs, SamplingParams, logits_to_probs, sample
 
@@ -221,7 +222,15 @@ class SoftmaxReportingDraft(DraftModel):
     """A faulty drafter: it samples from the transformed q but reports the raw softmax."""
 
     def draft(
-        self, context: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        gamma: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        p_min: float | Sequence[float] | None = None,
+        *,
+        forced: int = 0,
+        grammar: GrammarState | None = None,
     ) -> Draft:
         tokens: list[int] = []
         qs: list[Probs | None] = []
