@@ -5,7 +5,8 @@ fresh chat prompts, with a cache per slot or one shared (`kv_unified`), plainly 
 
     .venv/bin/python scripts/slots_overhead.py --target T.gguf --draft D.gguf \\
         --mode auto --cache shared
-(docs/bench/serve/2026-11-27-clients: the F16 target, 96 tokens, each mode once)
+(docs/bench/serve/2026-11-27-clients: the F16 target, 96 tokens; each mode once, then
+three rounds of the modes in turn)
 """
 
 from __future__ import annotations

@@ -55,14 +55,17 @@ def in_style(tail: bytes, allowed: set[int]) -> int | None:
     return min(solid) if len(solid) == 1 else None
 
 
+def last_gap(tail: bytes, following: bytes) -> bytes | None:
+    """The whitespace the answer last put between its last character and what matches
+    the pattern `following`, before now; None where it has not yet."""
+    gaps = re.findall(re.escape(tail[-1:]) + rb"([ \t\n]*)" + following, tail[:-1])
+    return gaps[-1] if gaps else None
+
+
 def gap_before(tail: bytes, char: int) -> bytes | None:
     """The whitespace the answer last put between its last character and `char` (a
     model that writes `"x" , "y"` does so at every comma), None where it has not yet."""
-    if not tail:
-        return None
-    pattern = re.escape(tail[-1:]) + rb"([ \t\n]*)" + re.escape(bytes([char]))
-    gaps = re.findall(pattern, tail[:-1])
-    return gaps[-1] if gaps else None
+    return last_gap(tail, re.escape(bytes([char]))) if tail else None
 
 
 def line_indent(text: bytes, solid: set[int]) -> bytes | None:
@@ -93,11 +96,10 @@ def gap_after(tail: bytes) -> bytes | None:
     not yet."""
     if not tail:
         return None
-    gaps = re.findall(re.escape(tail[-1:]) + rb"([ \t\n]*)" + STRUCTURE, tail[:-1])
-    if not gaps and tail[-1:] == b",":
-        opened = re.findall(rb"[{\[]([ \t\n]*)" + STRUCTURE, tail)
-        gaps = [g for g in opened[-1:] if b"\n" in g]
-    return gaps[-1] if gaps else None
+    if (gap := last_gap(tail, STRUCTURE)) is not None or tail[-1:] != b",":
+        return gap
+    opened = re.findall(rb"[{\[]([ \t\n]*)" + STRUCTURE, tail)
+    return opened[-1] if opened and b"\n" in opened[-1] else None
 
 
 class GrammarError(LocalspecError):

@@ -330,9 +330,7 @@ def as_written(model: Model, text: Sequence[int], forced: bytes) -> tuple[list[i
     best: list[int] = []
     spelled = b""
     recent = text[-WRITTEN_WINDOW:]
-    for i, first in enumerate(recent):
-        if not forced.startswith(model.token_bytes(first)) or not model.token_bytes(first):
-            continue
+    for i in range(len(recent)):
         run, here = [], b""
         for token in recent[i:]:
             piece = model.token_bytes(token)

@@ -77,14 +77,20 @@ def last_state(state: GrammarState, tokens: Sequence[int]) -> GrammarState | Non
 SHORTLIST = 64  # a row's best tokens checked before its whole vocabulary
 
 
+def allowed_best(state: GrammarState, row: np.ndarray) -> np.ndarray:
+    """The ids among the row's SHORTLIST best that the grammar allows, in id order (all
+    of a row no longer than that)."""
+    ids = np.sort(np.argpartition(row, -SHORTLIST)[-SHORTLIST:]) if len(row) > SHORTLIST else None
+    ids = np.arange(len(row)) if ids is None else ids
+    return ids[state.allowed(ids)]
+
+
 def shortlisted(state: GrammarState, row: np.ndarray) -> np.ndarray | None:
     """A draft model's row under the grammar: its SHORTLIST best tokens that the grammar
     allows, the rest at -inf (None where none of them is: the draft stops there). The
     whole vocabulary's mask would cost a draft step's worth of time per token; a draft
     only has to report the law it drew from, and this is that law."""
-    top = np.argpartition(row, -SHORTLIST)[-SHORTLIST:] if len(row) > SHORTLIST else None
-    ids = np.arange(len(row)) if top is None else top
-    ok = ids[state.allowed(ids)]
+    ok = allowed_best(state, row)
     if not len(ok):
         return None
     out = np.full_like(row, -np.inf)
@@ -101,7 +107,6 @@ def masked_argmax(state: GrammarState, row: np.ndarray) -> int:
     best = int(np.argmax(row))
     if state.allows(best):
         return best
-    top = np.sort(np.argpartition(row, -SHORTLIST)[-SHORTLIST:]) if len(row) > SHORTLIST else None
-    if top is not None and len(ok := top[state.allowed(top)]):
+    if len(ok := allowed_best(state, row)):
         return int(ok[np.argmax(row[ok])])
     return int(np.argmax(state.mask(row)))

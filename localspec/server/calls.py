@@ -198,12 +198,10 @@ class BareCall:
         held = self._held
         if STARTS_CALL.match(held):
             return self._to("json", OPEN + held)
-        body = held.lstrip()
-        if not body.startswith(PYTHON_TAG):
-            if MAY_START_CALL.fullmatch(held) or PYTHON_TAG.startswith(body):
+        if (rest := after_tag(held)) is None:
+            if MAY_START_CALL.fullmatch(held) or PYTHON_TAG.startswith(held.lstrip()):
                 return ""
             return self._to("text", held)
-        rest = body[len(PYTHON_TAG) :]
         if STARTS_CALL.match(rest):
             return self._to("json", OPEN + rest)
         heads = [f"{name}.call(" for name in self.builtins]
@@ -228,12 +226,18 @@ class BareCall:
             return CLOSE
         if mode == "code":
             return '"}}' + CLOSE
-        body = held.lstrip()
-        rest = body[len(PYTHON_TAG) :] if body.startswith(PYTHON_TAG) else held
+        rest = after_tag(held)
+        rest = held if rest is None else rest
         if mode == "builtin" and (call := builtin_call(rest, self.builtins)) is not None:
             name, arguments = call
             return f"{OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CLOSE}"
         return rest
+
+
+def after_tag(text: str) -> str | None:
+    """What follows `<|python_tag|>` at the start of `text` (None: it does not start so)."""
+    body = text.lstrip()
+    return body[len(PYTHON_TAG) :] if body.startswith(PYTHON_TAG) else None
 
 
 def builtin_call(text: str, names: Sequence[str]) -> tuple[str, dict[str, Any]] | None:
