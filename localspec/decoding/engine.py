@@ -39,6 +39,7 @@ from localspec.decoding.grammar import (
     GrammarState,
     last_state,
     masked_argmax,
+    masked_probs,
     states_along,
 )
 from localspec.decoding.sampling import (
@@ -46,6 +47,7 @@ from localspec.decoding.sampling import (
     SamplingParams,
     greedy_token,
     logits_to_probs,
+    penalize,
     sample,
 )
 from localspec.decoding.text import LineRule, TextStream
@@ -232,10 +234,10 @@ class Engine:
         rng: np.random.Generator,
         state: GrammarState | None = None,
     ) -> int:
+        if state is not None and params.greedy:
+            return masked_argmax(state, penalize(logits, params, history))
         if state is not None:
-            if params.greedy and params.repeat_penalty == 1.0:
-                return masked_argmax(state, logits)
-            logits = state.mask(logits)
+            return sample(masked_probs(state, logits, params, history), rng)
         if params.greedy:
             return greedy_token(logits, params, history)
         return sample(logits_to_probs(logits, params, history), rng)
@@ -288,8 +290,7 @@ class Engine:
             return verify_greedy(draft.tokens, argmax)
 
         def p(i: int) -> np.ndarray:
-            masked = next(states).mask(logits[i])
-            return logits_to_probs(masked, params, tokens + draft.tokens[:i])
+            return masked_probs(next(states), logits[i], params, tokens + draft.tokens[:i])
 
         return verify_sampled(draft.tokens, draft.q, p, rng)
 

@@ -150,26 +150,29 @@ def test_forced_text_is_drafted_as_the_answer_split_it_before():
     assert as_written(model, written, b"xyz") == ([], b"")
 
 
+class Allowed:
+    """A grammar state that allows a fixed set of ids, and counts its whole-row masks."""
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self.ids, self.asked = ids, 0
+
+    def allows(self, token: int) -> bool:
+        return bool(np.isin(token, self.ids))
+
+    def allowed(self, tokens: np.ndarray) -> np.ndarray:
+        return np.isin(tokens, self.ids)
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        self.asked += 1
+        out = np.full_like(logits, -np.inf)
+        out[self.ids] = logits[self.ids]
+        return out
+
+
 def test_the_best_allowed_token_is_found_from_a_shortlist_as_from_the_whole_row():
     """masked_argmax checks the row's best tokens before its whole vocabulary: the same
     token as the masked row's argmax, whether the allowed ones rank high, low, or tie."""
     from localspec.decoding.grammar import masked_argmax
-
-    class Allowed:
-        def __init__(self, ids: np.ndarray) -> None:
-            self.ids, self.asked = ids, 0
-
-        def allows(self, token: int) -> bool:
-            return bool(np.isin(token, self.ids))
-
-        def allowed(self, tokens: np.ndarray) -> np.ndarray:
-            return np.isin(tokens, self.ids)
-
-        def mask(self, logits: np.ndarray) -> np.ndarray:
-            self.asked += 1
-            out = np.full_like(logits, -np.inf)
-            out[self.ids] = logits[self.ids]
-            return out
 
     rng = np.random.default_rng(0)
     n = 5000
@@ -187,6 +190,43 @@ def test_the_best_allowed_token_is_found_from_a_shortlist_as_from_the_whole_row(
     assert masked_argmax(state, row) == n - 10 and state.asked == 0
     state = Allowed(np.array([3, 7]))
     assert masked_argmax(state, row) == 7 and state.asked == 1
+
+
+def test_the_constrained_law_is_computed_from_a_shortlist_exactly_as_from_the_whole_row():
+    """masked_probs gives logits_to_probs(state.mask(row)) for every sampler setting,
+    allowed set and row shape, and masks the whole row only where the shortlist cannot
+    decide: the law of sampled constrained decoding is unchanged, its cost is not."""
+    from localspec.decoding.grammar import masked_probs
+
+    rng = np.random.default_rng(0)
+    n, history = 5000, [5, 9, 4000]
+    settings = [
+        SamplingParams(temperature=1.0, top_k=40, top_p=1.0, min_p=0.05),  # OpenAI's defaults
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=2.0, top_k=0, top_p=0.9, min_p=0.1),
+        SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+        SamplingParams(temperature=0.5, top_k=10, top_p=0.5, repeat_penalty=1.3),
+    ]
+    shortlisted = 0
+    for trial in range(400):
+        params = settings[trial % len(settings)]
+        row = (rng.standard_normal(n) * [1, 4][trial % 2]).astype(np.float32)
+        size = [1, 3, 50, 2500][trial // 5 % 4]
+        state = Allowed(rng.choice(n, size, replace=False))
+        if trial % 3 == 0:  # the allowed ones among the best, as at a forced spot
+            row[state.ids] += 8.0
+        expected = logits_to_probs(Allowed(state.ids).mask(row), params, history)
+        got = masked_probs(state, row, params, history)
+        assert np.allclose(got, expected, rtol=1e-9, atol=1e-12), (trial, params)
+        shortlisted += state.asked == 0
+    # whole-row masks where the shortlist cannot decide: neither top-k nor min-p, or
+    # the allowed tokens ranking low (random rows: unlike a model's under its grammar)
+    assert shortlisted >= 100, shortlisted
+    # a forced spot under OpenAI's defaults: one allowed token well ahead, no whole mask
+    row = rng.standard_normal(n).astype(np.float32)
+    state = Allowed(np.array([17]))
+    row[17] = 9.0
+    assert masked_probs(state, row, settings[0], [])[17] == 1.0 and state.asked == 0
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
