@@ -23,7 +23,13 @@ from typing import Protocol
 
 import numpy as np
 
-from localspec.decoding.sampling import Probs, SamplingParams, logits_to_probs, penalize
+from localspec.decoding.sampling import (
+    Probs,
+    SamplingParams,
+    law_over,
+    logits_to_probs,
+    penalize,
+)
 
 
 class GrammarState(Protocol):
@@ -129,9 +135,7 @@ def masked_probs(
         best = np.argpartition(x, -size)[-size:]
         ok = best[state.allowed(best)]
         if len(ok) and shortlist_holds(x[ok], float(x[best].min()), len(x) - size, params):
-            short = np.full_like(x, -np.inf)
-            short[ok] = x[ok]
-            return logits_to_probs(short, unpenalized, ())
+            return law_over(ok, x[ok], unpenalized, len(x))
     return logits_to_probs(state.mask(x), unpenalized, ())
 
 

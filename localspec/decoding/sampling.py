@@ -65,25 +65,35 @@ def greedy_token(logits: np.ndarray, params: SamplingParams, history: Sequence[i
 
 def logits_to_probs(logits: np.ndarray, params: SamplingParams, history: Sequence[int]) -> Probs:
     """The sampling distribution for one position (dense over the vocabulary)."""
-    x = penalize(logits, params, history).astype(np.float64) / params.temperature
-    n = x.shape[0]
-    keep = np.arange(n) if params.top_k == 0 or params.top_k >= n else None
-    if keep is None:
-        keep = np.argpartition(x, n - params.top_k)[n - params.top_k :]
-    kept = x[keep]
-    w = np.exp(kept - kept.max())
+    x = penalize(logits, params, history)
+    if np.isneginf(x).any():  # a grammar's row: most of it at -inf, which no law keeps
+        ids = np.flatnonzero(x > -np.inf)
+        return law_over(ids, x[ids], params, len(x))
+    return law_over(np.arange(len(x)), x, params, len(x))
+
+
+def law_over(ids: np.ndarray, logits: np.ndarray, params: SamplingParams, n: int) -> Probs:
+    """`logits_to_probs` of a row whose tokens other than `ids` are at -inf (none of
+    them kept), over a vocabulary of `n`, without its repetition penalty. Only the
+    candidates are sorted: numpy's partition over a row of mostly equal values (-inf)
+    costs ~12x a normal row's (~23 ms against 2 for 152k tokens)."""
+    x = logits.astype(np.float64) / params.temperature
+    if 0 < params.top_k < len(x):
+        top = np.argpartition(x, len(x) - params.top_k)[len(x) - params.top_k :]
+        ids, x = ids[top], x[top]
+    w = np.exp(x - x.max())
     w /= w.sum()
     order = np.argsort(-w, kind="stable")
-    w, keep = w[order], keep[order]
+    w, ids = w[order], ids[order]
     if params.top_p < 1.0:
         # smallest prefix whose mass reaches top_p (always at least one token)
         cut = int(np.searchsorted(np.cumsum(w), params.top_p)) + 1
-        w, keep = w[:cut], keep[:cut]
+        w, ids = w[:cut], ids[:cut]
     if params.min_p > 0.0:
         mask = w >= params.min_p * w[0]
-        w, keep = w[mask], keep[mask]
+        w, ids = w[mask], ids[mask]
     probs = np.zeros(n, dtype=np.float64)
-    probs[keep] = w / w.sum()
+    probs[ids] = w / w.sum()
     return probs
 
 

@@ -25,6 +25,27 @@ def test_top_k_top_p_min_p_cut_and_renormalize():
     np.testing.assert_allclose(probs(min_p=0.2), np.array([0.5, 0.25, 0.15, 0, 0]) / 0.9)
 
 
+def test_a_row_mostly_at_minus_infinity_keeps_the_law_of_its_other_tokens():
+    """A grammar's row (most of it at -inf) is sampled over its candidates only: the
+    same law as the row with a hopeless finite logit there, for every setting."""
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        row = np.full(3000, -np.inf, dtype=np.float32)
+        allowed = rng.choice(3000, [1, 5, 30, 200][trial % 4], replace=False)
+        row[allowed] = rng.standard_normal(len(allowed)) * 2
+        hopeless = np.where(np.isneginf(row), np.float32(-1e30), row)
+        params = SamplingParams(
+            temperature=[0.5, 1.0, 1.5][trial % 3],
+            top_k=[0, 10, 40][trial % 3 - 1],
+            top_p=[1.0, 0.9][trial % 2],
+            min_p=[0.0, 0.05][trial // 2 % 2],
+            repeat_penalty=[1.0, 1.3][trial // 4 % 2],
+        )
+        history = [int(allowed[0]), 7]
+        expected = logits_to_probs(hopeless, params, history)
+        np.testing.assert_allclose(logits_to_probs(row, params, history), expected)
+
+
 def test_temperature_sharpens():
     assert probs(temperature=0.5)[0] > probs()[0]
 
