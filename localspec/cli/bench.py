@@ -121,6 +121,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-tokens", "-n", type=int, default=128, help="new tokens per answer (default 128)"
     )
     b.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="--suite json: sample at this temperature (OpenAI's top_p 1, top_k 40 and min_p "
+        "0.05 on every server, a seed per case) instead of decoding greedily (default 0)",
+    )
+    b.add_argument(
         "--repeats",
         type=int,
         default=1,
@@ -167,6 +174,10 @@ def run(args: argparse.Namespace) -> int:
         raise LocalspecError("--max-tokens must be at least 1")
     if args.repeats < 1:
         raise LocalspecError("--repeats must be at least 1")
+    if args.temperature and args.suite != "json":
+        raise LocalspecError("--temperature is for --suite json (the other suites are greedy)")
+    if not 0 <= args.temperature <= 2:
+        raise LocalspecError("--temperature must be between 0 and 2")
     if args.suite in ("fim", "json"):
         return bench_servers(args, output_dir(args.out))
     prompts, suite = choose_prompts(args)
@@ -219,7 +230,9 @@ def bench_servers(args: argparse.Namespace, out: Path) -> int:
         print(f"bench: {line}", file=sys.stderr, flush=True)
 
     if args.suite == "json":
-        report = structured.run_json(setup, args.max_tokens, out / "logs", args.repeats, progress)
+        report = structured.run_json(
+            setup, args.max_tokens, out / "logs", args.repeats, progress, args.temperature
+        )
         print(structured.to_markdown(report))
         paths = structured.write(report, out)
     else:

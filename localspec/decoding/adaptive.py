@@ -30,7 +30,9 @@ of a prediction; an n-gram match is always γ long, as a copy of the text goes o
 Under a grammar, the forced tokens of jump-forward (engine.py) come first in the round's
 pass, as good as certain: a draft after f of them is judged against that round's rate,
 (f + 1 + E(k)) / T(f + k + 1) over (f + 1) / T(f + 1), and the pass's time teaches T of
-its whole size.
+its whole size. In a sampled answer the forced text is certain but its split is not (the
+target samples one of the tokenizations the grammar allows), so there the forced tokens
+are a source of their own, with α as such leads fared, drafted only as far as they pay.
 
 A request may bring a prediction of its answer (Predicted Outputs, see prediction.py):
 another free source, weighed like the n-grams with its own α (per alignment length,
@@ -102,6 +104,10 @@ PREDICTION_PRIOR = {2: 0.6, 8: 0.9}
 # 0.48, 0.57 and 0.86 by n-gram length. Code repeats itself more than chat does.
 FIM_PREDICTION_PRIOR = {2: 0.47, 8: 0.95}
 FIM_NGRAM_PRIOR = {2: 0.48, 3: 0.57, 4: 0.85}
+# A sampled answer's forced tokens (jump-forward): the text is certain, its split is not
+# (the target may write `"evidence` as `"ev` `i` `de` `nce`), so each is accepted with the
+# target's chance of that very token. Greedy answers keep their split (as_written).
+SAMPLED_LEAD_PRIOR = 0.9
 
 
 @dataclass
@@ -177,6 +183,8 @@ class AdaptiveDrafter:
         self._text_len = 0  # the text's length after the last round
         self._last: Choice | None = None
         self._draft_s = 0.0
+        self.alpha["lead"] = Acceptance.prior(SAMPLED_LEAD_PRIOR, PREDICTION_GAMMA_MAX)
+        self._sampled = False  # this answer samples (its forced tokens are a bet)
 
     @property
     def busy_s(self) -> float:
@@ -228,6 +236,10 @@ class AdaptiveDrafter:
         deep, gamma = min(gamma, PREDICTION_GAMMA_MAX), min(gamma, GAMMA_MAX)
         if len(context) - forced != self._text_len:
             self.shadows.clear()  # another text (the next request): they would not apply
+        self._sampled = not params.greedy
+        if forced and self._sampled and (keep := self.lead_worth(forced)) < forced:
+            self._last, self._draft_s = Choice("none", 0, 1.0), 0.0
+            return Draft(by="none", lead=keep, why=f"{keep} of {forced} forced tokens pay")
         lag = self.model.unread(context) if self.model else 0
         n, match = self.ngrams.match(context, gamma)
         free = [("ngram", n, match, self.choose(len(match), gamma, lag, n, forced=forced))]
@@ -324,6 +336,8 @@ class AdaptiveDrafter:
             return
         if self.slots() == 1:  # a pass shared with other slots' tokens times them too
             self.verify.observe(outcome.forced + outcome.drafted + 1, outcome.verify_s)
+        if outcome.forced and self._sampled:
+            self.alpha["lead"].observe(outcome.forced, outcome.forced_accepted)
         n_ng = min(choice.ngram, outcome.drafted)
         if n_ng:
             self.alpha[self.free_key()].observe(n_ng, min(outcome.accepted, n_ng))
@@ -340,6 +354,16 @@ class AdaptiveDrafter:
             self.draft_idle_s += self._draft_s + outcome.verify_s
 
     # --- the decision ---------------------------------------------------------------
+    def lead_worth(self, n: int) -> int:
+        """How many of a sampled round's `n` forced tokens pay for their place in the
+        pass: the k with the best (1 + E(k)) / T(k + 1), α as such leads fared."""
+        if not self.timings().seconds:
+            return n  # T(1) not timed yet
+        lead = self.alpha["lead"]
+        t = self.priced(min(n, len(lead.alpha)) + 1)  # t[k] = T(k + 1)
+        rates = [1 / t[0]] + [(1 + e) / t[k] for k, e in enumerate(lead.expected(n), 1)]
+        return max(range(len(rates)), key=rates.__getitem__)
+
     def catchup_cost(self, lag: int) -> float:
         """Seconds for the draft model to read the `lag` tokens it has not seen."""
         if self.model is None or lag <= 1:

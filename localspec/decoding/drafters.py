@@ -36,6 +36,9 @@ class Draft:
     by: str = ""  # which source drafted, when a drafter combines several
     planned: int | None = None  # γ the drafter chose (it may stop early)
     why: str = ""
+    # of the grammar's forced tokens before it, how many the round drafts (None: all);
+    # a drafter that keeps fewer drafts nothing of its own (its tokens would follow all)
+    lead: int | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Outcome:
     accepted: int
     verify_s: float  # the target's time for its pass: forced + drafted + 1 tokens
     forced: int = 0  # the grammar's tokens before these, in the same pass (jump-forward)
+    forced_accepted: int = 0  # of those
 
 
 UNBOUNDED = 1 << 30  # the context a model-free drafter can draft after

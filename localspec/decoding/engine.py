@@ -141,6 +141,7 @@ class Engine:
             budget = max(0, min(self.gamma, room - 1, out.remaining - 1))
             lead = self._forced(state, budget, out.tokens)
             draft = self._timed_draft(rec, tokens, lead, budget, params, rng, state)
+            lead = lead[: draft.lead]  # as much of it as the drafter finds worth a pass
             draft = with_lead(lead, draft)
             # the target reads the draft up to a token it does not have, which it refuses
             n = self.readable(draft.tokens)
@@ -362,9 +363,10 @@ def drafters_part(outcome: Outcome, lead: int) -> Outcome:
     if not lead:
         return outcome
     own, accepted = outcome.drafted - lead, outcome.accepted - lead
+    kept = min(outcome.accepted, lead)
     if accepted < 0:
-        return Outcome(0, 0, outcome.verify_s, forced=lead)
-    return Outcome(own, accepted, outcome.verify_s, forced=lead)
+        return Outcome(0, 0, outcome.verify_s, forced=lead, forced_accepted=kept)
+    return Outcome(own, accepted, outcome.verify_s, forced=lead, forced_accepted=kept)
 
 
 class _Output:

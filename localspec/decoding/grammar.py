@@ -18,7 +18,6 @@ the target verifies them with the rest of the round.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -129,14 +128,13 @@ def masked_probs(
     else from the whole masked row (~20 ms a row under llama.cpp's grammar: a sampled
     round of five rows would spend more on masks than on its pass)."""
     x = penalize(row, params, history)  # elementwise, so it commutes with the mask
-    unpenalized = replace(params, repeat_penalty=1.0)
     size = max(SHORTLIST, 2 * params.top_k)
     if len(x) > size:
         best = np.argpartition(x, -size)[-size:]
         ok = best[state.allowed(best)]
         if len(ok) and shortlist_holds(x[ok], float(x[best].min()), len(x) - size, params):
-            return law_over(ok, x[ok], unpenalized, len(x))
-    return logits_to_probs(state.mask(x), unpenalized, ())
+            return law_over(ok, x[ok], params, len(x))
+    return logits_to_probs(state.mask(x), params, ())  # no history: penalized above
 
 
 def shortlist_holds(kept: np.ndarray, ceiling: float, n_out: int, params: SamplingParams) -> bool:

@@ -198,6 +198,8 @@ def test_the_command_lists_the_sample_as_a_prompts_file(tmp_path):
         (["--specbench", "{good}"], "--specbench needs --suite specbench"),
         (["--suite", "specbench", "--specbench", "{good}", "--per-category", "0"], "at least 1"),
         (["--suite", "specbench", "--specbench", "{good}", "--only", "poetry"], "poetry"),
+        (["--temperature", "0.7"], "--temperature is for --suite json"),
+        (["--suite", "json", "--temperature", "-1"], "between 0 and 2"),
     ],
 )
 def test_command_errors_are_one_line(tmp_path, args, words):

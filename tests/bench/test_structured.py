@@ -4,6 +4,8 @@ tests/server/test_structured_real.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from localspec.bench.structured import CASES, JsonReport, JsonRow, check, to_markdown
 
 
@@ -49,6 +51,13 @@ def test_the_report_gives_ratios_to_plain_and_to_llama_server():
     cells = [c.strip() for c in auto.split("|")[1:-1]]
     assert cells[1:4] == ["15.00", "1.50x", "1.25x"]
     assert cells[5] == f"{len(CASES)}/{len(CASES)}" and cells[6] == f"{len(CASES)}/{len(CASES)}"
+    assert "greedy" in md.splitlines()[0]
+    # sampled: said in the title, and no answer is held to plain decoding's
+    sampled = [replace(r, agrees=None) for r in rows]
+    md = to_markdown(JsonReport({"temperature": "0.7"}, sampled))
+    assert "sampled at temperature 0.7" in md.splitlines()[0]
+    auto = next(line for line in md.splitlines() if line.startswith("| localspec-auto"))
+    assert auto.split("|")[-2].strip() == "-"
 
 
 def test_strings_refuse_control_characters_as_llama_cpps_converter_does():

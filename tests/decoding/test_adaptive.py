@@ -459,8 +459,9 @@ def test_a_pass_with_the_grammars_forced_tokens_times_its_whole_size():
     T(1) learned as a fifth of T(5) would make every draft look dear)."""
     from localspec.decoding.engine import drafters_part
 
-    assert drafters_part(Outcome(6, 5, 0.3), 4) == Outcome(2, 1, 0.3, forced=4)
-    assert drafters_part(Outcome(4, 2, 0.3), 4) == Outcome(0, 0, 0.3, forced=4)  # refused
+    assert drafters_part(Outcome(6, 5, 0.3), 4) == Outcome(2, 1, 0.3, 4, forced_accepted=4)
+    refused = Outcome(0, 0, 0.3, forced=4, forced_accepted=2)
+    assert drafters_part(Outcome(4, 2, 0.3), 4) == refused
     assert drafters_part(Outcome(3, 3, 0.3), 0) == Outcome(3, 3, 0.3)
     d = drafter_with(a=0.10, b=0.05, c=0.08, alpha=0.7)
     before = dict(d.verify.seconds)  # T(1) 0.10 ... T(5) 0.30
@@ -479,3 +480,27 @@ def test_a_draft_after_the_grammars_forced_tokens_is_priced_in_their_pass():
     after = d.choose(matched=0, gamma=8, forced=12)
     assert after.source == "none"  # 13.7 tokens in 0.37 s do not beat 13 in 0.34
     assert d.choose(matched=0, gamma=8, forced=0) == alone
+
+
+def test_a_sampled_answers_forced_tokens_are_drafted_as_far_as_they_pay():
+    """Sampled, a forced text's split is the target's to choose (`"ev` `i` `de` `nce`),
+    so each forced token is a bet: `auto` drafts as many of them as their acceptance,
+    measured on such leads, pays for in the pass; greedy answers keep them all."""
+    d = drafter_with(a=0.10, b=0.03, c=0.08, alpha=0.7)
+    assert d.lead_worth(4) == 4  # the prior: most splits are the tokenizer's
+    d._last = Choice("none", 0, 1.0)
+    sampled = SamplingParams(temperature=1.0, seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(12):  # leads of 4 refused at their first token, again and again
+        d.draft([1, 2, 3, 4, 5, 6, 7], 8, sampled, rng, forced=4)
+        d.accept([1, 2, 3, 9], Outcome(0, 0, 0.13, forced=4, forced_accepted=0))
+    assert d.lead_worth(6) == 0
+    draft = d.draft([1, 2, 3, 4, 5, 6, 7], 8, sampled, rng, forced=4)
+    assert draft.lead == 0 and draft.tokens == []
+    # a greedy answer's forced tokens are its own split: all drafted, whatever α says
+    greedy = d.draft([1, 2, 3, 4, 5, 6, 7], 8, SamplingParams(), rng, forced=4)
+    assert greedy.lead is None
+    for _ in range(12):  # leads taken whole again
+        d.draft([1, 2, 3, 4, 5, 6, 7], 8, sampled, rng, forced=4)
+        d.accept([1, 2, 3, 4, 5, 6, 7, 9], Outcome(0, 0, 0.13, forced=4, forced_accepted=4))
+    assert d.lead_worth(4) >= 3

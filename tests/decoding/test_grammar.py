@@ -258,3 +258,58 @@ def follows_from(state: int, tokens) -> bool:
             return False
         here.accept(t)
     return True
+
+
+def test_the_round_drafts_as_much_of_the_forced_text_as_the_drafter_keeps():
+    """A drafter may keep only part of the grammar's forced tokens (`Draft.lead`: a
+    sampled answer's forced split is a bet); the pass then holds that part, no more."""
+    from localspec.decoding.drafters import Draft, Outcome
+
+    class Always:
+        """Allows every token, and forces `xyz` after each."""
+
+        def allows(self, token: int) -> bool:
+            return True
+
+        def allowed(self, tokens: np.ndarray) -> np.ndarray:
+            return np.ones(len(tokens), dtype=bool)
+
+        def mask(self, logits: np.ndarray) -> np.ndarray:
+            return logits.copy()
+
+        def accept(self, token: int) -> None:
+            pass
+
+        def clone(self) -> Always:
+            return self
+
+        def forced_text(self, limit: int) -> bytes:
+            return b"xyz"[:limit]
+
+    class Keeps(NoDrafter):
+        def __init__(self, keep: int | None) -> None:
+            self.keep = keep
+            self.told: int | None = None  # forced tokens before its draft this round
+            self.rounds: list[tuple[int, int]] = []  # (told, in the pass), where asked
+
+        def draft(self, context, gamma, params, rng, *, forced=0, grammar=None) -> Draft:
+            self.told = forced
+            return Draft(lead=self.keep)
+
+        def accept(self, tokens, outcome: Outcome) -> None:
+            if self.told is not None:  # (a lead that fills the round asks no drafter)
+                self.rounds.append((self.told, outcome.forced))
+            self.told = None
+
+    class AlwaysGrammar:
+        def start(self) -> Always:
+            return Always()
+
+    target = ToyModel(markov(258, seed=1), name="target")
+    config = GenerationConfig(8, SamplingParams(temperature=1.0, seed=0), grammar=AlwaysGrammar())
+    for keep in (None, 1, 0):
+        drafter = Keeps(keep)
+        done = list(Engine(target, drafter, 4).generate([5, 6], config))[-1]
+        assert (2, 2 if keep is None else keep) in drafter.rounds  # x y (z may merge)
+        assert all(kept == (told if keep is None else keep) for told, kept in drafter.rounds)
+        assert done.stats.drafted >= sum(kept for _, kept in drafter.rounds)
