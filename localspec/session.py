@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -360,15 +361,32 @@ def make_engine(
 
 def verify_growth(target: Model) -> tuple[float, ...]:
     """T(k)/T(1) at least, k = 1..PREDICTION_GAMMA_MAX+1, for a MoE target read from its
-    GGUF (the experts a pass of k tokens reads); () for a dense one, or no file."""
+    GGUF (the experts a pass of k tokens reads, beside the pass's fixed cost where the
+    model lies); () for a dense one, or no file."""
+    model = getattr(target, "shared", target)  # a slot's: its model's
+    path, options = getattr(model, "path", None), getattr(model, "options", None)
+    if not isinstance(path, Path) or not isinstance(options, LoadOptions):
+        return ()
+    return _moe_growth(path, options)
+
+
+@cache
+def _moe_growth(path: Path, options: LoadOptions) -> tuple[float, ...]:
     from localspec.backends.gguf import gguf_info_or_none
     from localspec.decoding.estimates import TABLE_SIZE
+    from localspec.models.hardware import probe
     from localspec.models.memory import Weights
-    from localspec.models.speed import batch_growth
+    from localspec.models.speed import CPU_ONLY, batch_growth
 
-    path = getattr(getattr(target, "shared", target), "path", None)  # a slot's: its model's
-    info = gguf_info_or_none([path]) if isinstance(path, Path) and path.is_file() else None
+    info = gguf_info_or_none([path]) if path.is_file() else None
     if info is None or not info.experts:
         return ()
     weights = Weights.from_gguf(info)
-    return tuple(batch_growth(weights, k) for k in range(1, TABLE_SIZE + 1))
+    on_gpu = draft_on_gpu(options) and not options.rpc  # rpc-servers are priced as a CPU
+    hw = probe() if on_gpu else CPU_ONLY
+    layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else len(weights.layers) + 1
+    cpu_moe = options.cpu_moe
+    return tuple(
+        batch_growth(weights, k, layers if on_gpu else 0, hw, cpu_moe)
+        for k in range(1, TABLE_SIZE + 1)
+    )

@@ -1,11 +1,17 @@
 #!/bin/bash
-# On a machine with an NVIDIA GPU and no localspec install: the cost profiles of the
-# catalog's Q4_K_M shapes (scripts/gpu_profile.py), the engine's Python per round and a
-# greedy audit on a 7B-shaped pair (scripts/gpu_overhead.py), and `localspec plan` there.
-# Run from the repository root with $OUT set; it expects .gpu/ as docs/gpu.md prepares it
-# (the CUDA build of the vendored llama.cpp as lib.tar.xz, llama_cpp's Python package in
-# py/, the wheels the machine lacks in whl/, and llama.cpp's ggml-vocab-qwen2.gguf).
-# TARGETS, PROFILE_S and T7 override what is measured.
+# On a machine with an NVIDIA GPU and no localspec install, the steps named in STEPS
+# (default "profile overhead plan"):
+#   profile   the cost profiles of the catalog's Q4_K_M shapes (scripts/gpu_profile.py)
+#   overhead  the engine's Python per round and a greedy audit on a 7B-shaped pair
+#             (scripts/gpu_overhead.py)
+#   plan      `localspec plan` there
+#   twins     the MoE and hybrid twins' costs and the planner beside them
+#             (scripts/gpu_twins.py), then `localspec bench` on the hybrid twin (its MTP
+#             head) and the MoE twin (n-grams): greedy = plain, and what auto costs
+# Run from the repository root with $OUT set; it expects .gpu/ as scripts/gpu_build.sh
+# makes it (the CUDA build of the vendored llama.cpp as lib.tar.xz, llama_cpp's Python
+# package in py/, the wheels the machine lacks in whl/, and llama.cpp's
+# ggml-vocab-qwen2.gguf). TARGETS, PROFILE_S and T7 override what is measured.
 set -uo pipefail
 exec > >(tee "$OUT/log.txt") 2>&1
 step() { echo "=== [$SECONDS s] $*"; }
@@ -24,20 +30,42 @@ ldd /tmp/cb/bin/libggml-cuda.so | grep -E "cublas|cudart|libcuda|not found"
 python3 -c "import localspec.backends.llama as l; print('gpu offload:', l.supports_gpu_offload())" || exit 1
 # the models go where there is room for the 32B (20 GB) beside the kept ones
 M=/tmp/shapes; [ "$(df --output=avail -BG /tmp | tail -1 | tr -dc 0-9)" -lt 40 ] && M=/dev/shm/shapes
+M=${SHAPES:-$M}
 echo "models in $M"
 D=qwen2.5-coder-0.5b-instruct; T7=${T7:-qwen2.5-coder-7b-instruct}
+STEPS=" ${STEPS:-profile overhead plan} "
+if [[ $STEPS == *" profile "* ]]; then
 step profile
 timeout ${PROFILE_S:-240} python3 scripts/gpu_profile.py --vocab .gpu/ggml-vocab-qwen2.gguf --dir $M --out "$OUT/profile.json" \
   --drafts $D,qwen2.5-coder-1.5b-instruct --keep $T7 \
   --targets ${TARGETS:-$T7,qwen2.5-coder-1.5b-instruct,qwen2.5-coder-14b-instruct,qwen2.5-coder-32b-instruct,qwen2.5-coder-3b-instruct}
+fi
+if [[ $STEPS == *" overhead "* ]]; then
 step overhead
 timeout 100 python3 scripts/gpu_overhead.py --target $M/$T7-q4_k_m-random.gguf --draft $M/$D-q4_k_m-random.gguf \
   --out "$OUT/overhead" --devices gpu --configs "plain,draft γ4,ngram γ4,auto" --max-tokens 128 --reps 10 --audit
 step overhead-4k
 timeout 70 python3 scripts/gpu_overhead.py --target $M/$T7-q4_k_m-random.gguf --draft $M/$D-q4_k_m-random.gguf \
   --out "$OUT/overhead-4k" --devices gpu --configs "plain,auto" --max-tokens 128 --reps 10 --context 4000
+fi
+if [[ $STEPS == *" twins "* ]]; then
+step twins
+timeout ${TWINS_S:-300} python3 scripts/gpu_twins.py --vocab .gpu/ggml-vocab-qwen2.gguf --dir $M \
+  --out "$OUT/twins.json" --keep hybrid,moe
+for kind in hybrid moe; do
+  case $kind in
+    hybrid) twin=$M/qwen35-0.8b-twin-24l.gguf; modes=baseline,mtp,auto ;;
+    moe) twin=$M/qwen3moe-30b-a3b-twin-48l.gguf; modes=baseline,ngram,auto ;;
+  esac
+  step "bench $kind"
+  [ -f "$twin" ] && timeout ${BENCH_S:-100} python3 -m localspec bench --target "$twin" --draft none \
+    --modes $modes -n 64 --no-chart --out "$OUT/bench-$kind"
+done
+fi
+if [[ $STEPS == *" plan "* ]]; then
 step plan
 for args in "" "--ctx 32768"; do
   echo "--- localspec plan $args"; timeout 60 python3 -m localspec plan $args
 done
+fi
 step done

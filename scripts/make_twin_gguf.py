@@ -6,7 +6,8 @@ Two shapes, each with the layer shapes of a published model at as many layers as
 - `hybrid`: Qwen3.5-0.8B (llama.cpp arch `qwen35`): Gated DeltaNet layers with one full
   attention layer in four, and one MTP head (`qwen35.nextn_predict_layers = 1`,
   tensors `blk.N.nextn.*` after the trunk), its 248,320-token vocabulary (the Qwen2
-  tokens padded) tied with the embeddings;
+  tokens padded) tied with the embeddings; `hybrid-27b`: the same layers at Qwen3.6-27B's
+  widths, its output head untied (~15 GB: for a GPU);
 - `moe`: Qwen3-Coder-30B-A3B (`qwen3moe`): 128 experts of 768 rows, 8 used per token,
   no shared expert, 32 query heads over 4 KV heads of 128.
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gguf
@@ -54,6 +55,22 @@ class Hybrid:
     ssm_heads: int = 16  # linear value heads
     n_nextn: int = 1  # MTP heads
     n_vocab: int = 248_320
+    tied: bool = True  # the output head is the embedding table
+    label: str = "Qwen3.5-0.8B"
+
+
+# Qwen3.6-27B's shape (docs/models-sources.md): 48 DeltaNet + 16 attention layers, the
+# MTP head, an untied output head
+HYBRID_27B = Hybrid(
+    n_layer=64,
+    n_embd=5120,
+    n_head=24,
+    n_head_kv=4,
+    n_ff=17408,
+    ssm_heads=48,
+    tied=False,
+    label="Qwen3.6-27B",
+)
 
 
 @dataclass(frozen=True)
@@ -74,21 +91,33 @@ class Moe:
 class Tensors:
     """Adds named tensors: matrices as random Q4_0 blocks, vectors as given."""
 
-    def __init__(self, writer: gguf.GGUFWriter, seed: int) -> None:
+    def __init__(self, writer: gguf.GGUFWriter, seed: int, fast: bool = False) -> None:
         self.w, self.rng = writer, np.random.default_rng(seed)
+        # fast: each matrix a stretch of one pool of random blocks (a pass costs the same;
+        # drawing 15-17 GB of fresh blocks took minutes of a lent GPU machine)
+        self.pool = self.nibbles(1 << 21) if fast else None
+
+    def nibbles(self, count: int) -> np.ndarray:
+        """count blocks' random nibbles, 0 made 8: q - 8 in -7..7, symmetric around 0
+        (0..15 would add a common -0.5 to every weight, a direction each layer amplifies
+        until every token predicts the same one)."""
+        size = gguf.GGML_QUANT_SIZES[Q.Q4_0][1] - 2
+        raw = np.frombuffer(self.rng.bytes(count * size), dtype=np.uint8)
+        fixed = raw | (0x08 * ((raw & 0x0F) == 0)).astype(np.uint8)
+        fixed |= (0x80 * ((raw & 0xF0) == 0)).astype(np.uint8)
+        return fixed.reshape(count, size)
 
     def matrix(self, name: str, rows: int, cols: int, n: int = 1) -> None:
         """A (rows, cols) matrix in ggml's (out, in) order, n of them stacked (experts),
         its weights (q - 8) * d with d scaled like an init: rms ~ 1/sqrt(cols)."""
         block, size = gguf.GGML_QUANT_SIZES[Q.Q4_0]  # 32 weights: f16 d, 16 bytes of nibbles
-        # random nibbles with 0 made 8: q - 8 in -7..7, symmetric around 0 (0..15 would add
-        # a common -0.5 to every weight, a direction each layer amplifies until every
-        # token predicts the same one)
         count = n * rows * cols // block
-        nibbles = np.frombuffer(self.rng.bytes(count * (size - 2)), dtype=np.uint8)
-        nibbles = nibbles + 0x08 * ((nibbles & 0x0F) == 0) + 0x80 * ((nibbles & 0xF0) == 0)
         blocks = np.empty((count, size), dtype=np.uint8)
-        blocks[:, 2:] = nibbles.astype(np.uint8).reshape(count, size - 2)
+        if self.pool is None:
+            blocks[:, 2:] = self.nibbles(count)
+        else:
+            start = int(self.rng.integers(len(self.pool)))
+            blocks[:, 2:] = np.resize(np.roll(self.pool, -start, axis=0), (count, size - 2))
         d = np.float16(1.0 / (4.3 * np.sqrt(cols)))  # 4.3: the rms of q - 8
         blocks[:, :2] = np.frombuffer(d.tobytes(), dtype=np.uint8)
         data = blocks.reshape(n, rows, -1) if n > 1 else blocks.reshape(rows, -1)
@@ -102,13 +131,15 @@ def _spec(name: str, n_layer: int, n_embd: int, n_head: int, kv: int, ff: int, v
     return TinySpec(name, n_layer, n_embd, n_head, kv, ff, n_ctx=32768, n_vocab=vocab)
 
 
-def write_hybrid(vocab: gguf.GGUFReader, path: Path, shape: Hybrid, seed: int = 0) -> Path:
+def write_hybrid(
+    vocab: gguf.GGUFReader, path: Path, shape: Hybrid, seed: int = 0, fast: bool = False
+) -> Path:
     s = shape
     if s.n_layer < s.attention_every:  # llama.cpp aborts on a hybrid without attention
         raise ValueError(f"a hybrid twin needs at least {s.attention_every} layers")
     n_all = s.n_layer + s.n_nextn
     spec = _spec("qwen35-twin", n_all, s.n_embd, s.n_head, s.n_head_kv, s.n_ff, s.n_vocab)
-    name = f"Qwen3.5-0.8B shape, {s.n_layer} layers (random weights)"
+    name = f"{s.label} shape, {s.n_layer} layers (random weights)"
     w, _ = start_gguf(path, "qwen35", name, gguf.LlamaFileType.MOSTLY_Q4_0, spec, vocab)
     w.add_rope_freq_base(10_000_000.0)
     w.add_rope_dimension_count(s.rope_dims)
@@ -122,11 +153,13 @@ def write_hybrid(vocab: gguf.GGUFReader, path: Path, shape: Hybrid, seed: int = 
     w.add_ssm_inner_size(s.ssm_state * s.ssm_heads)
     w.add_full_attention_interval(s.attention_every)
     w.add_nextn_predict_layers(s.n_nextn)
-    t, rng = Tensors(w, seed), np.random.default_rng(seed)
+    t, rng = Tensors(w, seed, fast), np.random.default_rng(seed)
     ones = np.ones(s.n_embd)
 
-    t.matrix("token_embd", s.n_vocab, s.n_embd)  # tied: no output.weight
+    t.matrix("token_embd", s.n_vocab, s.n_embd)
     t.vector("output_norm.weight", ones)
+    if not s.tied:
+        t.matrix("output", s.n_vocab, s.n_embd)
 
     def attention(blk: str) -> None:
         q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
@@ -172,7 +205,9 @@ def write_hybrid(vocab: gguf.GGUFReader, path: Path, shape: Hybrid, seed: int = 
     return finish_gguf(w, path)
 
 
-def write_moe(vocab: gguf.GGUFReader, path: Path, shape: Moe, seed: int = 0) -> Path:
+def write_moe(
+    vocab: gguf.GGUFReader, path: Path, shape: Moe, seed: int = 0, fast: bool = False
+) -> Path:
     s = shape
     spec = _spec("qwen3moe-twin", s.n_layer, s.n_embd, s.n_head, s.n_head_kv, 6144, s.n_vocab)
     name = f"Qwen3-Coder-30B-A3B shape, {s.n_layer} layers (random weights)"
@@ -183,7 +218,7 @@ def write_moe(vocab: gguf.GGUFReader, path: Path, shape: Moe, seed: int = 0) -> 
     w.add_expert_count(s.n_expert)
     w.add_expert_used_count(s.n_expert_used)
     w.add_expert_feed_forward_length(s.expert_ff)
-    t = Tensors(w, seed)
+    t = Tensors(w, seed, fast)
     ones = np.ones(s.n_embd)
     q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     t.matrix("token_embd", s.n_vocab, s.n_embd)
@@ -214,23 +249,31 @@ def _router(s: Moe, layer: int) -> np.ndarray:
 
 
 def build(
-    kind: str, vocab: gguf.GGUFReader, out_dir: Path, layers: int | None, seed: int = 0
+    kind: str,
+    vocab: gguf.GGUFReader,
+    out_dir: Path,
+    layers: int | None,
+    seed: int = 0,
+    fast: bool = False,
 ) -> Path:
-    """Write the `kind` twin ("hybrid" or "moe") into out_dir, with the tokenizer of the
-    `vocab` GGUF (reading one takes seconds: read it once); layers=None: the real count."""
+    """Write the `kind` twin ("hybrid", "hybrid-27b" or "moe") into out_dir, with the
+    tokenizer of the `vocab` GGUF (reading one takes seconds: read it once); layers=None:
+    the real count."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    if kind == "hybrid":
-        h = Hybrid() if layers is None else Hybrid(n_layer=layers)
-        return write_hybrid(vocab, out_dir / f"qwen35-0.8b-twin-{h.n_layer}l.gguf", h, seed)
+    if kind in ("hybrid", "hybrid-27b"):
+        h = Hybrid() if kind == "hybrid" else HYBRID_27B
+        h = h if layers is None else replace(h, n_layer=layers)
+        size = "0.8b" if kind == "hybrid" else "27b"
+        return write_hybrid(vocab, out_dir / f"qwen35-{size}-twin-{h.n_layer}l.gguf", h, seed, fast)
     m = Moe() if layers is None else Moe(n_layer=layers)
-    return write_moe(vocab, out_dir / f"qwen3moe-30b-a3b-twin-{m.n_layer}l.gguf", m, seed)
+    return write_moe(vocab, out_dir / f"qwen3moe-30b-a3b-twin-{m.n_layer}l.gguf", m, seed, fast)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab", type=Path, required=True, help="GGUF to take tokenizer.* from")
     parser.add_argument("--out-dir", type=Path, default=Path("twins"))
-    parser.add_argument("--kind", choices=("hybrid", "moe", "both"), default="both")
+    parser.add_argument("--kind", choices=("hybrid", "hybrid-27b", "moe", "both"), default="both")
     parser.add_argument("--layers", type=int, help="layers (default: the published model's)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

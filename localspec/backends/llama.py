@@ -119,6 +119,7 @@ class LlamaModel(Model):
         check_gguf(path)
         self.path = path
         self.name = path.stem
+        self.options = options
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 999
         mparams.load_mtp = self.mtp_loaded = options.mtp

@@ -192,11 +192,13 @@ class MtpHead:
                 ll.llama_batch_ext_set_output_logits(batch, idx, True)
         started = time.perf_counter()
         rc = ll.llama_process(self._ctx, 1, batch)  # LLAMA_PROCESS_TYPE_DECODE
-        self.busy_s += time.perf_counter() - started
         if rc != 0:
+            self.busy_s += time.perf_counter() - started
             raise ModelError(f"the MTP head's pass failed ({rc})")
         n = len(entries) - 1
+        # the pass runs asynchronously on a GPU: its time ends where its logits are ready
         ptr = ll.llama_get_logits_ith(self._ctx, n)
+        self.busy_s += time.perf_counter() - started
         logits = np.ctypeslib.as_array(ptr, shape=(self.target.n_vocab,))
         state = np.ctypeslib.as_array(_nextn_row(self._ctx, n), shape=(self.n_embd,)).copy()
         return logits, state

@@ -80,7 +80,10 @@ def time_pass(
     """Score k new tokens after `prefix`, which stays cached, with logits for the last
     `n_logits` of them (all k by default: a verify pass; 1 for a catch-up); the first
     `warmup` passes (allocations, graph capture) are not counted."""
-    model.evaluate(prefix, 1)
+    model.evaluate(prefix, 0)  # read, or kept as it is (a cut of a recurrent state re-reads)
+    # a recurrent state cannot drop a whole pass in place: each rollback comes back to a
+    # copy of it (else every timed pass would re-read the prefix)
+    model.checkpoint()
     new = (prefix * (k // len(prefix) + 1))[:k]  # real token ids, any will do
     walls, busies = [], []
     for _ in range(reps + warmup):

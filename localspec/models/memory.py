@@ -52,6 +52,7 @@ class Weights:
     experts: tuple[int, ...] = ()  # a MoE's routed expert bytes in each layer (within layers)
     expert_share: float = 1.0  # the share of them one token reads (active / experts)
     state: int = 0  # a recurrent state and its rollback snapshots (hybrid models)
+    recurrent_layers: int = 0  # layers with a recurrent state instead of attention
 
     @property
     def head(self) -> int:
@@ -68,8 +69,14 @@ class Weights:
 
     def read_per_token(self, layer: int) -> float:
         """Bytes of a layer one token reads: all but the experts it is not routed to."""
+        return self.read_by(layer, 1)
+
+    def read_by(self, layer: int, tokens: int) -> float:
+        """Bytes of a layer a pass of `tokens` reads: all but the experts none of them is
+        routed to (each token routed independently: the worst case)."""
         experts = self.experts[layer] if self.experts else 0
-        return self.layers[layer] - experts + experts * self.expert_share
+        routed = 1 - (1 - self.expert_share) ** tokens
+        return self.layers[layer] - experts + experts * routed
 
     @classmethod
     def from_gguf(cls, info: GgufInfo) -> Weights:
@@ -88,6 +95,7 @@ class Weights:
             share,
             # the state and the snapshots a drafting session keeps to roll drafts back
             info.state_bytes * (1 + GAMMA_MAX),
+            _recurrent(len(info.layer_bytes), info.attention_every) if info.recurrent else 0,
         )
 
     @classmethod
@@ -117,7 +125,13 @@ class Weights:
             shape.embedding,
             experts,
             share,
+            recurrent_layers=_recurrent(shape.layers, shape.attention_every),
         )
+
+
+def _recurrent(layers: int, attention_every: int) -> int:
+    """A hybrid's layers without attention: all but one in `attention_every`."""
+    return layers - layers // attention_every if attention_every > 1 else 0
 
 
 @dataclass(frozen=True)

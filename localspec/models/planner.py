@@ -41,7 +41,7 @@ from localspec.models.rationale import (
     Stage,
     TargetChoice,
 )
-from localspec.models.speed import VERIFY_SLOPE, speculation, step_seconds
+from localspec.models.speed import VERIFY_SLOPE, batch_growth, speculation, step_seconds
 from localspec.models.store import Installed
 
 MIN_CTX = 2048
@@ -327,7 +327,12 @@ def _option(
     t_draft = step_seconds(draft.weights, draft_layers, hw)
     mostly_gpu = not on_servers and placement.target_layers > target.n_layers // 2
     slope = VERIFY_SLOPE["gpu" if mostly_gpu else "cpu"]
-    gamma, speedup = speculation(t_target, t_draft, slope, weights=target.weights)
+    layers = 0 if on_servers else placement.target_layers  # servers are priced as a CPU
+
+    def growth(k: int) -> float:
+        return batch_growth(target.weights, k, layers, hw, placement.cpu_moe)
+
+    gamma, speedup = speculation(t_target, t_draft, slope, growth_of=growth)
     return _Option(placement, draft, 1 / t_target, gamma, speedup)
 
 

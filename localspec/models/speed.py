@@ -10,11 +10,16 @@ these only estimate.
 A mixture-of-experts token reads its layers' dense weights and `active / experts` of the
 routed experts; a verify pass of k tokens reads the experts any of them is routed to:
 a share 1 - (1 - s)^k of them for s = active / experts, routed independently (the
-worst case; trained routers share experts more). So a MoE verify pass grows much faster
-with k than a dense one does while reading bytes is what costs (`batch_growth`).
+worst case; trained routers share experts more). So a MoE verify pass grows faster with
+k than a dense one does, by what those bytes cost beside the pass's fixed cost
+(`pass_seconds`, `batch_growth`). On an H200 a random twin of Qwen3-Coder-30B-A3B's 48
+layers fits T(k) = 1.8 ms + bytes(k) / 1.3 TB/s within 4% for k = 1..8, and with its
+experts in RAM the growth follows their bytes (docs/gpu.md).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from localspec.drafting import GAMMA_MAX
 from localspec.models.hardware import GiB, Hardware
@@ -34,9 +39,19 @@ GPU_BANDWIDTH = {
 # 1.1 ms + bytes / 1.7 TB/s, and each extra token of a verify pass up to 8 costs 0.19 T(1)
 # (llama.cpp's quantized matrix-vector kernels scale with the batch up to 8 columns).
 GPU_STEP_OVERHEAD = 0.001
+# Per layer on a GPU, the kernels a dense block does not launch (H200, random twins,
+# docs/gpu.md): a MoE layer's routing and expert gathers (the 30B-A3B twin's pass has
+# 0.8 ms more fixed cost than its bytes and GPU_STEP_OVERHEAD account for), a Gated
+# DeltaNet layer's convolution and scan (Qwen3.5-0.8B's and Qwen3.6-27B's twins).
+GPU_MOE_LAYER = 17e-6
+GPU_RECURRENT_LAYER = 10e-6
+# A layer whose experts are in RAM hands its activations from the GPU to the CPU and back
+# each pass (the twin with all 48 layers' experts in RAM: ~9 ms of fixed cost, not ~2)
+CPU_EXPERTS_LAYER = 100e-6
 RPC_PASS_SECONDS = 0.001  # per rpc-server and pass: a LAN round trip and its dispatch
 ACCEPTANCE = 0.85  # the Qwen-Coder pair accepts 0.85-0.95 on code (measured)
 VERIFY_SLOPE = {"cpu": 0.15, "gpu": 0.19}  # a k-token verify costs 1 + slope(k-1) steps
+CPU_ONLY = Hardware((), 0, 0, cores=4, offload=False)  # where a growth's machine is unknown
 
 
 def step_seconds(
@@ -49,13 +64,26 @@ def step_seconds(
     """Estimated time of one decode step: every weight byte a token uses is read once.
     `on_servers`: the layers are on hw's rpc-servers (the target with --rpc); `cpu_moe`:
     the routed experts of the first layers are read from RAM (memory.py)."""
+    return pass_seconds(weights, gpu_layers, hw, on_servers, cpu_moe)
+
+
+def pass_seconds(
+    weights: Weights,
+    gpu_layers: int,
+    hw: Hardware,
+    on_servers: bool = False,
+    cpu_moe: int = 0,
+    tokens: int = 1,
+) -> float:
+    """Estimated time of one pass over `tokens` new tokens (step_seconds' for one): the
+    fixed cost, and the bytes they read from where those live."""
     n = len(weights.layers)
     on_gpu = max(0, min(gpu_layers, n))
-    read = [weights.read_per_token(i) for i in range(n)]
+    read = [weights.read_by(i, tokens) for i in range(n)]
     gpu_bytes = sum(read[n - on_gpu :]) + (weights.head if gpu_layers > n else 0)
     if weights.is_moe and cpu_moe:  # their experts stay in RAM, the rest of them here
         gpu_bytes -= sum(
-            weights.experts[i] * weights.expert_share for i in range(n - on_gpu, cpu_moe)
+            weights.read_by(i, tokens) - weights.read_by(i, 0) for i in range(n - on_gpu, cpu_moe)
         )
     all_bytes = sum(read) + weights.head
     cpu_bytes = all_bytes - gpu_bytes
@@ -66,9 +94,14 @@ def step_seconds(
         # and each pass goes through every server once.
         overhead = CPU_STEP_OVERHEAD / max(hw.cores, 1) + hw.rpc_servers * RPC_PASS_SECONDS
         return overhead + all_bytes / cpu_bw
-    gpu_bw = gpu_bandwidth(hw)
-    overhead = GPU_STEP_OVERHEAD if gpu_layers > 0 else CPU_STEP_OVERHEAD / max(hw.cores, 1)
-    return overhead + gpu_bytes / gpu_bw + cpu_bytes / cpu_bw
+    if gpu_layers <= 0:
+        return CPU_STEP_OVERHEAD / max(hw.cores, 1) + all_bytes / cpu_bw
+    per_layer = (GPU_MOE_LAYER if weights.is_moe else 0.0) + GPU_RECURRENT_LAYER * (
+        weights.recurrent_layers / max(n, 1)
+    )
+    handed_over = max(0, min(cpu_moe, n) - (n - on_gpu)) if weights.is_moe else 0
+    overhead = GPU_STEP_OVERHEAD + on_gpu * per_layer + handed_over * CPU_EXPERTS_LAYER
+    return overhead + gpu_bytes / gpu_bandwidth(hw) + cpu_bytes / cpu_bw
 
 
 def gpu_bandwidth(hw: Hardware) -> float:
@@ -80,15 +113,20 @@ def gpu_bandwidth(hw: Hardware) -> float:
     return next(bandwidth for limit, bandwidth in tiers if memory <= limit)
 
 
-def batch_growth(weights: Weights, k: int) -> float:
-    """T(k) / T(1) where reading bytes is the cost: for a dense model 1, for a MoE the
-    experts k tokens are routed to over the ones one token is (the module docstring)."""
+def batch_growth(
+    weights: Weights, k: int, gpu_layers: int = 0, hw: Hardware | None = None, cpu_moe: int = 0
+) -> float:
+    """T(k) / T(1) by the bytes a pass of k tokens reads where the model lies (`hw`; a
+    CPU's, none given): for a dense model 1 (the verify slope prices its compute), for a
+    MoE the experts k tokens are routed to beside the pass's fixed cost."""
     if not weights.is_moe:
         return 1.0
-    dense = sum(weights.layers) - sum(weights.experts) + weights.head
-    experts = sum(weights.experts)
-    s = weights.expert_share
-    return (dense + experts * (1 - (1 - s) ** k)) / (dense + experts * s)
+    hw = hw or CPU_ONLY
+
+    def t(tokens: int) -> float:
+        return pass_seconds(weights, gpu_layers, hw, cpu_moe=cpu_moe, tokens=tokens)
+
+    return t(k) / t(1)
 
 
 def speculation(
@@ -96,14 +134,14 @@ def speculation(
     t_draft: float,
     slope: float,
     alpha: float = ACCEPTANCE,
-    weights: Weights | None = None,
+    growth_of: Callable[[int], float] | None = None,
 ) -> tuple[int, float]:
     """(γ, speedup) maximizing tokens per second over γ = 1..GAMMA_MAX; a MoE target's
-    (`weights`) verify pass costs at least what the experts it reads cost."""
+    verify pass of k tokens costs at least `growth_of(k)` T(1) (`batch_growth`)."""
     best = (1, 0.0)
     for gamma in range(1, GAMMA_MAX + 1):
         expected = (1 - alpha ** (gamma + 1)) / (1 - alpha)
-        growth = max(1 + slope * gamma, batch_growth(weights, gamma + 1) if weights else 1.0)
+        growth = max(1 + slope * gamma, growth_of(gamma + 1) if growth_of else 1.0)
         seconds = gamma * t_draft + t_target * growth
         speedup = expected * t_target / seconds
         if speedup > best[1]:

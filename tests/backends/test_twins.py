@@ -140,6 +140,21 @@ def test_a_rejected_draft_rolls_the_recurrent_state_back_exactly(twins) -> None:
         fresh.close()
 
 
+def test_timing_a_hybrids_passes_re_reads_nothing(twins) -> None:
+    """T(k) of a hybrid (the bench, scripts/gpu_twins.py) rolls each timed pass back to a
+    copy of the state, as a rejected draft is: a re-read would time the prefix too."""
+    from localspec.bench.costs import time_pass
+
+    model = load(twins["hybrid"], rollback=GAMMA)
+    try:
+        prefix = model.tokenize("def fib(n):\n    return n if n < 2 else fib(n - 1)")
+        for k in (1, GAMMA + 1):
+            time_pass(model, prefix, k, reps=2)
+        assert model.restarts == 0 and model.cached == prefix
+    finally:
+        model.close()
+
+
 def test_a_cut_past_the_last_pass_re_reads_instead_of_using_a_stale_snapshot(twins) -> None:
     """llama.cpp accepts a rollback to a token of an earlier pass and reads a snapshot
     that does not hold it; the backend refuses that cut and re-reads."""

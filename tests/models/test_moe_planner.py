@@ -4,10 +4,12 @@ arithmetic over the real catalog's entries and fake machines (NVML without a GPU
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from localspec.models.catalog_file import default_catalog
-from localspec.models.hardware import GiB, Hardware, Overrides, apply
+from localspec.models.hardware import GiB, Gpu, Hardware, Overrides, apply
 from localspec.models.memory import Weights, footprint, memory_budget, place
 from localspec.models.planner import Request, plan_catalog
 from localspec.models.speed import batch_growth, speculation, step_seconds
@@ -80,9 +82,33 @@ def test_a_moe_verify_pass_grows_with_the_experts_it_reads() -> None:
     dense = Weights.estimate(CATALOG.model("qwen3-32b"), CATALOG.model("qwen3-32b").quant())
     assert batch_growth(dense, 8) == 1.0
     # the same draft pays less against a MoE target: its verify passes cost more
-    _, speedup_moe = speculation(0.02, 0.002, 0.19, weights=WEIGHTS)
+    _, speedup_moe = speculation(0.02, 0.002, 0.19, growth_of=lambda k: batch_growth(WEIGHTS, k))
     _, speedup_dense = speculation(0.02, 0.002, 0.19)
     assert speedup_moe < speedup_dense
+
+
+def test_on_a_gpu_a_moe_pass_grows_by_its_bytes_beside_its_fixed_cost() -> None:
+    """The H200's twin of this model (docs/gpu.md): T(1) 3.23 ms, T(2) 1.20 T(1), T(4)
+    1.63, T(8) 2.27 all on the GPU; with its experts in RAM T(1) 26.5 ms, T(2) 1.54,
+    T(8) 4.62. The estimates stay within 20% of each (the issue's bound)."""
+    h200 = Hardware(
+        (Gpu(0, "NVIDIA H200", "nvidia", 140 * GiB, None),), 125 * GiB, 120 * GiB, 16, True
+    )
+    twin = replace(WEIGHTS, layers=(351_421_440,) * 48, experts=(339_738_624,) * 48)
+    twin = replace(twin, embd=175_038_464, output=175_030_272)
+    n = len(twin.layers)
+    measured = {
+        0: (3.23, {2: 1.20, 4: 1.63, 8: 2.27}),
+        n: (26.5, {2: 1.54, 4: 2.60, 8: 4.62}),
+    }
+    for cpu_moe, (t1_ms, growth) in measured.items():
+        t1 = step_seconds(twin, n + 1, h200, cpu_moe=cpu_moe) * 1e3
+        assert t1 == pytest.approx(t1_ms, rel=0.2)
+        for k, ratio in growth.items():
+            assert batch_growth(twin, k, n + 1, h200, cpu_moe) == pytest.approx(ratio, rel=0.2)
+    # bytes alone (no fixed cost) would price the GPU's 8-token pass at 4.2 T(1)
+    by_bytes = sum(twin.read_by(i, 8) for i in range(n)) / sum(twin.read_by(i, 1) for i in range(n))
+    assert by_bytes > 4 and batch_growth(twin, 8, n + 1, h200) < 0.6 * by_bytes
 
 
 def test_a_hybrids_kv_cache_counts_its_attention_layers_only() -> None:
