@@ -214,6 +214,36 @@ def test_greedy_speculation_on_the_twins_is_plain_decoding(twins, kind: str, dra
 
 
 # --- the MTP head ------------------------------------------------------------------
+def test_the_mtp_heads_time_lasts_until_its_logits_are_ready(twins, monkeypatch) -> None:
+    """On a GPU llama_process returns before the pass ends; reading its logits waits for
+    it. The head's time must include that wait (an H200 run read c = 0.06 T(1) where the
+    head cost about half a pass, and auto kept drafting with it). The wait is simulated
+    here, where llama.cpp's CPU passes end before they return."""
+    import time
+
+    import localspec.backends.mtp as mtp
+
+    target = load(twins["hybrid"], rollback=GAMMA, mtp=True)
+    head = mtp.MtpHead(target)
+    try:
+        prompt = target.tokenize("import os\n")
+        target.evaluate(prompt[:-1], 1)
+        entries = head.catch_up(prompt)
+        logits_ith = mtp.ll.llama_get_logits_ith
+
+        def pass_still_running(ctx, i):
+            time.sleep(0.05)
+            return logits_ith(ctx, i)
+
+        monkeypatch.setattr(mtp.ll, "llama_get_logits_ith", pass_still_running)
+        before = head.busy_s
+        head.step(entries)
+        assert head.busy_s - before >= 0.05
+    finally:
+        head.close()
+        target.close()
+
+
 def test_the_mtp_heads_cache_after_rejections_equals_a_fresh_read(twins) -> None:
     """After rounds of rejected drafts, the head's next draft step sees what a head that
     reads the whole text at once sees: its cache followed the target's, and the drafted
