@@ -7,7 +7,8 @@ Measured online, per conversation:
   where it stopped), as moving averages so a change of topic shows within a few
   rounds; a deep position left untested relaxes toward the one before it, and an idle
   draft model's α back up toward its prior, so a few early misses cannot keep drafts
-  short, or the draft model off, for good; a source not yet used is judged at its prior
+  short, or the draft model off, for good (a retry that misses goes back to the α
+  measured before the raise); a source not yet used is judged at its prior
   (the draft model also on T's prior line: its first try is dear);
 - c, the draft model's cost per token (prior: its weight bytes relative to the target's);
 - T(k), the target's time to verify a batch of k tokens, fitted as a line a + b(k-1)

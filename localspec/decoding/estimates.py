@@ -33,6 +33,8 @@ class Acceptance:
     alpha: list[float]  # as long as the deepest draft it judges
     seen: list[int] = field(default_factory=list)
     prior_value: float = 0.0
+    # α as measured before an idle recovery raised it (None: not raised since)
+    measured: list[float] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.seen += [0] * (len(self.alpha) - len(self.seen))
@@ -44,9 +46,19 @@ class Acceptance:
     def recover(self, share: float) -> None:
         """While idle, a below-prior α closes `share` of its gap to the prior: a low α
         keeps its source unused, so nothing else would ever revise it."""
+        if self.measured is None:
+            self.measured = list(self.alpha)
         self.alpha = [a + share * max(self.prior_value - a, 0.0) for a in self.alpha]
 
     def observe(self, drafted: int, accepted: int) -> None:
+        if self.measured is not None:
+            if drafted and not accepted:
+                # the retry the recovery led to failed: the raise was a guess the text
+                # refuted, so the miss counts against what was measured (else a nearly
+                # free draft that is always wrong is retried every few rounds: a miss
+                # takes less off than the idle rounds put back)
+                self.alpha = self.measured
+            self.measured = None
         # position i tells something only if all before it were accepted
         tested = min(accepted + 1, drafted)
         for i in range(tested):

@@ -7,6 +7,7 @@ import pytest
 
 from localspec.backends.toy import ToyModel, scripted
 from localspec.decoding.adaptive import (
+    RECOVER,
     Acceptance,
     AdaptiveDrafter,
     Choice,
@@ -264,6 +265,27 @@ def test_short_ngram_matches_are_judged_apart_from_long_ones():
         d.accept([], Outcome(2, 0, 0.12))
     assert "ngram" not in d.choose(matched=4, gamma=4, n=2).source
     assert d.choose(matched=4, gamma=4, n=4).source.startswith("ngram")
+
+
+def test_a_failed_retry_after_an_idle_recovery_counts_against_what_was_measured():
+    """Idle rounds raise a low α toward its prior so the draft gets retried; a miss on
+    the retry takes it back to what was measured, one more miss on top. A nearly free
+    draft that is always wrong (an MTP head on a GPU, ~0.05 T(1)) was otherwise retried
+    every ~3 rounds: a miss took 15% off, the idle rounds put more back."""
+    a = Acceptance.prior(0.8, depth=4)
+    for _ in range(20):
+        a.observe(1, 0)  # always wrong
+    low = a.alpha[0]
+    for _ in range(30):
+        a.recover(RECOVER)
+    assert a.alpha[0] > low + 0.1
+    a.observe(1, 0)  # the retry fails
+    assert a.alpha[0] < low
+    for _ in range(30):
+        a.recover(RECOVER)
+    raised = a.alpha[0]
+    a.observe(1, 1)  # a retry that is right keeps the raise
+    assert a.alpha[0] > raised
 
 
 def test_an_unlucky_start_does_not_switch_the_draft_model_off_for_good():
