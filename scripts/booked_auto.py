@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""`auto` with the target's MTP head on this machine, its costs booked as another's.
+"""`auto` on this machine, the target's costs booked as another machine's.
 
-The decisions `auto` makes depend on the costs it measures (T(k), the head's c), not on
-where they come from. This runs the real engine on a real model (a twin with an MTP head,
-scripts/make_twin_gguf.py) but books each target pass as `--t1-ms` + `--per-token-ms` a
-token more, and each head step as `--c-ms`: what a GPU would report, on a CPU. Prints,
-per prompt, the rounds that drafted out of all rounds.
+The decisions `auto` makes depend on the costs it measures (T(k), the MTP head's c), not
+on where they come from. This runs the real engine on a real model (a twin,
+scripts/make_twin_gguf.py) but books each target pass as `--t-ms` gives T(k) (or
+`--t1-ms` + `--per-token-ms` a token more), and each MTP head step as `--c-ms`: what a
+GPU would report, on a CPU. `--growth` replaces auto's prior T(k)/T(1) for a MoE target.
+Prints, per prompt, the rounds that drafted out of all rounds and the tokens per round.
 
     python scripts/booked_auto.py TWIN.gguf --t1-ms 1.6 --per-token-ms 0.15 --c-ms 0.8
+    python scripts/booked_auto.py MOE_TWIN.gguf --drafter ngram --t-ms 3.23,3.88,4.45 \
+        --growth 1,1.54,2.06
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 
 import localspec.backends.llama as llama
 import localspec.backends.mtp as mtp
+import localspec.session as session_module
 from localspec.backends.llama import LoadOptions
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.events import RoundEnd
@@ -28,12 +32,14 @@ from localspec.session import SessionConfig, open_session
 PROMPTS = ("def fib(n):\n", "Explain TCP vs UDP.")
 
 
-def book(t1_s: float, per_token_s: float, c_s: float) -> None:
-    """Replace the measured times with the booked ones."""
+def book(t_s: list[float], per_token_s: float, c_s: float) -> None:
+    """Replace the measured times with the booked ones (T(k) past the list: its last step
+    continued, else per_token_s a token)."""
 
     def busy_since(self: llama.LlamaModel, started: float) -> float:
-        tokens = max(self._last_pass.values() or [1])
-        return t1_s + per_token_s * (tokens - 1)
+        k = max(self._last_pass.values() or [1])
+        step = t_s[-1] - t_s[-2] if len(t_s) > 1 else per_token_s
+        return t_s[k - 1] if k <= len(t_s) else t_s[-1] + step * (k - len(t_s))
 
     step = mtp.MtpHead.step
 
@@ -51,15 +57,23 @@ def book(t1_s: float, per_token_s: float, c_s: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", type=Path, help="a GGUF with an MTP head")
+    parser.add_argument("target", type=Path, help="a GGUF (with an MTP head for --drafter mtp)")
+    parser.add_argument("--drafter", choices=("mtp", "ngram"), default="mtp")
     parser.add_argument("--t1-ms", type=float, default=1.6)
     parser.add_argument("--per-token-ms", type=float, default=0.15)
+    parser.add_argument("--t-ms", help="T(1),T(2),... in ms (instead of --t1-ms)")
     parser.add_argument("--c-ms", type=float, default=0.8)
+    parser.add_argument("--growth", help="auto's prior T(k)/T(1), k = 1, 2, ...")
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args(argv)
-    book(args.t1_ms / 1e3, args.per_token_ms / 1e3, args.c_ms / 1e3)
+    t_ms = [float(x) for x in args.t_ms.split(",")] if args.t_ms else [args.t1_ms]
+    book([t / 1e3 for t in t_ms], args.per_token_ms / 1e3, args.c_ms / 1e3)
+    if args.growth:
+        growth = tuple(float(x) for x in args.growth.split(","))
+        session_module.verify_growth = lambda target: growth  # type: ignore[assignment]
     load = LoadOptions(n_ctx=1024, n_threads=2)
-    session = open_session(SessionConfig(str(args.target), "mtp", "auto", target_load=load))
+    config = SessionConfig(str(args.target), args.drafter, "auto", target_load=load)
+    session = open_session(config)
     try:
         for text in PROMPTS:
             events = session.engine.generate(
@@ -67,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             rounds = [e for e in events if isinstance(e, RoundEnd)]
             drafted = sum(e.drafter != "none" for e in rounds)
-            print(f"{text!r}: {drafted} of {len(rounds)} rounds drafted (c {args.c_ms} ms)")
+            mean = args.tokens / max(len(rounds), 1)
+            print(f"{text!r}: {drafted} of {len(rounds)} rounds drafted, {mean:.2f} tokens a round")
     finally:
         session.close()
     return 0
