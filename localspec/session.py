@@ -376,17 +376,16 @@ def _moe_growth(path: Path, options: LoadOptions) -> tuple[float, ...]:
     from localspec.decoding.estimates import TABLE_SIZE
     from localspec.models.hardware import probe
     from localspec.models.memory import Weights
-    from localspec.models.speed import CPU_ONLY, batch_growth
+    from localspec.models.speed import batch_growth
 
     info = gguf_info_or_none([path]) if path.is_file() else None
     if info is None or not info.experts:
         return ()
     weights = Weights.from_gguf(info)
-    on_gpu = draft_on_gpu(options) and not options.rpc  # rpc-servers are priced as a CPU
-    hw = probe() if on_gpu else CPU_ONLY
     layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else len(weights.layers) + 1
-    cpu_moe = options.cpu_moe
+    if not draft_on_gpu(options) or options.rpc:  # rpc-servers are priced as a CPU
+        layers = 0
+    hw = probe()
     return tuple(
-        batch_growth(weights, k, layers if on_gpu else 0, hw, cpu_moe)
-        for k in range(1, TABLE_SIZE + 1)
+        batch_growth(weights, k, layers, hw, options.cpu_moe) for k in range(1, TABLE_SIZE + 1)
     )

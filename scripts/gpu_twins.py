@@ -55,17 +55,13 @@ from localspec.models.speed import batch_growth, step_seconds
 sys.path.insert(0, str(Path(__file__).parent))
 import make_twin_gguf as twin
 from gpu_overhead import gpu_name
+from gpu_profile import context
 
 PROMPT = 512  # tokens of context before each timed pass
 KS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 N_CTX = 4096
 MIB = 2**20
 BUFFER = r"(\w+) (model|KV|RS|compute) buffer size\s*=\s*([\d.]+) MiB"  # llama.cpp's log
-
-
-def context(n: int) -> list[int]:
-    """n real token ids, any will do (a pass costs the same whatever they say)."""
-    return [1000 + (7 * i) % 50000 for i in range(n)]
 
 
 def load_logged(path: Path, options: LoadOptions) -> tuple[LlamaModel, str, float]:

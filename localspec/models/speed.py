@@ -12,7 +12,7 @@ routed experts; a verify pass of k tokens reads the experts any of them is route
 a share 1 - (1 - s)^k of them for s = active / experts, routed independently (the
 worst case; trained routers share experts more). So a MoE verify pass grows faster with
 k than a dense one does, by what those bytes cost beside the pass's fixed cost
-(`pass_seconds`, `batch_growth`). On an H200 a random twin of Qwen3-Coder-30B-A3B's 48
+(`step_seconds`, `batch_growth`). On an H200 a random twin of Qwen3-Coder-30B-A3B's 48
 layers fits T(k) = 1.8 ms + bytes(k) / 1.3 TB/s within 4% for k = 1..8, and with its
 experts in RAM the growth follows their bytes (docs/gpu.md).
 """
@@ -51,7 +51,6 @@ CPU_EXPERTS_LAYER = 100e-6
 RPC_PASS_SECONDS = 0.001  # per rpc-server and pass: a LAN round trip and its dispatch
 ACCEPTANCE = 0.85  # the Qwen-Coder pair accepts 0.85-0.95 on code (measured)
 VERIFY_SLOPE = {"cpu": 0.15, "gpu": 0.19}  # a k-token verify costs 1 + slope(k-1) steps
-CPU_ONLY = Hardware((), 0, 0, cores=4, offload=False)  # where a growth's machine is unknown
 
 
 def step_seconds(
@@ -60,23 +59,12 @@ def step_seconds(
     hw: Hardware,
     on_servers: bool = False,
     cpu_moe: int = 0,
-) -> float:
-    """Estimated time of one decode step: every weight byte a token uses is read once.
-    `on_servers`: the layers are on hw's rpc-servers (the target with --rpc); `cpu_moe`:
-    the routed experts of the first layers are read from RAM (memory.py)."""
-    return pass_seconds(weights, gpu_layers, hw, on_servers, cpu_moe)
-
-
-def pass_seconds(
-    weights: Weights,
-    gpu_layers: int,
-    hw: Hardware,
-    on_servers: bool = False,
-    cpu_moe: int = 0,
     tokens: int = 1,
 ) -> float:
-    """Estimated time of one pass over `tokens` new tokens (step_seconds' for one): the
-    fixed cost, and the bytes they read from where those live."""
+    """Estimated time of one pass over `tokens` new tokens (a decode step for one): the
+    fixed cost, and every weight byte they use read once from where it lives.
+    `on_servers`: the layers are on hw's rpc-servers (the target with --rpc); `cpu_moe`:
+    the routed experts of the first layers are read from RAM (memory.py)."""
     n = len(weights.layers)
     on_gpu = max(0, min(gpu_layers, n))
     read = [weights.read_by(i, tokens) for i in range(n)]
@@ -114,17 +102,16 @@ def gpu_bandwidth(hw: Hardware) -> float:
 
 
 def batch_growth(
-    weights: Weights, k: int, gpu_layers: int = 0, hw: Hardware | None = None, cpu_moe: int = 0
+    weights: Weights, k: int, gpu_layers: int, hw: Hardware, cpu_moe: int = 0
 ) -> float:
-    """T(k) / T(1) by the bytes a pass of k tokens reads where the model lies (`hw`; a
-    CPU's, none given): for a dense model 1 (the verify slope prices its compute), for a
-    MoE the experts k tokens are routed to beside the pass's fixed cost."""
+    """T(k) / T(1) by the bytes a pass of k tokens reads where the model lies: for a dense
+    model 1 (the verify slope prices its compute), for a MoE the experts k tokens are
+    routed to beside the pass's fixed cost."""
     if not weights.is_moe:
         return 1.0
-    hw = hw or CPU_ONLY
 
     def t(tokens: int) -> float:
-        return pass_seconds(weights, gpu_layers, hw, cpu_moe=cpu_moe, tokens=tokens)
+        return step_seconds(weights, gpu_layers, hw, cpu_moe=cpu_moe, tokens=tokens)
 
     return t(k) / t(1)
 

@@ -76,13 +76,17 @@ def test_plan_says_where_the_experts_go_and_loads_them_there() -> None:
 
 
 def test_a_moe_verify_pass_grows_with_the_experts_it_reads() -> None:
-    assert batch_growth(WEIGHTS, 1) == pytest.approx(1.0)
-    growth = [batch_growth(WEIGHTS, k) for k in range(1, 9)]
+    assert batch_growth(WEIGHTS, 1, 0, DESKTOP) == pytest.approx(1.0)
+    growth = [batch_growth(WEIGHTS, k, 0, DESKTOP) for k in range(1, 9)]
     assert growth == sorted(growth) and growth[1] > 1.3  # 2 tokens: ~1.9x the experts
     dense = Weights.estimate(CATALOG.model("qwen3-32b"), CATALOG.model("qwen3-32b").quant())
-    assert batch_growth(dense, 8) == 1.0
+    assert batch_growth(dense, 8, 0, DESKTOP) == 1.0
+
     # the same draft pays less against a MoE target: its verify passes cost more
-    _, speedup_moe = speculation(0.02, 0.002, 0.19, growth_of=lambda k: batch_growth(WEIGHTS, k))
+    def growth(k: int) -> float:
+        return batch_growth(WEIGHTS, k, 0, DESKTOP)
+
+    _, speedup_moe = speculation(0.02, 0.002, 0.19, growth_of=growth)
     _, speedup_dense = speculation(0.02, 0.002, 0.19)
     assert speedup_moe < speedup_dense
 
