@@ -236,8 +236,11 @@ REPLY = "def area(r):\n    return 3.14159 * r * r\n" * 3
 
 def conversation(draft_reply: str, target_cost=(0.004, 0.0005), draft_cost=(0.0, 0.0003)):
     reply = REPLY
-    target = ToyModel(scripted(reply), pass_s=target_cost[0], token_s=target_cost[1])
-    draft = ToyModel(scripted(draft_reply), pass_s=draft_cost[0], token_s=draft_cost[1])
+    # costs booked, not slept: auto reads them as on a quiet machine, whatever the load
+    target = ToyModel(scripted(reply), pass_s=target_cost[0], token_s=target_cost[1], sleep=False)
+    draft = ToyModel(
+        scripted(draft_reply), pass_s=draft_cost[0], token_s=draft_cost[1], sleep=False
+    )
     return target, draft, reply
 
 

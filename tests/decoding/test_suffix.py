@@ -171,9 +171,9 @@ TURN1 = f"<|user|>write mean\n<|assistant|>{FUNCTION}<|user|>add type hints\n<|a
 
 
 def toy_target(reply: str) -> ToyModel:
-    # passes take simulated time, extra tokens nearly free (as on a GPU): the policy
-    # decides on these, not on the noise of a Python call's time
-    return ToyModel(scripted(reply), n_vocab=258, pass_s=0.004, token_s=0.0001)
+    # passes cost booked time, extra tokens nearly free (as on a GPU): the policy decides
+    # on these, not on the machine's load or the noise of a Python call's time
+    return ToyModel(scripted(reply), n_vocab=258, pass_s=0.004, token_s=0.0001, sleep=False)
 
 
 def run(engine: Engine, prompt: str) -> tuple[Finished, list[RoundEnd]]:

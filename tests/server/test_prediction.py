@@ -70,9 +70,9 @@ def test_fixed_gamma_drafter_counts_what_the_prediction_drafted():
 
 
 def text_model(reply: str) -> ToyModel:
-    # passes take simulated time, as on a GPU (extra tokens nearly free): the policy
-    # decides on these, not on the noise of a Python call's time
-    return ToyModel(scripted(reply), n_vocab=258, pass_s=0.004, token_s=0.0001)
+    # passes cost booked time, extra tokens nearly free (as on a GPU): the policy decides
+    # on these, not on the machine's load or the noise of a Python call's time
+    return ToyModel(scripted(reply), n_vocab=258, pass_s=0.004, token_s=0.0001, sleep=False)
 
 
 def generate(engine: Engine, prompt: list[int], prediction: str | None) -> Finished:
