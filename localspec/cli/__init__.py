@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from localspec.errors import LocalspecError
 
@@ -17,8 +18,16 @@ TOP_LEVEL = ("-h", "--help", "-V", "--version")  # options of `localspec` itself
 COMMANDS = ("chat", "run", "serve", "bench", "plan", "pull", "models", "add")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: the full usage block of `serve` is a dozen
+    lines above the one that says what was wrong."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="localspec",
         description="Faster local LLM answers with speculative decoding. "
         "Without a command, opens the chat.",
@@ -48,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or (argv[0].startswith("-") and argv[0] not in TOP_LEVEL):
         argv = ["chat", *argv]  # no command: the chat, with any options given
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's parser, whose --help lists its options
+        command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        command.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command not in ("plan", "pull", "models", "add"):
         from localspec.backends import load_llama_library
 

@@ -19,7 +19,11 @@ from localspec.thinking import Thinking
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="answer one prompt (argument or stdin)")
-    p.add_argument("prompt", nargs="?", help="the prompt; read from stdin when omitted")
+    p.add_argument(
+        "prompt",
+        nargs="*",
+        help="the prompt (its words, quoted or not); read from stdin when omitted",
+    )
     add_model_options(p)
     add_sampling_options(p)
     p.add_argument("--system", help="system message (chat mode)")
@@ -34,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def read_prompt(args: argparse.Namespace) -> str:
-    prompt = args.prompt
+    prompt = " ".join(args.prompt) if args.prompt else None  # `run why is the sky blue`
     if prompt is None:
         if sys.stdin is None or sys.stdin.isatty():
             raise LocalspecError("no prompt: pass one as an argument or on stdin")

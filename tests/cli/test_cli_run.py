@@ -39,8 +39,7 @@ def test_bad_sampling_value():
 )
 def test_out_of_range_numbers_are_refused_before_anything_loads(option: str, value: str):
     r = localspec("run", "hi", "--target", "x.gguf", option, value)
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert f"argument {option}: must be between" in r.stderr.strip().splitlines()[-1]
+    assert_usage_error(r, "localspec run", f"argument {option}: must be between")
 
 
 @pytest.mark.parametrize(
@@ -48,8 +47,27 @@ def test_out_of_range_numbers_are_refused_before_anything_loads(option: str, val
 )
 def test_a_bad_gamma_is_refused_and_auto_named(value: str, why: str):
     r = localspec("run", "hi", "--target", "x.gguf", "--gamma", value)
-    assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1].endswith(f"--gamma/-g: {why} (or 'auto')")
+    assert_usage_error(r, "localspec run", f"--gamma/-g: {why} (or 'auto')")
+
+
+def assert_usage_error(r: subprocess.CompletedProcess, prog: str, words: str) -> None:
+    """A mistyped command line: exit 2 and one line, naming the command's --help."""
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"{prog}: error: "), r.stderr
+    assert words in r.stderr and r.stderr.endswith(f"(see '{prog} --help')\n"), r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "prog", "words"),
+    [
+        (["serve", "--parallel", "0"], "localspec serve", "--parallel: must be between 1"),
+        (["plan", "--bogus"], "localspec plan", "unrecognized arguments: --bogus"),
+        (["--bogus"], "localspec chat", "unrecognized arguments: --bogus"),
+        (["srve"], "localspec", "invalid choice: 'srve'"),
+    ],
+)
+def test_a_mistyped_command_line_gets_one_line_naming_the_commands_help(args, prog, words):
+    assert_usage_error(localspec(*args), prog, words)
 
 
 @pytest.mark.real
@@ -65,10 +83,10 @@ def test_drafting_with_an_mtp_head_a_model_lacks(real_paths):
 
 
 @pytest.mark.real
-def test_prompt_longer_than_the_context(real_paths):
-    r = localspec(
-        "run", "word " * 600, "--target", str(real_paths[0]), "--draft", "none", "--ctx", "256"
-    )
+@pytest.mark.parametrize("words", [["word " * 600], ["word"] * 600], ids=["quoted", "unquoted"])
+def test_prompt_longer_than_the_context(real_paths, words: list[str]):
+    # unquoted, the words are one prompt (`localspec run why is the sky blue`)
+    r = localspec("run", *words, "--target", str(real_paths[0]), "--draft", "none", "--ctx", "256")
     assert_error(r, "context")
 
 
