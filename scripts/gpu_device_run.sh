@@ -8,10 +8,13 @@
 #   twins     the MoE and hybrid twins' costs and the planner beside them
 #             (scripts/gpu_twins.py), then `localspec bench` on the hybrid twin (its MTP
 #             head) and the MoE twin (n-grams): greedy = plain, and what auto costs
+#   clients   `localspec serve` with 1, 4 and 8 streaming clients against the CUDA
+#             `llama-server -np N` with and without -md, on the 7B twin pair
+#             (scripts/serve_bench.py --suite clients --gpu; CLIENTS, ROUNDS, CLIENTS_S)
 # Run from the repository root with $OUT set; it expects .gpu/ as scripts/gpu_build.sh
 # makes it (the CUDA build of the vendored llama.cpp as lib.tar.xz, llama_cpp's Python
 # package in py/, the wheels the machine lacks in whl/, and llama.cpp's
-# ggml-vocab-qwen2.gguf). TARGETS, PROFILE_S and T7 override what is measured.
+# ggml-vocab-qwen2.gguf, xz'd). TARGETS, PROFILE_S and T7 override what is measured.
 set -uo pipefail
 exec > >(tee "$OUT/log.txt") 2>&1
 step() { echo "=== [$SECONDS s] $*"; }
@@ -24,6 +27,7 @@ blas=$(find /usr/local /opt -name 'libcublas.so.13*' 2>/dev/null | head -1)
 echo "cuBLAS: ${blas:-none found}"
 export LD_LIBRARY_PATH=/tmp/cb/bin:/usr/local/cuda/lib64${blas:+:$(dirname "$blas")}:${LD_LIBRARY_PATH:-}
 export PYTHONPATH=$PWD/.gpu/py:$PWD:/tmp/site
+V=/tmp/ggml-vocab-qwen2.gguf && xz -dc .gpu/ggml-vocab-qwen2.gguf.xz >$V || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem --format=csv
 lscpu | grep -E "Model name|^CPU\(s\)"; free -g | head -2; df -h /tmp /dev/shm | tail -2
 ldd /tmp/cb/bin/libggml-cuda.so | grep -E "cublas|cudart|libcuda|not found"
@@ -36,7 +40,7 @@ D=qwen2.5-coder-0.5b-instruct; T7=${T7:-qwen2.5-coder-7b-instruct}
 STEPS=" ${STEPS:-profile overhead plan} "
 if [[ $STEPS == *" profile "* ]]; then
 step profile
-timeout ${PROFILE_S:-240} python3 scripts/gpu_profile.py --vocab .gpu/ggml-vocab-qwen2.gguf --dir $M --out "$OUT/profile.json" \
+timeout ${PROFILE_S:-240} python3 scripts/gpu_profile.py --vocab $V --dir $M --out "$OUT/profile.json" \
   --drafts $D,qwen2.5-coder-1.5b-instruct --keep $T7 \
   --targets ${TARGETS:-$T7,qwen2.5-coder-1.5b-instruct,qwen2.5-coder-14b-instruct,qwen2.5-coder-32b-instruct,qwen2.5-coder-3b-instruct}
 fi
@@ -50,7 +54,7 @@ timeout 70 python3 scripts/gpu_overhead.py --target $M/$T7-q4_k_m-random.gguf --
 fi
 if [[ $STEPS == *" twins "* ]]; then
 step twins
-timeout ${TWINS_S:-300} python3 scripts/gpu_twins.py --vocab .gpu/ggml-vocab-qwen2.gguf --dir $M \
+timeout ${TWINS_S:-300} python3 scripts/gpu_twins.py --vocab $V --dir $M \
   --out "$OUT/twins.json" --keep hybrid,moe
 for kind in hybrid moe; do
   case $kind in
@@ -60,6 +64,22 @@ for kind in hybrid moe; do
   step "bench $kind"
   [ -f "$twin" ] && timeout ${BENCH_S:-100} python3 -m localspec bench --target "$twin" --draft none \
     --modes $modes -n 64 --no-chart --out "$OUT/bench-$kind"
+done
+fi
+if [[ $STEPS == *" clients "* ]]; then
+T=$M/$T7-q4_k_m-random.gguf; DR=$M/$D-q4_k_m-random.gguf
+if [ ! -f "$T" ] || [ ! -f "$DR" ]; then
+  step "clients: the 7B twin pair"
+  timeout 200 python3 scripts/gpu_profile.py --vocab $V --dir $M --out /tmp/pair.json \
+    --drafts $D --keep $T7 --targets $T7 --k-max 2 --reps 1 | tail -3
+fi
+python3 -c "import fastapi, uvicorn, httptools, openai; print('server deps ok')" && /tmp/cb/bin/llama-server --version
+for n in ${CLIENTS:-1 4 8}; do
+  step "clients $n"
+  timeout ${CLIENTS_S:-150} python3 scripts/serve_bench.py --target "$T" --draft "$DR" --gpu \
+    --llama-server /tmp/cb/bin/llama-server --suite clients --clients $n --rounds ${ROUNDS:-3} \
+    --plain-too --out "$OUT/clients$n.json"
+  tail -n 5 "$OUT"/logs/*.log 2>/dev/null; rm -rf "$OUT/logs"  # at most 8 files come back
 done
 fi
 if [[ $STEPS == *" plan "* ]]; then

@@ -180,7 +180,7 @@ def peer_draft(args: argparse.Namespace) -> Path:
     from localspec.backends.quantize import draft_to_load
 
     load_llama_library()
-    return draft_to_load(Path(args.draft), on_gpu=False, target=Path(args.target))
+    return draft_to_load(Path(args.draft), on_gpu=args.gpu, target=Path(args.target))
 
 
 def llama_server(args: argparse.Namespace, port: int, draft: bool, parallel: int = 1) -> list[str]:
@@ -188,6 +188,8 @@ def llama_server(args: argparse.Namespace, port: int, draft: bool, parallel: int
     threads = str(args.threads)
     cmd = [str(args.llama_server), "-m", args.target, "-t", threads, "-tb", threads]
     cmd += ["-c", str(args.ctx * parallel), "-np", str(parallel), "--port", str(port)]
+    if args.gpu:  # every layer on the GPU, as localspec's planner puts them where they fit
+        cmd += ["-ngl", "999"] + (["-ngld", "999"] if draft else [])
     if not draft:
         return cmd
     cmd += ["-md", str(peer_draft(args)), "-td", threads, "--spec-type", "draft-simple"]
@@ -632,6 +634,9 @@ def main() -> None:
     )
     p.add_argument("--llama-server", type=Path, help="default: scripts/peer_speculative.sh's")
     p.add_argument("--no-peer", dest="peer", action="store_false", help="leave llama-server out")
+    p.add_argument(
+        "--gpu", action="store_true", help="llama-server offloads both models (-ngl, -ngld)"
+    )
     p.add_argument("--out", type=Path, default=ROOT / "docs/bench/serve/results.json")
     args = p.parse_args()
     if args.peer:
