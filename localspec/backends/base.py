@@ -272,8 +272,14 @@ class Model(ABC):
 
     @property
     def size_bytes(self) -> int:
-        """Weight bytes: a decode step reads them all, so sizes predict relative costs."""
+        """Weight bytes, all of them."""
         return 0
+
+    @property
+    def read_bytes(self) -> int:
+        """Weight bytes one token's pass reads, which predict relative costs: all of them,
+        but for a MoE's routed experts the token is not sent to."""
+        return self.size_bytes
 
     @property
     def vocab_kind(self) -> str:

@@ -15,6 +15,7 @@ import ctypes
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import llama_cpp as ll
@@ -355,6 +356,15 @@ class LlamaModel(Model):
     @property
     def size_bytes(self) -> int:
         return int(ll.llama_model_size(self._model))
+
+    @cached_property
+    def read_bytes(self) -> int:
+        from localspec.backends.gguf import gguf_info_or_none
+        from localspec.models.memory import Weights
+
+        info = gguf_info_or_none([Path(self.path)])
+        share = Weights.from_gguf(info).read_share if info is not None and info.experts else 1.0
+        return int(self.size_bytes * share)
 
     @property
     def vocab_kind(self) -> str:

@@ -99,8 +99,10 @@ class MtpHead:
         self.busy_s = 0.0
         self.n_ctx = target.n_ctx
         # c / T(1) before it is timed: one decoder block and the output head, over the
-        # trunk's layers and its output head (weights read, a pass's cost on a GPU)
-        n_params = max(1, int(ll.llama_model_n_params(target._model)))
+        # trunk's layers and its output head (weights read, a pass's cost on a GPU; a
+        # MoE's active experts only)
+        share = target.read_bytes / max(1, target.size_bytes)
+        n_params = max(1, int(ll.llama_model_n_params(target._model) * share))
         head_params = target.n_vocab * self.n_embd
         self.cost_ratio = 1 / max(1, ll.llama_model_n_layer(target._model)) + head_params / n_params
         target.on_close.append(self.close)

@@ -570,7 +570,9 @@ def auto_engine(
     """The engine `--gamma auto` runs: hybrid drafting with an adaptive γ (up to
     GAMMA_MAX, deeper for a prediction that keeps matching). `growth`: T(k)/T(1) at least
     (a MoE target's, from the experts a pass reads), until T(k) is timed."""
-    ratio = draft.size_bytes / target.size_bytes if draft and target.size_bytes else 0.3
+    # c / T(1) before c is timed: the bytes a token reads (a MoE target's active experts
+    # only: by file sizes a 0.5B draft looked free beside a 30B-A3B)
+    ratio = draft.read_bytes / target.read_bytes if draft and target.read_bytes else 0.3
     if head is not None:
         ratio = head.head.cost_ratio
     drafter = AdaptiveDrafter(draft, cost_ratio=ratio, head=head, growth=growth)

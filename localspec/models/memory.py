@@ -67,6 +67,13 @@ class Weights:
     def is_moe(self) -> bool:
         return bool(self.experts)
 
+    @property
+    def read_share(self) -> float:
+        """The share of the file one token's pass reads: 1 for a dense model, a MoE's
+        less the routed experts it is not sent to (Qwen3-Coder-30B-A3B: ~0.1)."""
+        unread = sum(self.experts) * (1 - self.expert_share)
+        return (self.total - unread) / self.total if self.total else 1.0
+
     def read_per_token(self, layer: int) -> float:
         """Bytes of a layer one token reads: all but the experts it is not routed to."""
         return self.read_by(layer, 1)

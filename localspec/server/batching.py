@@ -266,6 +266,10 @@ class SlotModel(Model):
         return self.shared.size_bytes
 
     @property
+    def read_bytes(self) -> int:
+        return self.shared.read_bytes
+
+    @property
     def vocab_kind(self) -> str:
         return self.shared.vocab_kind
 
