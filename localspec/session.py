@@ -372,13 +372,13 @@ def verify_growth(target: Model) -> tuple[float, ...]:
 
 @cache
 def _moe_growth(path: Path, options: LoadOptions) -> tuple[float, ...]:
-    from localspec.backends.gguf import gguf_info_or_none
+    from localspec.backends.gguf import gguf_info_or_none, split_parts
     from localspec.decoding.estimates import TABLE_SIZE
     from localspec.models.hardware import probe
     from localspec.models.memory import Weights
     from localspec.models.speed import batch_growth
 
-    info = gguf_info_or_none([path]) if path.is_file() else None
+    info = gguf_info_or_none(split_parts(path)) if path.is_file() else None
     if info is None or not info.experts:
         return ()
     weights = Weights.from_gguf(info)

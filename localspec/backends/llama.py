@@ -359,10 +359,10 @@ class LlamaModel(Model):
 
     @cached_property
     def read_bytes(self) -> int:
-        from localspec.backends.gguf import gguf_info_or_none
+        from localspec.backends.gguf import gguf_info_or_none, split_parts
         from localspec.models.memory import Weights
 
-        info = gguf_info_or_none([Path(self.path)])
+        info = gguf_info_or_none(split_parts(Path(self.path)))  # it loaded: all parts are there
         share = Weights.from_gguf(info).read_share if info is not None and info.experts else 1.0
         return int(self.size_bytes * share)
 

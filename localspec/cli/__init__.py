@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Mapping
 from typing import NoReturn
 
 from localspec.errors import LocalspecError
@@ -22,11 +23,13 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors: the full usage block of `serve` is a dozen
     lines above the one that says what was wrong."""
 
+    commands: Mapping[str, argparse.ArgumentParser]  # the top level's, by name
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     parser = Parser(
         prog="localspec",
         description="Faster local LLM answers with speculative decoding. "
@@ -36,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)
+    parser.commands = sub.choices
     return parser
 
 
@@ -60,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the command's parser, whose --help lists its options
-        command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        command.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command not in ("plan", "pull", "models", "add"):
         from localspec.backends import load_llama_library
 
