@@ -359,12 +359,9 @@ class LlamaModel(Model):
 
     @cached_property
     def read_bytes(self) -> int:
-        from localspec.backends.gguf import gguf_info_or_none, split_parts
-        from localspec.models.memory import Weights
+        from localspec.models.memory import read_share
 
-        info = gguf_info_or_none(split_parts(Path(self.path)))  # it loaded: all parts are there
-        share = Weights.from_gguf(info).read_share if info is not None and info.experts else 1.0
-        return int(self.size_bytes * share)
+        return int(self.size_bytes * read_share(Path(self.path)))
 
     @property
     def vocab_kind(self) -> str:

@@ -371,13 +371,15 @@ def resolve_pair(target: str | None, draft: str | None) -> tuple[Path, Path | No
             raise LocalspecError("--target is required (no default pair yet)") from None
         pair = default_pair(draft)
         target, draft = pair.target, draft or pair.draft
-    if draft in (None, "none"):
-        return resolve_model(target), None
     if draft == "ngram":
         raise LocalspecError(
             "--draft ngram: the ngram mode needs no draft; pass a draft model, or 'none'"
         )
-    return resolve_model(target), resolve_model(draft)
+    paths = resolve_model(target), None if draft in (None, "none") else resolve_model(draft)
+    for path in paths:  # said first: what else is wrong matters once the files are there
+        if path is not None and not path.exists():
+            raise LocalspecError(f"model file not found: {path}")
+    return paths
 
 
 def placement(rpc: tuple[str, ...], peer_rpc: tuple[str, ...], rtt_ms: float) -> str | None:

@@ -134,6 +134,7 @@ def drafts_under_load(config) -> bool:  # config: SessionConfig
     F16 1.5B's 0.5B draft, 0.16, paid under load; the Q4_K_M pair's, 0.44, did not)."""
     from localspec.backends.llama import supports_gpu_offload
     from localspec.drafting import MODEL_FREE_DRAFTERS
+    from localspec.models.memory import read_share
     from localspec.session import resolve_model
 
     if config.target_load.n_gpu_layers != 0 and supports_gpu_offload():
@@ -143,7 +144,8 @@ def drafts_under_load(config) -> bool:  # config: SessionConfig
     target, draft = resolve_model(config.target), resolve_model(config.draft)
     if not (target.is_file() and draft.is_file()):
         return False
-    return draft.stat().st_size <= CHEAP_DRAFT * target.stat().st_size
+    # a MoE target by the bytes a token reads (its active experts), as auto prices drafts
+    return draft.stat().st_size <= CHEAP_DRAFT * target.stat().st_size * read_share(target)
 
 
 def serve(args: argparse.Namespace) -> int:

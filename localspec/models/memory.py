@@ -19,8 +19,9 @@ llama.cpp fills in proportion to their free memory; the draft stays here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from localspec.backends.gguf import GgufInfo
+from localspec.backends.gguf import GgufError, GgufInfo, gguf_info_or_none, split_parts
 from localspec.drafting import GAMMA_MAX
 from localspec.models.catalog import ModelEntry, Quant
 from localspec.models.hardware import GiB, Hardware, MiB, fmt_size
@@ -358,3 +359,13 @@ def fit(weights: Weights, n_ctx: int, budget: Budget, hw: Hardware) -> str:
     if not hw.gpu_usable or placement.target_layers == 0:
         return "CPU"
     return "GPU" if placement.target_layers > len(weights.layers) else "GPU+CPU"
+
+
+def read_share(path: Path) -> float:
+    """The share of a model file one token's pass reads (`Weights.read_share`, every part
+    of a split file): 1 for a dense model, or a file whose header cannot be read."""
+    try:
+        info = gguf_info_or_none(split_parts(path))
+    except GgufError:  # a split file with a part missing
+        return 1.0
+    return Weights.from_gguf(info).read_share if info is not None and info.experts else 1.0

@@ -465,9 +465,13 @@ def test_missing_peer_binaries(tmp_path):
         (["--max-tokens", "0"], "--max-tokens"),
         (["--draft", "none", "--modes", "draft"], "need a draft model"),
         (["--out", "a-file/sub"], "Not a directory"),  # before the run, not after it
+        (["--draft", "none", "--target", "missing.gguf"], "model file not found"),
+        (["--draft", "missing.gguf"], "model file not found"),
     ],
 )
 def test_command_errors_are_one_line(tmp_path, args, words):
+    (tmp_path / "t.gguf").write_bytes(b"")  # there: the other errors come before a load
+    args = [str(tmp_path / a) if a == "missing.gguf" else a for a in args]
     if args[0] == "--prompts":
         args = ["--prompts", str(write(tmp_path, args[1]))]
     if args[0] == "--out":

@@ -24,3 +24,15 @@ def test_one_cache_for_the_slots_only_with_a_cheap_draft_on_a_cpu(tmp_path: Path
     assert drafts_under_load(SessionConfig(f16, draft, "auto", cpu, cpu))  # 0.16
     assert not drafts_under_load(SessionConfig(q4, draft, "auto", cpu, cpu))  # 0.44
     assert not drafts_under_load(SessionConfig(f16, "ngram", "auto", cpu, cpu))
+
+
+def test_a_moe_target_is_sized_by_the_bytes_a_token_reads(tmp_path: Path, monkeypatch):
+    """Beside a 17 GB 30B-A3B whose token reads a tenth of it, a 0.5B draft costs ~0.3 of
+    a pass, not the 0.03 its file size says."""
+    monkeypatch.setattr(
+        "localspec.models.memory.read_share", lambda path: 0.1 if "a3b" in path.name else 1.0
+    )
+    cpu = LoadOptions(n_gpu_layers=0)
+    moe = sized(tmp_path / "coder-30b-a3b.gguf", 17_000_000_000)
+    draft = sized(tmp_path / "draft.gguf", 491_000_000)
+    assert not drafts_under_load(SessionConfig(moe, draft, "auto", cpu, cpu))
