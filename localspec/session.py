@@ -372,16 +372,14 @@ def verify_growth(target: Model) -> tuple[float, ...]:
 
 @cache
 def _moe_growth(path: Path, options: LoadOptions) -> tuple[float, ...]:
-    from localspec.backends.gguf import gguf_info_or_none, split_parts
     from localspec.decoding.estimates import TABLE_SIZE
     from localspec.models.hardware import probe
-    from localspec.models.memory import Weights
+    from localspec.models.memory import moe_weights
     from localspec.models.speed import batch_growth
 
-    info = gguf_info_or_none(split_parts(path)) if path.is_file() else None
-    if info is None or not info.experts:
+    weights = moe_weights(path)
+    if weights is None:
         return ()
-    weights = Weights.from_gguf(info)
     layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else len(weights.layers) + 1
     if not draft_on_gpu(options) or options.rpc:  # rpc-servers are priced as a CPU
         layers = 0

@@ -10,7 +10,8 @@ Measured online, per conversation:
   short, or the draft model off, for good (a retry that misses goes back to the α
   measured before the raise); a source not yet used is judged at its prior
   (the draft model also on T's prior line: its first try is dear);
-- c, the draft model's cost per token (prior: its weight bytes relative to the target's);
+- c, the draft model's cost per token (prior: its weight bytes relative to those a token
+  of the target reads, a MoE's active experts only);
 - T(k), the target's time to verify a batch of k tokens, fitted as a line a + b(k-1)
   (on a GPU b ≈ 0; on a CPU anywhere from 0.1a to 0.7a).
 (Both kept in localspec.decoding.estimates; this module decides with them.)

@@ -361,11 +361,18 @@ def fit(weights: Weights, n_ctx: int, budget: Budget, hw: Hardware) -> str:
     return "GPU" if placement.target_layers > len(weights.layers) else "GPU+CPU"
 
 
-def read_share(path: Path) -> float:
-    """The share of a model file one token's pass reads (`Weights.read_share`, every part
-    of a split file): 1 for a dense model, or a file whose header cannot be read."""
+def moe_weights(path: Path) -> Weights | None:
+    """A MoE model file's weights, from its header (every part of a split file); None for
+    a dense model, or a file whose header cannot be read."""
     try:
-        info = gguf_info_or_none(split_parts(path))
+        info = gguf_info_or_none(split_parts(path)) if path.is_file() else None
     except GgufError:  # a split file with a part missing
-        return 1.0
-    return Weights.from_gguf(info).read_share if info is not None and info.experts else 1.0
+        return None
+    return Weights.from_gguf(info) if info is not None and info.experts else None
+
+
+def read_share(path: Path) -> float:
+    """The share of a model file one token's pass reads (`Weights.read_share`): 1 for a
+    dense model."""
+    weights = moe_weights(path)
+    return 1.0 if weights is None else weights.read_share
