@@ -28,6 +28,11 @@ class LineRule(Protocol):
         soon as that is clear, rather than after the whole line is written)."""
         ...
 
+    def joint(self, gap: str) -> str:
+        """What stays of `gap`, the line breaks (and blank lines) between the last line
+        kept and a line dropped: the text after the cursor may bring its own."""
+        ...
+
 
 class TextStream:
     """Feed each emitted token's bytes; get back the text that is safe to show."""
@@ -38,6 +43,9 @@ class TextStream:
         self._lines = lines
         self._pushed = False
         self._held = ""  # decoded text that might be the start of a stop string
+        # with a line rule: the line break after the last line with text, and blank
+        # lines since, held until a line with text follows (or the rule drops it)
+        self._gap = ""
         self.text = ""  # everything released so far
         self.stopped = False
 
@@ -49,11 +57,13 @@ class TextStream:
         self._held += self._decoder.decode(data)
         hit = min((i for s in self._stops if (i := self._held.find(s)) >= 0), default=-1)
         if hit >= 0:
-            self.stopped = True
             self._held = self._held[:hit]
             if self._lines is None:
+                self.stopped = True
                 return self._release(hit, drop_rest=True)
-            return self._release_lines() + self._release(len(self._held), drop_rest=True)
+            out = self._release_lines() + self._release_last_line()
+            self.stopped = True
+            return out
         if self._lines is not None:
             return self._release_lines()
         return self._release(len(self._held) - self._stop_prefix_len())
@@ -61,30 +71,45 @@ class TextStream:
     def flush(self) -> str:
         """The end of the answer: release what was held (incomplete bytes become U+FFFD)."""
         self._held += self._decoder.decode(b"", final=True)
-        rule = self._lines
-        # the last line, ended by the answer's end rather than a newline
-        unended = rule is not None and not self.stopped and self._held
-        if unended and rule is not None and rule.check(self.text, self._held) == "drop":
-            self._held = ""
+        if self._lines is not None:
+            return self._release_last_line()
         return self._release(len(self._held))
+
+    def _release_last_line(self) -> str:
+        """The last line, ended by the answer's end (or a stop string) rather than a
+        newline, as the rule judges it."""
+        rule = self._lines
+        assert rule is not None
+        if self.stopped:
+            return ""
+        if self._held and rule.check(self.text + self._gap, self._held) == "drop":
+            self._held, self._gap = "", rule.joint(self._gap)
+        return self._release_gap() + self._release(len(self._held), drop_rest=True)
 
     def _release_lines(self) -> str:
         """The held lines the rule passes, up to the last newline; the rest stays held
         (a stop string's start among it too)."""
-        out = ""
+        rule, out = self._lines, ""
+        assert rule is not None
         while not self.stopped and (nl := self._held.find("\n")) >= 0:
-            line = self._held[:nl]
-            verdict = self._lines.check(self.text + out, line) if self._lines else "keep"
+            line, self._held = self._held[:nl], self._held[nl + 1 :]
+            verdict = rule.check(self.text + out + self._gap, line)
             if verdict == "drop":
-                self.stopped, self._held = True, ""
+                out += rule.joint(self._gap)
+                self.stopped, self._held, self._gap = True, "", ""
                 break
-            out, self._held = out + line + "\n", self._held[nl + 1 :]
+            if line.strip():
+                out, self._gap = out + self._gap + line, "\n"
+            else:
+                self._gap += line + "\n"
             if verdict == "end":
-                self.stopped, self._held = True, ""
+                out += self._gap
+                self.stopped, self._held, self._gap = True, "", ""
         # a line may end the answer before it completes (llama-server's indentation)
-        rule, held = self._lines, self._held
-        if not self.stopped and held and rule and rule.check_start(self.text + out, held) == "drop":
-            self.stopped, self._held = True, ""
+        before, held = self.text + out + self._gap, self._held
+        if not self.stopped and held and rule.check_start(before, held) == "drop":
+            out += rule.joint(self._gap)
+            self.stopped, self._held, self._gap = True, "", ""
         self.text += out
         return out
 
@@ -97,6 +122,11 @@ class TextStream:
                     best = n
                     break
         return best
+
+    def _release_gap(self) -> str:
+        out, self._gap = self._gap, ""
+        self.text += out
+        return out
 
     def _release(self, upto: int, drop_rest: bool = False) -> str:
         out, self._held = self._held[:upto], "" if drop_rest else self._held[upto:]

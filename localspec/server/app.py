@@ -45,11 +45,13 @@ from localspec.server.prepare import (
     prepare_chat,
     prepare_completion,
     prepare_infill,
+    prepare_llama_completion,
     read_body,
 )
 from localspec.server.schemas import (
     ChatRequest,
     CompletionRequest,
+    LlamaCompletionRequest,
     parse,
 )
 from localspec.server.worker import Failed, Job, Worker
@@ -208,6 +210,25 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         job, prepared = await start(
             request, lambda: prepare_infill(body, session), f"infill {short_id()}"
         )
+        return await answer_as_llama_server(request, job, prepared, body)
+
+    @app.post("/completion", dependencies=guarded)
+    @app.post("/completions", dependencies=guarded)
+    async def llama_completion(request: Request) -> Response:
+        """llama-server's own completion endpoint (Continue's `llama.cpp` provider)."""
+        body = parse(LlamaCompletionRequest, await read_body(request, options.max_body_bytes))
+        job, prepared = await start(
+            request, lambda: prepare_llama_completion(body, session), f"completion {short_id()}"
+        )
+        return await answer_as_llama_server(request, job, prepared, body)
+
+    async def answer_as_llama_server(
+        request: Request,
+        job: Job,
+        prepared: Prepared,
+        body: InfillRequest | LlamaCompletionRequest,
+    ) -> Response:
+        """llama-server's response body (`content`, `timings`, ...), or its stream."""
         answer = Answer(
             job, prepared, options.model_id, "infill", worker.withdraw, session.target.token_bytes
         )

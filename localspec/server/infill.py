@@ -164,6 +164,8 @@ class InfillLines:
     def __post_init__(self) -> None:
         # the first line of the suffix with text on it: the middle re-joins the suffix there
         self.rejoin = next((s.strip() for s in self.suffix.splitlines() if s.strip()), "")
+        # the line breaks the suffix has before that line
+        self.breaks = self.suffix[: len(self.suffix) - len(self.suffix.lstrip())].count("\n")
 
     def check(self, before: str, line: str) -> Verdict:
         if self.rejoin and line.strip() == self.rejoin:
@@ -185,6 +187,15 @@ class InfillLines:
             self.why = "limit"
             return "drop"
         return "keep"
+
+    def joint(self, gap: str) -> str:
+        """Where the middle re-joins the suffix, the line breaks before that line are
+        the middle's and the suffix's together: the middle keeps those the suffix does
+        not bring (so `return x` before "\n\ndef f" is not followed by blank lines
+        twice). Elsewhere (time, indentation) it keeps them all, as llama-server does."""
+        if self.why != "rejoin":
+            return gap
+        return "\n" * max(gap.count("\n") - self.breaks, 0)
 
     def start(self) -> None:
         self._started = time.perf_counter()
@@ -213,11 +224,11 @@ def infill_body(
     tokens: bool = False,
 ) -> dict[str, Any]:
     """llama-server's /infill (and /completion) response."""
-    s = done.stats
-    prompt_ms = s.ttft_s * 1e3
+    s, n = done.stats, len(done.tokens)
+    # with no token asked for (an editor's cache warm-up), all of it was reading
+    prompt_ms = (s.ttft_s if n else s.elapsed_s) * 1e3
     read = max(prompt_tokens - cached, 1)
-    predicted_ms = max(s.elapsed_s - s.ttft_s, 0.0) * 1e3
-    n = len(done.tokens)
+    predicted_ms = max(s.elapsed_s - s.ttft_s, 0.0) * 1e3 if n else 0.0
     return {
         "index": 0,
         "content": done.text,
@@ -232,7 +243,7 @@ def infill_body(
         "truncated": truncated,
         "stop_type": stop_type(done.stop_reason, lines),
         "stopping_word": "",
-        "tokens_cached": cached + n,
+        "tokens_cached": prompt_tokens + n,  # what the slot's context holds now
         "timings": {
             "prompt_n": read,
             "prompt_ms": prompt_ms,

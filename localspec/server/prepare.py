@@ -40,7 +40,13 @@ from localspec.server.infill import (
     InfillRequest,
     infill_prompt,
 )
-from localspec.server.schemas import ChatRequest, CompletionRequest, content_text
+from localspec.server.schemas import (
+    ChatRequest,
+    CompletionRequest,
+    GenerationBody,
+    LlamaCompletionRequest,
+    content_text,
+)
 from localspec.session import Session, TemplateKwargsError, shown_tokens, template_kwargs
 from localspec.thinking import Thinking, opens_thinking
 
@@ -139,6 +145,21 @@ def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
     return Prepared(prompt, generation_config(body, prompt, session, COMPLETION_DEFAULT_TOKENS))
 
 
+def prepare_llama_completion(body: LlamaCompletionRequest, session: Session) -> Prepared:
+    """llama-server's /completion: the prompt as given (text, or token ids)."""
+    body.refuse_unsupported()
+    if isinstance(body.prompt, str):
+        prompt = session.tokenize_raw(body.prompt)
+    else:
+        n_vocab = session.target.n_vocab
+        if any(not 0 <= t < n_vocab for t in body.prompt):
+            raise ApiError(400, f"prompt: token ids must be in [0, {n_vocab})", "prompt")
+        prompt = list(body.prompt)
+    if not prompt:
+        raise ApiError(400, "the prompt is empty", "prompt")
+    return Prepared(prompt, generation_config(body, prompt, session, None))
+
+
 def prepare_infill(body: InfillRequest, session: Session) -> Prepared:
     built = infill_prompt(
         session.target,
@@ -170,7 +191,7 @@ def room_for(prompt: list[int], session: Session, param: str) -> int:
 
 
 def generation_config(
-    body: ChatRequest | CompletionRequest,
+    body: GenerationBody,
     prompt: list[int],
     session: Session,
     default_tokens: int | None,
@@ -180,7 +201,10 @@ def generation_config(
     room = room_for(prompt, session, prompt_param)
     # beyond what fits, the answer stops where the context is full ("length"), as
     # llama-server's does: clients send their own model's limits (128k and more)
-    limit = min(body.token_limit() or default_tokens or room, room)
+    # (a client's -1, llama-server's "no limit", asks for as much)
+    asked = body.token_limit()
+    asked = default_tokens if asked is None else asked
+    limit = room if asked is None or asked == -1 else min(asked, room)
     try:
         sampling = body.sampling()
     except ValueError as e:
@@ -194,7 +218,7 @@ def generation_config(
     )
 
 
-def request_grammar(body: ChatRequest | CompletionRequest, session: Session) -> Grammar | None:
+def request_grammar(body: GenerationBody, session: Session) -> Grammar | None:
     """What the answer must follow: `response_format` (json_object, json_schema) or
     llama-server's `grammar` (GBNF), compiled for the target; a 400 naming what is wrong."""
     fmt = getattr(body, "response_format", None) or {}

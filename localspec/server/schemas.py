@@ -5,15 +5,28 @@ engine. Unknown fields are ignored (clients send many); fields the server cannot
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
 
 from localspec.decoding.sampling import SamplingParams
 from localspec.server.errors import ApiError
 
 T = TypeVar("T", bound=BaseModel)
 MAX_STOPS = 16  # OpenAI allows 4; editors' completion setups send more
+
+
+def no_limit_or_positive(n: int) -> int:
+    if n == 0 or n < -1:
+        raise PydanticCustomError(
+            "token_limit", "must be at least 1, or -1 for as many as the context holds"
+        )
+    return n
+
+
+# a token limit: llama-server (and llama.vscode, which sends it) reads -1 as "no limit"
+TokenLimit = Annotated[int, AfterValidator(no_limit_or_positive)]
 
 
 class Body(BaseModel):
@@ -109,7 +122,7 @@ class GenerationBody(Body):
     model: str | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: TokenLimit | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     # llama.cpp's own knobs, accepted as llama-server accepts them
@@ -126,12 +139,21 @@ class GenerationBody(Body):
     logit_bias: dict[str, float] | None = None
     grammar: str | None = None  # llama-server's: a GBNF grammar the answer follows
 
+    DEFAULT_TEMPERATURE: ClassVar[float] = 1.0  # OpenAI's
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+    def logprob_count(self) -> int | None:
+        """How many top log-probabilities each token carries (None: no logprobs)."""
+        return None
+
     def sampling(self) -> SamplingParams:
         """OpenAI's defaults (temperature 1, top_p 1) where the request says nothing;
         top_k and min_p as localspec's own sampler has them."""
         defaults = SamplingParams()
         return SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
+            temperature=self.DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=defaults.top_k if self.top_k is None else self.top_k,
             min_p=defaults.min_p if self.min_p is None else self.min_p,
@@ -160,7 +182,7 @@ class GenerationBody(Body):
 
 class ChatRequest(GenerationBody):
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: TokenLimit | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     prediction: PredictionIn | None = None
@@ -202,9 +224,6 @@ class CompletionRequest(GenerationBody):
     suffix: str | None = None
     best_of: int | None = None
 
-    def token_limit(self) -> int | None:
-        return self.max_tokens
-
     def logprob_count(self) -> int | None:
         """The legacy API's `logprobs: N`: each token's and its N most likely ones'."""
         if self.logprobs is None or self.logprobs is False:
@@ -226,6 +245,35 @@ class CompletionRequest(GenerationBody):
             raise ApiError(400, "echo is not supported", "echo")
         if self.best_of not in (None, 1):
             raise ApiError(400, "best_of must be 1", "best_of")
+
+
+class LlamaCompletionRequest(GenerationBody):
+    """llama-server's own `POST /completion` (Continue's `llama.cpp` provider, scripts
+    written for llama-server): a raw prompt (text, or token ids), `n_predict`, its
+    sampling defaults (temperature 0.8), `grammar` or `json_schema`."""
+
+    DEFAULT_TEMPERATURE: ClassVar[float] = 0.8  # llama-server's
+    prompt: str | list[int]
+    n_predict: int = Field(-1, ge=-1)  # -1: until the model ends it (or the context is full)
+    json_schema: dict[str, Any] | None = None
+    mirostat: int = 0
+    response_fields: list[str] | None = None  # only these ("timings/prompt_n": a path)
+    return_tokens: bool = False
+
+    def token_limit(self) -> int | None:
+        # llama-server reads max_tokens where n_predict is not given
+        return self.max_tokens if "n_predict" not in self.model_fields_set else self.n_predict
+
+    @property
+    def response_format(self) -> dict[str, Any] | None:
+        if self.json_schema is None:
+            return None
+        return {"type": "json_schema", "json_schema": {"schema": self.json_schema}}
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.mirostat:
+            raise ApiError(400, "mirostat is not supported", "mirostat")
 
 
 def parse(kind: type[T], body: bytes) -> T:

@@ -94,6 +94,29 @@ def test_plain_completions(client: TestClient):
     assert body["object"] == "text_completion" and body["choices"][0]["text"] == REPLY[:5]
 
 
+def test_llama_servers_own_completion_endpoint(client: TestClient):
+    """/completion as Continue's `llama.cpp` provider and llama-server's scripts send it:
+    text or token ids, n_predict (max_tokens where it is not given), streamed pieces of
+    `content` then the whole with stop: true and no [DONE]."""
+    ask = {"prompt": "<|assistant|>", "n_predict": 5, "temperature": 0}
+    body = client.post("/completion", json=ask, headers=AUTH).json()
+    assert body["content"] == REPLY[:5] and body["stop"] is True
+    assert body["tokens_predicted"] == 5 and body["stop_type"] == "limit"
+    assert body["tokens_evaluated"] == body["timings"]["prompt_n"] > 0
+    ids = list(b"<|assistant|>")  # the toy's tokens are its bytes
+    by_ids = {"prompt": ids, "max_tokens": 3, "temperature": 0, "return_tokens": True}
+    body = client.post("/completions", json=by_ids, headers=AUTH).json()
+    assert body["content"] == REPLY[:3] and body["tokens"] == list(REPLY[:3].encode())
+    whole = {"prompt": "<|assistant|>", "temperature": 0, "stream": True}
+    with client.stream("POST", "/completion", json=whole, headers=AUTH) as r:
+        lines = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line]
+    assert "".join(c["content"] for c in lines) == REPLY
+    assert [c["stop"] for c in lines] == [False] * (len(lines) - 1) + [True]
+    assert lines[-1]["stop_type"] == "eos"
+    for bad, param in (({"prompt": [1, 999]}, "prompt"), ({"prompt": "x", "mirostat": 2}, None)):
+        assert_error(client.post("/completion", json=bad, headers=AUTH), 400, param)
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [
@@ -101,6 +124,7 @@ def test_plain_completions(client: TestClient):
         (json.dumps({"messages": "hi"}).encode(), 400, "messages"),
         (json.dumps({"messages": []}).encode(), 400, "messages"),
         (json.dumps(chat(max_tokens=0)).encode(), 400, "max_tokens"),
+        (json.dumps(chat(max_tokens=-2)).encode(), 400, "max_tokens"),
         (json.dumps(chat(temperature="hot")).encode(), 400, "temperature"),
         (json.dumps(chat(n=2)).encode(), 400, "n"),
         (json.dumps(chat(presence_penalty=0.5)).encode(), 400, "presence_penalty"),
@@ -139,15 +163,18 @@ def test_another_model_name_is_served_by_the_loaded_one(client: TestClient):
     assert body.status_code == 200 and body.json()["model"] == "toy"
 
 
-def test_max_tokens_beyond_the_context_is_clamped_not_refused():
+@pytest.mark.parametrize("limit", [10**9, -1])  # -1: llama-server's "no limit" (llama.vscode)
+def test_max_tokens_beyond_the_context_is_clamped_not_refused(limit: int):
     # a reply that never ends: the answer runs until the context is full
     session = Session(auto_engine(ToyModel(scripted("ab" * 400), n_vocab=258, n_ctx=128), None))
     with TestClient(create_app(session, ServerOptions("toy"))) as c:
-        r = c.post("/v1/chat/completions", json=chat(max_tokens=10**9, temperature=0))
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] == 128
+        r = c.post("/v1/chat/completions", json=chat(max_tokens=limit, temperature=0))
+        plain = c.post("/v1/completions", json={"prompt": "a", "max_tokens": limit})
+    for response, choice in ((r, "message"), (plain, "text")):
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["choices"][0]["finish_reason"] == "length", choice
+        assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] == 128
 
 
 def test_the_prompt_beyond_the_context_is_named(client: TestClient):

@@ -150,8 +150,12 @@ def test_a_warm_up_reads_the_extra_context_and_the_next_keystroke_little(
     warm = vscode_body("", "", "", extra, n_predict=0, samplers=[], t_max_predict_ms=1)
     r = client.post("/infill", json=warm)
     assert r.status_code == 200 and r.json()["content"] == ""
+    read = r.json()  # what llama.vscode shows of it: the reading, and what is now cached
+    assert read["timings"]["prompt_ms"] > 0 and read["timings"]["predicted_ms"] == 0
+    assert read["tokens_cached"] == read["tokens_evaluated"] > 100
     first = client.post("/infill", json=vscode_body(PREFIX, SUFFIX, "    ret", extra)).json()
     again = client.post("/infill", json=vscode_body(PREFIX, SUFFIX, "    retu", extra)).json()
+    assert first["tokens_cached"] == first["tokens_evaluated"] + first["tokens_predicted"]
     assert first["timings"]["cache_n"] > 100  # the extra chunks were read by the warm-up
     chunks = [ExtraChunk(text=c["text"], filename=c["filename"]) for c in extra]
     before, after = (

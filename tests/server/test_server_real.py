@@ -306,11 +306,28 @@ def test_a_tool_call_round_trips(client: openai.OpenAI):
     assert reply.choices[0].message.content
 
 
-def test_plain_completions(client: openai.OpenAI):
+def test_plain_completions(client: openai.OpenAI, server):
     answer = client.completions.create(
         model=MODEL, prompt="def add(a, b):\n", max_tokens=8, temperature=0
     )
     assert answer.choices[0].text and answer.usage.completion_tokens <= 8
+    # Continue's `llama.cpp` provider: llama-server's /completion, streamed, its fields
+    continue_body = {
+        "prompt": "def add(a, b):\n",
+        "stream": True,
+        "n_predict": 8,
+        "stop": ["\n\n"],
+        "top_k": 40,
+        "top_p": 0.95,
+        "min_p": 0.05,
+        "temperature": 0,
+    }
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", f"{server[0]}/completion", json=continue_body, headers=headers) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == answer.choices[0].text.split("\n\n")[0]
+    assert events[-1]["stop"] and events[-1]["tokens_predicted"] <= 8
 
 
 def test_beyond_the_queue_a_429_with_retry_after(client: openai.OpenAI, server):
