@@ -14,7 +14,7 @@ from localspec.decoding.sampling import SamplingParams
 from localspec.server.errors import ApiError
 
 T = TypeVar("T", bound=BaseModel)
-MAX_STOPS = 16  # OpenAI allows 4; editors' completion setups send more
+MAX_STOPS = 64  # OpenAI allows 4; Continue sends 14 for Qwen-Coder, and users add theirs
 
 
 def no_limit_or_positive(n: int) -> int:

@@ -130,6 +130,7 @@ def test_llama_servers_own_completion_endpoint(client: TestClient):
         (json.dumps(chat(presence_penalty=0.5)).encode(), 400, "presence_penalty"),
         (json.dumps(chat(frequency_penalty=1)).encode(), 400, "frequency_penalty"),
         (json.dumps(chat(stop=[1, 2])).encode(), 400, None),
+        (json.dumps(chat(stop=[f"s{i}" for i in range(65)])).encode(), 400, "stop"),
         (json.dumps(chat(messages=[{"role": "user", "content": "x" * 600}])).encode(), 400, None),
         (json.dumps(chat(messages=[{"role": "wizard", "content": "x"}])).encode(), 400, None),
         (json.dumps(chat(messages=[{"role": "user", "content": IMAGE}])).encode(), 400, None),

@@ -4,6 +4,7 @@ client templated itself (Continue)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -178,11 +179,18 @@ def test_openai_suffix_and_a_client_templated_prompt(client: TestClient):
     )
     assert r.status_code == 200, r.text
     assert "math.pi" in r.json()["choices"][0]["text"]
-    templated = f"<|fim_prefix|>{PREFIX}    return<|fim_suffix|>{SUFFIX}<|fim_middle|>"  # Continue
-    r = client.post(
-        "/v1/completions", json={"prompt": templated, "max_tokens": 16, "temperature": 0}
-    )
-    assert r.status_code == 200 and "math.pi" in r.json()["choices"][0]["text"]
+    # Continue's autocomplete: its Qwen-Coder template and stop strings (the template's,
+    # then its multi-line and common ones: core/autocomplete/templating), streamed
+    templated = f"<|fim_prefix|>{PREFIX}    return<|fim_suffix|>{SUFFIX}<|fim_middle|>"
+    tokens = ["endoftext", "fim_prefix", "fim_middle", "fim_suffix", "fim_pad", "repo_name"]
+    tokens += ["file_sep", "im_start", "im_end"]
+    stops = [f"<|{t}|>" for t in tokens] + ["\n\n", "\r\n\r\n", "/src/", "#- coding: utf-8", "```"]
+    body = {"prompt": templated, "max_tokens": 16, "temperature": 0, "stop": stops}
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: {")]
+    text = "".join(json.loads(line)["choices"][0]["text"] for line in lines)
+    assert "math.pi" in text and "<|" not in text
 
 
 def test_the_middle_stops_where_it_rejoins_the_suffix(client: TestClient):
