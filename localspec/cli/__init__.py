@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import NoReturn
 
+from localspec import version
 from localspec.errors import LocalspecError
 
 TOP_LEVEL = ("-h", "--help", "-V", "--version")  # options of `localspec` itself, not the chat's
@@ -41,20 +42,6 @@ def build_parser() -> Parser:
         importlib.import_module(f"{__name__}.{name}").register(sub)
     parser.commands = sub.choices
     return parser
-
-
-def version() -> str:
-    """localspec's version and llama-cpp-python's (whose llama.cpp decodes), for bug reports."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    def of(package: str) -> str:
-        try:
-            return installed(package)
-        except PackageNotFoundError:
-            return "not installed"
-
-    return f"localspec {of('localspec')} (llama-cpp-python {of('llama-cpp-python')})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,11 +22,14 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from localspec import version
 from localspec.decoding.events import Event, Finished, Piece, Stats, StopReason
+from localspec.server import native
 from localspec.server.calls import rewriter
 from localspec.server.chat import (
     ToolCall,
@@ -40,6 +43,7 @@ from localspec.server.infill import (
     infill_body,
     pick_fields,
 )
+from localspec.server.native import DetokenizeRequest, TokenizeRequest
 from localspec.server.prepare import (
     Prepared,
     prepare_chat,
@@ -111,7 +115,13 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, e: HTTPException) -> Response:
-        return await on_api_error(request, ApiError(e.status_code, str(e.detail)))
+        message = str(e.detail)
+        if e.status_code == 404:  # say what is served (an embeddings client, a typo)
+            paths = sorted({route.path for route in app.routes if isinstance(route, APIRoute)})
+            message = f"no {request.method} {request.url.path} here; served: {', '.join(paths)}"
+        elif e.status_code == 405:
+            message = f"{request.url.path} does not take {request.method}"
+        return await on_api_error(request, ApiError(e.status_code, message))
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, e: RequestValidationError) -> Response:
@@ -144,6 +154,20 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             "draft": options.draft_id,
         }
         return {"object": "list", "data": [entry]}
+
+    @app.post("/tokenize", dependencies=guarded)
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = parse(TokenizeRequest, await read_body(request, options.max_body_bytes))
+        return await run_in_threadpool(native.tokenize, session.target, body)
+
+    @app.post("/detokenize", dependencies=guarded)
+    async def detokenize(request: Request) -> dict[str, Any]:
+        body = parse(DetokenizeRequest, await read_body(request, options.max_body_bytes))
+        return native.detokenize(session.target, body)
+
+    @app.get("/props", dependencies=guarded)
+    async def props() -> dict[str, Any]:
+        return native.props(session.target, options.model_id, len(worker.slots), version())
 
     @app.get("/metrics", dependencies=guarded)
     async def prometheus() -> Response:

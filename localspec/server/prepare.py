@@ -134,7 +134,7 @@ def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
             body.suffix,
             [],
             "",
-            body.max_tokens or COMPLETION_DEFAULT_TOKENS,
+            body.token_limit() or COMPLETION_DEFAULT_TOKENS,
             session.target.n_ctx,
         )
         config = generation_config(body, built.tokens, session, COMPLETION_DEFAULT_TOKENS)

@@ -123,6 +123,9 @@ class GenerationBody(Body):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: TokenLimit | None = None
+    # llama-server's own limit, read before max_tokens there (0: only read the prompt,
+    # as llama.vscode's warm-up of its chat asks)
+    n_predict: int | None = Field(None, ge=-1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     # llama.cpp's own knobs, accepted as llama-server accepts them
@@ -142,7 +145,8 @@ class GenerationBody(Body):
     DEFAULT_TEMPERATURE: ClassVar[float] = 1.0  # OpenAI's
 
     def token_limit(self) -> int | None:
-        return self.max_tokens
+        """The answer's token limit as asked (None: not asked; -1: no limit)."""
+        return self.max_tokens if self.n_predict is None else self.n_predict
 
     def logprob_count(self) -> int | None:
         """How many top log-probabilities each token carries (None: no logprobs)."""
@@ -195,6 +199,8 @@ class ChatRequest(GenerationBody):
     reasoning_format: str | None = None
 
     def token_limit(self) -> int | None:
+        if self.n_predict is not None:
+            return self.n_predict
         return self.max_completion_tokens or self.max_tokens
 
     def template_variables(self) -> dict[str, Any]:
@@ -249,20 +255,15 @@ class CompletionRequest(GenerationBody):
 
 class LlamaCompletionRequest(GenerationBody):
     """llama-server's own `POST /completion` (Continue's `llama.cpp` provider, scripts
-    written for llama-server): a raw prompt (text, or token ids), `n_predict`, its
-    sampling defaults (temperature 0.8), `grammar` or `json_schema`."""
+    written for llama-server): a raw prompt (text, or token ids), no token limit unless
+    asked, its sampling defaults (temperature 0.8), `grammar` or `json_schema`."""
 
     DEFAULT_TEMPERATURE: ClassVar[float] = 0.8  # llama-server's
     prompt: str | list[int]
-    n_predict: int = Field(-1, ge=-1)  # -1: until the model ends it (or the context is full)
     json_schema: dict[str, Any] | None = None
     mirostat: int = 0
     response_fields: list[str] | None = None  # only these ("timings/prompt_n": a path)
     return_tokens: bool = False
-
-    def token_limit(self) -> int | None:
-        # llama-server reads max_tokens where n_predict is not given
-        return self.max_tokens if "n_predict" not in self.model_fields_set else self.n_predict
 
     @property
     def response_format(self) -> dict[str, Any] | None:

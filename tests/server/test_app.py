@@ -87,6 +87,20 @@ def test_stop_strings_and_max_tokens(client: TestClient):
     assert body["usage"]["completion_tokens"] == 5
 
 
+def test_n_predict_as_llama_server_reads_it(client: TestClient):
+    """llama-server's n_predict before max_tokens; 0 reads the prompt into a slot's cache
+    and answers nothing (llama.vscode warms its chat up so)."""
+    body = chat(temperature=0, n_predict=3, max_tokens=10)
+    answer = client.post("/v1/chat/completions", json=body, headers=AUTH).json()
+    assert answer["choices"][0]["message"]["content"] == REPLY[:3]
+    warm = client.post("/v1/chat/completions", json=chat(n_predict=0), headers=AUTH).json()
+    assert warm["choices"][0]["message"]["content"] == ""
+    assert warm["usage"]["completion_tokens"] == 0 and warm["usage"]["prompt_tokens"] > 0
+    again = client.post("/v1/chat/completions", json=chat(temperature=0), headers=AUTH).json()
+    cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= warm["usage"]["prompt_tokens"] - 1
+
+
 def test_plain_completions(client: TestClient):
     body = client.post(
         "/v1/completions", json={"prompt": "<|assistant|>", "max_tokens": 5}, headers=AUTH
@@ -194,9 +208,26 @@ def test_the_api_key_is_enforced(client: TestClient):
     assert models["data"][0]["id"] == "toy" and models["data"][0]["draft"] == "ngram"
 
 
-def test_unknown_routes_use_the_error_shape(client: TestClient):
-    assert_error(client.get("/v1/nothing", headers=AUTH), 404)
-    assert_error(client.get("/v1/chat/completions", headers=AUTH), 405)
+def test_unknown_routes_use_the_error_shape_and_say_what_is_served(client: TestClient):
+    error = assert_error(client.post("/v1/embeddings", json={"input": "x"}, headers=AUTH), 404)
+    assert error["message"].startswith("no POST /v1/embeddings here; served: ")
+    assert "/v1/chat/completions" in error["message"] and "/infill" in error["message"]
+    error = assert_error(client.get("/v1/chat/completions", headers=AUTH), 405)
+    assert error["message"] == "/v1/chat/completions does not take GET"
+
+
+def test_llama_servers_tokenize_detokenize_and_props(client: TestClient):
+    """For clients that count tokens, or read the context size, as llama-server serves them."""
+    ids = client.post("/tokenize", json={"content": "hi <|assistant|>"}, headers=AUTH).json()
+    assert ids["tokens"] == list(b"hi <|assistant|>")  # the toy's tokens are its bytes
+    pieces = client.post("/tokenize", json={"content": "é", "with_pieces": True}, headers=AUTH)
+    assert pieces.json()["tokens"] == [{"id": 0xC3, "piece": [0xC3]}, {"id": 0xA9, "piece": [0xA9]}]
+    text = client.post("/detokenize", json={"tokens": ids["tokens"]}, headers=AUTH).json()
+    assert text == {"content": "hi <|assistant|>"}
+    assert_error(client.post("/detokenize", json={"tokens": [999]}, headers=AUTH), 400, "tokens")
+    props = client.get("/props", headers=AUTH).json()
+    assert props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] == 1
+    assert props["build_info"].startswith("localspec ")
 
 
 def test_metrics_parse_and_count(client: TestClient):

@@ -231,3 +231,25 @@ def test_greedy_middle_equals_plain_decoding(session: Session, client: TestClien
             assert got == pieces[i].runner_up
             return
     assert list(served) == list(done.tokens)
+
+
+def test_llama_vscodes_chat_edit_warm_up_reads_and_answers_nothing(client: TestClient):
+    """llama.vscode's chat edit (src/llama-server.ts: createChatEditRequestPayload): its
+    warm-up, n_predict 0, reads the context into a slot and answers at once; the edit that
+    follows finds it cached (it asks max_tokens -1, "no limit": here 16 so the test is short)."""
+    context = "def area(r):\n    return 3.14159 * r * r\n" * 6
+    system = {"role": "system", "content": "You are an expert coder."}
+    messages = [system, {"role": "user", "content": context}]
+    warm = {"messages": messages, "n_predict": 0, "samplers": [], "cache_prompt": True}
+    warm |= {"t_max_prompt_ms": 500, "t_max_predict_ms": 1}
+    answer = client.post("/v1/chat/completions", json=warm).json()
+    assert answer["choices"][0]["message"]["content"] == ""
+    assert answer["usage"]["completion_tokens"] == 0
+    edit = {"messages": messages, "stream": False, "samplers": "edkypmxt", "temperature": 0}
+    edit |= {"dynatemp_range": 0, "typical_p": 1, "xtc_probability": 0, "dry_multiplier": 0}
+    edit |= {"repeat_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0}
+    edit |= {"max_tokens": -1, "n_predict": 16, "timings_per_token": False}
+    after = client.post("/v1/chat/completions", json=edit).json()
+    assert after["usage"]["completion_tokens"] <= 16
+    cached = after["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= answer["usage"]["prompt_tokens"] - 1

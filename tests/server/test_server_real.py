@@ -328,6 +328,12 @@ def test_plain_completions(client: openai.OpenAI, server):
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert "".join(e["content"] for e in events) == answer.choices[0].text.split("\n\n")[0]
     assert events[-1]["stop"] and events[-1]["tokens_predicted"] <= 8
+    # token counting as llama-server's clients do it: the prompt's tokens, and back
+    url, prompt = server[0], continue_body["prompt"]
+    ids = httpx.post(f"{url}/tokenize", json={"content": prompt}, headers=headers).json()
+    assert len(ids["tokens"]) == answer.usage.prompt_tokens == events[-1]["tokens_evaluated"]
+    back = httpx.post(f"{url}/detokenize", json=ids, headers=headers).json()
+    assert back["content"] == prompt
 
 
 def test_beyond_the_queue_a_429_with_retry_after(client: openai.OpenAI, server):
