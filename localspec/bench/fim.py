@@ -21,6 +21,7 @@ tokens' logits at the first difference, in one pass of the target).
 from __future__ import annotations
 
 import ast
+import difflib
 import json
 import platform
 import random
@@ -213,6 +214,7 @@ class FimRow:
     first: dict[str, Any]  # the case's request
     keystroke: dict[str, Any]  # the same with one more character typed
     exact: bool  # the middle equals the author's
+    similarity: float = 0.0  # how close to the author's it is (middle_similarity)
     agrees: bool | None = None  # equal to localspec-plain's (None: not compared)
     audit: str = ""  # where it differs from localspec-plain: the two tokens' margin
 
@@ -224,13 +226,23 @@ class FimReport:
     rows: list[FimRow] = field(default_factory=list)
 
 
+def editor_lines(text: str) -> list[str]:
+    """A middle as an editor shows it: without trailing whitespace on its lines."""
+    return [line.rstrip() for line in text.rstrip().splitlines()]
+
+
 def same_middle(answer: str, middle: str) -> bool:
     """Equal but for trailing whitespace on each line (editors trim it)."""
+    return editor_lines(answer) == editor_lines(middle)
 
-    def norm(text: str) -> list[str]:
-        return [line.rstrip() for line in text.rstrip().splitlines()]
 
-    return norm(answer) == norm(middle)
+def middle_similarity(answer: str, middle: str) -> float:
+    """How much of the author's middle the answer has, in order, and nothing else, as
+    difflib's ratio of matching characters (1: the same; a middle that writes on past
+    the text after the cursor scores less): the edit similarity of completion benchmarks
+    (CrossCodeEval), where exact matches are rare."""
+    a, b = "\n".join(editor_lines(answer)), "\n".join(editor_lines(middle))
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
 
 
 def run_fim(
@@ -266,6 +278,7 @@ def run_fim(
                         first,
                         again,
                         same_middle(first["content"], case.middle),
+                        middle_similarity(first["content"], case.middle),
                     )
                 )
     return report
@@ -342,9 +355,13 @@ def to_markdown(report: FimReport) -> str:
         "Keystroke: the same request with one more character typed; re-read: the share of "
         "its prompt read again.",
         "",
+        "Exact: the middle is the author's; similar: difflib's ratio of the middle to the "
+        "author's, median (1 is the same; writing on past the text after the cursor lowers "
+        "it).",
+        "",
         f"| mode | p50 s | p95 s | p50 / {ref} | worst case / {ref} | decode p50 ms | exact "
-        "| = plain | keystroke p50 s | keystroke / " + ref + " | re-read p50 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| similar | = plain | keystroke p50 s | keystroke / " + ref + " | re-read p50 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ref_p50 = statistics.median(by[ref, c].first["latency_s"] for c in cases)
     ref_key = statistics.median(by[ref, c].keystroke["latency_s"] for c in cases)
@@ -360,6 +377,7 @@ def to_markdown(report: FimReport) -> str:
             f"| {statistics.median(lat) / ref_p50:.2f}x | {worst:.2f}x "
             f"| {statistics.median(r.first['predicted_ms'] for r in mine):.0f} "
             f"| {sum(r.exact for r in mine)}/{len(mine)} "
+            f"| {statistics.median(r.similarity for r in mine):.2f} "
             f"| {f'{sum(agree)}/{len(agree)}' if agree else '-'} "
             f"| {statistics.median(key):.2f} | {statistics.median(key) / ref_key:.2f}x "
             f"| {100 * statistics.median(reread):.0f}% |"

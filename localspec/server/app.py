@@ -43,7 +43,6 @@ from localspec.server.infill import (
     infill_body,
     pick_fields,
 )
-from localspec.server.native import DetokenizeRequest, TokenizeRequest
 from localspec.server.prepare import (
     Prepared,
     prepare_chat,
@@ -157,12 +156,12 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
 
     @app.post("/tokenize", dependencies=guarded)
     async def tokenize(request: Request) -> dict[str, Any]:
-        body = parse(TokenizeRequest, await read_body(request, options.max_body_bytes))
+        body = parse(native.TokenizeRequest, await read_body(request, options.max_body_bytes))
         return await run_in_threadpool(native.tokenize, session.target, body)
 
     @app.post("/detokenize", dependencies=guarded)
     async def detokenize(request: Request) -> dict[str, Any]:
-        body = parse(DetokenizeRequest, await read_body(request, options.max_body_bytes))
+        body = parse(native.DetokenizeRequest, await read_body(request, options.max_body_bytes))
         return native.detokenize(session.target, body)
 
     @app.get("/props", dependencies=guarded)

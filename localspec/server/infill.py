@@ -25,7 +25,7 @@ from localspec.decoding.events import Finished, StopReason
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.text import Verdict
 from localspec.server.errors import ApiError
-from localspec.server.schemas import Body
+from localspec.server.schemas import LLAMA_SERVER_DEFAULTS, Body
 
 INFILL_BATCH = 2048  # llama-server's default -b: its prefix and suffix budgets come from it
 REPO_NAME = "myproject\n"  # llama-server's names in the repository layout
@@ -63,9 +63,9 @@ class InfillRequest(Body):
 
     def sampling(self) -> SamplingParams:
         """llama-server's defaults where the request says nothing (temperature 0.8)."""
-        d = SamplingParams()
+        d = LLAMA_SERVER_DEFAULTS
         return SamplingParams(
-            temperature=0.8 if self.temperature is None else self.temperature,
+            temperature=d.temperature if self.temperature is None else self.temperature,
             top_k=d.top_k if self.top_k is None else self.top_k,
             top_p=d.top_p if self.top_p is None else self.top_p,
             min_p=d.min_p if self.min_p is None else self.min_p,
@@ -191,8 +191,9 @@ class InfillLines:
     def joint(self, gap: str) -> str:
         """Where the middle re-joins the suffix, the line breaks before that line are
         the middle's and the suffix's together: the middle keeps those the suffix does
-        not bring (so `return x` before "\n\ndef f" is not followed by blank lines
-        twice). Elsewhere (time, indentation) it keeps them all, as llama-server does."""
+        not bring (a middle `return x`, a blank line, then the suffix's first line, is
+        not followed by that blank line twice when the suffix starts with it).
+        Elsewhere (time, indentation) it keeps them all, as llama-server does."""
         if self.why != "rejoin":
             return gap
         return "\n" * max(gap.count("\n") - self.breaks, 0)

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from localspec.backends.base import Model
-from localspec.decoding.sampling import SamplingParams
 from localspec.server.errors import ApiError
 from localspec.server.schemas import Body, LlamaCompletionRequest
 
@@ -51,9 +50,8 @@ def detokenize(model: Model, body: DetokenizeRequest) -> dict[str, Any]:
 def props(model: Model, model_id: str, slots: int, build: str) -> dict[str, Any]:
     """What llama-server's clients read of its /props: each slot's context, the slots,
     the model and its chat template (the generation defaults are /completion's)."""
-    d = SamplingParams()
-    temperature = LlamaCompletionRequest.DEFAULT_TEMPERATURE
-    defaults = {"n_predict": -1, "temperature": temperature, "top_k": d.top_k}
+    d = LlamaCompletionRequest.DEFAULTS
+    defaults = {"n_predict": -1, "temperature": d.temperature, "top_k": d.top_k}
     defaults |= {"top_p": d.top_p, "min_p": d.min_p}
     return {
         "default_generation_settings": {"n_ctx": model.n_ctx, "params": defaults},

@@ -14,6 +14,8 @@ from localspec.decoding.sampling import SamplingParams
 from localspec.server.errors import ApiError
 
 T = TypeVar("T", bound=BaseModel)
+# llama-server's sampling where its own endpoints' requests say nothing (/completion, /infill)
+LLAMA_SERVER_DEFAULTS = SamplingParams(temperature=0.8)
 MAX_STOPS = 64  # OpenAI allows 4; Continue sends 14 for Qwen-Coder, and users add theirs
 
 
@@ -142,7 +144,9 @@ class GenerationBody(Body):
     logit_bias: dict[str, float] | None = None
     grammar: str | None = None  # llama-server's: a GBNF grammar the answer follows
 
-    DEFAULT_TEMPERATURE: ClassVar[float] = 1.0  # OpenAI's
+    # what a field the request leaves out takes: OpenAI's temperature and top_p, and
+    # localspec's own sampler's top_k and min_p
+    DEFAULTS: ClassVar[SamplingParams] = SamplingParams(temperature=1.0, top_p=1.0)
 
     def token_limit(self) -> int | None:
         """The answer's token limit as asked (None: not asked; -1: no limit)."""
@@ -153,12 +157,11 @@ class GenerationBody(Body):
         return None
 
     def sampling(self) -> SamplingParams:
-        """OpenAI's defaults (temperature 1, top_p 1) where the request says nothing;
-        top_k and min_p as localspec's own sampler has them."""
-        defaults = SamplingParams()
+        """The request's sampling, DEFAULTS where it says nothing."""
+        defaults = self.DEFAULTS
         return SamplingParams(
-            temperature=self.DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
             top_k=defaults.top_k if self.top_k is None else self.top_k,
             min_p=defaults.min_p if self.min_p is None else self.min_p,
             repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
@@ -258,7 +261,7 @@ class LlamaCompletionRequest(GenerationBody):
     written for llama-server): a raw prompt (text, or token ids), no token limit unless
     asked, its sampling defaults (temperature 0.8), `grammar` or `json_schema`."""
 
-    DEFAULT_TEMPERATURE: ClassVar[float] = 0.8  # llama-server's
+    DEFAULTS: ClassVar[SamplingParams] = LLAMA_SERVER_DEFAULTS
     prompt: str | list[int]
     json_schema: dict[str, Any] | None = None
     mirostat: int = 0

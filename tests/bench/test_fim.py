@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from localspec.bench.fim import KINDS, FimReport, FimRow, cut_cases, same_middle, to_markdown
+from localspec.bench.fim import (
+    KINDS,
+    FimReport,
+    FimRow,
+    cut_cases,
+    middle_similarity,
+    same_middle,
+    to_markdown,
+)
 from localspec.errors import LocalspecError
 
 
@@ -44,10 +52,20 @@ def test_same_middle_ignores_trailing_blanks_only():
     assert not same_middle("x = 2\n", "x = 1\n")
 
 
+def test_similarity_scores_a_middle_that_writes_on_below_one_that_stops():
+    middle = "    total += x\n"
+    assert middle_similarity("    total += x  \n\n", middle) == 1.0
+    stops = middle_similarity("    total += y\n", middle)
+    writes_on = middle_similarity("    total += x\n    return total\n\nprint(f([1]))\n", middle)
+    assert 0.9 < stops < 1.0 and writes_on < 0.6
+    assert middle_similarity("", middle) == 0.0
+
+
 def row(case: str, mode: str, latency: float, agrees: bool | None = None) -> FimRow:
     first = {"latency_s": latency, "predicted_ms": 100.0, "prompt_n": 900, "prompt_tokens": 1000}
     key = {"latency_s": latency / 4, "prompt_n": 100, "prompt_tokens": 1000}
-    return FimRow(case, "line", mode, first, key, exact=mode != "llama-server", agrees=agrees)
+    exact = mode != "llama-server"
+    return FimRow(case, "line", mode, first, key, exact, 1.0 if exact else 0.5, agrees)
 
 
 def test_the_report_gives_ratios_to_llama_server_plain_and_the_worst_case():
@@ -63,5 +81,5 @@ def test_the_report_gives_ratios_to_llama_server_plain_and_the_worst_case():
     auto = next(line for line in md.splitlines() if line.startswith("| localspec-auto"))
     cells = [c.strip() for c in auto.split("|")[1:-1]]
     assert cells[3] == "0.90x" and cells[4] == "1.10x"  # 2.7 / 3.0; b: 4.4 / 4.0
-    assert cells[6] == "2/2" and cells[7] == "1/2" and cells[10] == "10%"
+    assert cells[6] == "2/2" and cells[7] == "1.00" and cells[8] == "1/2" and cells[11] == "10%"
     assert "b.py:1 localspec-auto: near-tie" in md
