@@ -250,15 +250,13 @@ def request_grammar(body: GenerationBody, session: Session) -> Grammar | None:
             raise ApiError(
                 400, "response_format with tools is not supported: send one", "response_format"
             )
-        param = "response_format.json_schema.schema"
+        param = body.SCHEMA_PARAM
         if kind == "json_object":
             text = json_object_grammar()
         else:
             schema = (fmt.get("json_schema") or {}).get("schema")
             if not isinstance(schema, dict):
-                raise ApiError(
-                    400, "response_format.json_schema.schema must be a JSON schema object", param
-                )
+                raise ApiError(400, f"{param} must be a JSON schema object", param)
             try:
                 text = schema_grammar(schema)
             except GrammarError as e:

@@ -147,6 +147,7 @@ class GenerationBody(Body):
     # what a field the request leaves out takes: OpenAI's temperature and top_p, and
     # localspec's own sampler's top_k and min_p
     DEFAULTS: ClassVar[SamplingParams] = SamplingParams(temperature=1.0, top_p=1.0)
+    SCHEMA_PARAM: ClassVar[str] = "response_format.json_schema.schema"  # named in a 400
 
     def token_limit(self) -> int | None:
         """The answer's token limit as asked (None: not asked; -1: no limit)."""
@@ -262,6 +263,7 @@ class LlamaCompletionRequest(GenerationBody):
     asked, its sampling defaults (temperature 0.8), `grammar` or `json_schema`."""
 
     DEFAULTS: ClassVar[SamplingParams] = LLAMA_SERVER_DEFAULTS
+    SCHEMA_PARAM: ClassVar[str] = "json_schema"
     prompt: str | list[int]
     json_schema: dict[str, Any] | None = None
     mirostat: int = 0

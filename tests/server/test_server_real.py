@@ -334,6 +334,15 @@ def test_plain_completions(client: openai.OpenAI, server):
     assert len(ids["tokens"]) == answer.usage.prompt_tokens == events[-1]["tokens_evaluated"]
     back = httpx.post(f"{url}/detokenize", json=ids, headers=headers).json()
     assert back["content"] == prompt
+    # llama-server's json_schema on /completion: the answer follows it
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    ask = {"prompt": "A JSON object with a number: ", "json_schema": schema, "n_predict": 24}
+    shaped = httpx.post(f"{url}/completion", json=ask | {"temperature": 0}, headers=headers)
+    assert isinstance(json.loads(shaped.json()["content"])["a"], int)
+    bad = httpx.post(
+        f"{url}/completion", json=ask | {"json_schema": {"type": "x"}}, headers=headers
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "json_schema"
 
 
 def test_beyond_the_queue_a_429_with_retry_after(client: openai.OpenAI, server):
