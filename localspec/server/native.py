@@ -40,10 +40,15 @@ def piece(raw: bytes) -> str | list[int]:
         return list(raw)
 
 
+def token_ids(model: Model, ids: list[int], param: str) -> list[int]:
+    """`ids` as the request gave them, or a 400 naming `param` where one is not the model's."""
+    if any(not 0 <= t < model.n_vocab for t in ids):
+        raise ApiError(400, f"{param}: token ids must be in [0, {model.n_vocab})", param)
+    return list(ids)
+
+
 def detokenize(model: Model, body: DetokenizeRequest) -> dict[str, Any]:
-    if any(not 0 <= t < model.n_vocab for t in body.tokens):
-        raise ApiError(400, f"tokens: ids must be in [0, {model.n_vocab})", "tokens")
-    text = b"".join(model.token_bytes(t, True) for t in body.tokens)
+    text = b"".join(model.token_bytes(t, True) for t in token_ids(model, body.tokens, "tokens"))
     return {"content": text.decode("utf-8", "replace")}
 
 

@@ -40,6 +40,7 @@ from localspec.server.infill import (
     InfillRequest,
     infill_prompt,
 )
+from localspec.server.native import token_ids
 from localspec.server.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -151,10 +152,7 @@ def prepare_llama_completion(body: LlamaCompletionRequest, session: Session) -> 
     if isinstance(body.prompt, str):
         prompt = session.tokenize_raw(body.prompt)
     else:
-        n_vocab = session.target.n_vocab
-        if any(not 0 <= t < n_vocab for t in body.prompt):
-            raise ApiError(400, f"prompt: token ids must be in [0, {n_vocab})", "prompt")
-        prompt = list(body.prompt)
+        prompt = token_ids(session.target, body.prompt, "prompt")
     if not prompt:
         raise ApiError(400, "the prompt is empty", "prompt")
     return Prepared(prompt, generation_config(body, prompt, session, None))
