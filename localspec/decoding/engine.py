@@ -176,6 +176,7 @@ class Engine:
             tuple(out.tokens),
             out.stop_reason or "cancelled",
             rec.snapshot(final=True),
+            out.stream.stop_string,
         )
 
     # --- one step each ---------------------------------------------------------------

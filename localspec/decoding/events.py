@@ -116,6 +116,7 @@ class Finished:
     tokens: tuple[int, ...]
     stop_reason: StopReason
     stats: Stats
+    stop_string: str | None = None  # which of the request's stop strings ended it
 
 
 Event = Piece | RoundEnd | Finished

@@ -48,6 +48,7 @@ class TextStream:
         self._gap = ""
         self.text = ""  # everything released so far
         self.stopped = False
+        self.stop_string: str | None = None  # the stop string that ended the text
 
     def push(self, data: bytes) -> str:
         """Returns newly releasable text; sets `stopped` when a stop string completes."""
@@ -55,8 +56,9 @@ class TextStream:
             self._lines.start()
         self._pushed = True
         self._held += self._decoder.decode(data)
-        hit = min((i for s in self._stops if (i := self._held.find(s)) >= 0), default=-1)
-        if hit >= 0:
+        hits = [(i, s) for s in self._stops if (i := self._held.find(s)) >= 0]
+        if hits:
+            hit, self.stop_string = min(hits, key=lambda h: h[0])
             self._held = self._held[:hit]
             if self._lines is None:
                 self.stopped = True

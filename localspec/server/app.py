@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException
 
 from localspec import version
 from localspec.decoding.events import Event, Finished, Piece, Stats, StopReason
-from localspec.server import native
+from localspec.server import anthropic, native
 from localspec.server.calls import rewriter
 from localspec.server.chat import (
     ToolCall,
@@ -50,6 +50,7 @@ from localspec.server.prepare import (
     prepare_infill,
     prepare_llama_completion,
     read_body,
+    render_chat,
 )
 from localspec.server.schemas import (
     ChatRequest,
@@ -102,6 +103,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         given = token.strip() if scheme.lower() == "bearer" else ""
+        given = given or request.headers.get("x-api-key", "")  # Anthropic's clients' header
         if not hmac.compare_digest(given.encode(), options.api_key.encode()):
             raise ApiError(401, "missing or wrong API key", code="invalid_api_key")
 
@@ -110,7 +112,8 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, e: ApiError) -> Response:
         metrics.observe_request(request.url.path, e.status)
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        body = anthropic.error_body(e) if in_anthropic(request) else e.body()
+        return JSONResponse(body, status_code=e.status, headers=e.headers)
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, e: HTTPException) -> Response:
@@ -129,8 +132,10 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     @app.exception_handler(Exception)
     async def on_failure(request: Request, e: Exception) -> Response:
         metrics.observe_request(request.url.path, 500)
-        body = error_body(f"internal error: {type(e).__name__}: {e}", "server_error")
-        return JSONResponse(body, status_code=500)
+        message = f"internal error: {type(e).__name__}: {e}"
+        if in_anthropic(request):
+            return JSONResponse(anthropic.error_body(ApiError(500, message)), status_code=500)
+        return JSONResponse(error_body(message, "server_error"), status_code=500)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -151,8 +156,13 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             "created": 0,
             "owned_by": "localspec",
             "draft": options.draft_id,
+            # what Anthropic's SDKs read of a model
+            "type": "model",
+            "display_name": options.model_id,
+            "created_at": "1970-01-01T00:00:00Z",
         }
-        return {"object": "list", "data": [entry]}
+        ends = {"first_id": options.model_id, "last_id": options.model_id, "has_more": False}
+        return {"object": "list", "data": [entry], **ends}
 
     @app.post("/tokenize", dependencies=guarded)
     async def tokenize(request: Request) -> dict[str, Any]:
@@ -225,6 +235,51 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return sse(answer.stream_completion(usage))
         return JSONResponse(await answer.collect(request, answer.completion_body))
+
+    @app.post("/v1/messages", dependencies=guarded)
+    async def messages(request: Request) -> Response:
+        """Anthropic's Messages API (Claude Code, Anthropic's SDKs), answered as a chat."""
+        body = parse(anthropic.MessagesRequest, await read_body(request, options.max_body_bytes))
+        chat = body.chat()
+        job, prepared = await start(
+            request, lambda: prepare_chat(chat, session), f"message {short_id()}"
+        )
+        answer = Answer(
+            job,
+            prepared,
+            options.model_id,
+            "chat.completion",
+            worker.withdraw,
+            session.target.token_bytes,
+        )
+        message_id = f"msg_{short_id()}"
+
+        def ending(done: Finished, called: bool) -> tuple[str, str | None]:
+            limit = prepared.config.max_tokens
+            return anthropic.ending(done, called, body.asked_tokens(), limit)
+
+        def finish(called: bool) -> tuple[str, str | None]:
+            assert answer.done is not None  # the chunks ended with it
+            return ending(answer.done, called)
+
+        if body.stream:
+            stream = anthropic.MessageStream(message_id, options.model_id, len(job.prompt))
+            return sse(stream.events(answer.stream_chat(True), finish), named=True)
+
+        def build(events: list[Event], done: Finished) -> dict[str, Any]:
+            chat_body = answer.chat_body(events, done)
+            called = bool(chat_body["choices"][0]["message"].get("tool_calls"))
+            return anthropic.message_body(message_id, chat_body, ending(done, called))
+
+        return JSONResponse(await answer.collect(request, build))
+
+    @app.post("/v1/messages/count_tokens", dependencies=guarded)
+    async def count_tokens(request: Request) -> dict[str, Any]:
+        body = parse(anthropic.MessagesRequest, await read_body(request, options.max_body_bytes))
+        chat = body.chat()
+        prompt = await run_in_threadpool(lambda: render_chat(chat, session).tokens)
+        metrics.observe_request(request.url.path, 200)
+        return {"input_tokens": len(prompt)}
 
     @app.post("/infill", dependencies=guarded)
     async def infill(request: Request) -> Response:
@@ -301,6 +356,7 @@ class Answer:
         self.thinking = prepared.thinking
         self.reasoning_tokens = 0
         self._opening = 0  # tokens that may be opening a thinking block
+        self.done: Finished | None = None  # the Finished event, once it came
 
     # --- not streamed ----------------------------------------------------------------
     async def collect(
@@ -456,6 +512,8 @@ class Answer:
             async for event in self.job.events():
                 if isinstance(event, Failed):
                     raise failure(event)
+                if isinstance(event, Finished):
+                    self.done = event
                 yield event
         finally:  # over either way: a slot stops within the round, the queue drops it
             self.withdraw(self.job)
@@ -563,23 +621,35 @@ def failure(event: Failed) -> ApiError:
     return ApiError(500, f"generation failed: {event.message}", code="generation_failed")
 
 
-def sse(chunks: AsyncIterator[dict[str, Any]], done_line: bool = True) -> StreamingResponse:
+def sse(
+    chunks: AsyncIterator[dict[str, Any]], done_line: bool = True, named: bool = False
+) -> StreamingResponse:
     """Server-sent events: one `data:` line per chunk, then `data: [DONE]` (OpenAI's; not
-    llama-server's own endpoints'); a failure mid-stream becomes an error event (the
-    status line is long gone)."""
+    llama-server's own endpoints'); `named`, Anthropic's: each event named (`event:` its
+    type), no [DONE]. A failure mid-stream becomes an error event (the status line is
+    long gone)."""
+
+    def event(data: dict[str, Any]) -> str:
+        name = f"event: {data['type']}\n" if named else ""
+        return f"{name}data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
     async def lines() -> AsyncIterator[str]:
         try:
             async for chunk in chunks:
-                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+                yield event(chunk)
         except ApiError as e:
-            yield f"data: {json.dumps(e.body(), ensure_ascii=False)}\n\n"
+            yield event(anthropic.error_body(e) if named else e.body())
             return
-        if done_line:
+        if done_line and not named:
             yield "data: [DONE]\n\n"
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(lines(), media_type="text/event-stream", headers=headers)
+
+
+def in_anthropic(request: Request) -> bool:
+    """A request to Anthropic's API, answered in its error shape."""
+    return request.url.path.startswith("/v1/messages")
 
 
 def short_id() -> str:

@@ -243,7 +243,7 @@ def infill_body(
         "has_new_line": "\n" in done.text,
         "truncated": truncated,
         "stop_type": stop_type(done.stop_reason, lines),
-        "stopping_word": "",
+        "stopping_word": done.stop_string or "",
         "tokens_cached": prompt_tokens + n,  # what the slot's context holds now
         "timings": {
             "prompt_n": read,

@@ -91,12 +91,23 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat's messages and tools through the model's template."""
+
+    text: str
+    tokens: list[int]
+    template: str | None
+    tools: str | None  # the format tool calls are written in (None: no tools offered)
+    tool_params: dict[str, Any]  # the tools' schemas, by name
+
+
+def render_chat(body: ChatRequest, session: Session) -> ChatPrompt:
+    """The prompt a chat request makes (what Anthropic's count_tokens counts too)."""
     body.refuse_unsupported()
     tools = template_tools(body, session.supports_tools)
     template = session.target.chat_template()
     family = tool_format(template)
-    fmt = family if tools else None
     messages = template_messages(body.messages)
     if family == GEMMA4:  # a tool's results go back into the calling turn
         messages = gemma_tool_responses(messages)
@@ -106,7 +117,7 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
         raise ApiError(400, str(e), "chat_template_kwargs") from None
     params = {t.function.name: t.function.parameters or {} for t in body.tools or []}
     # Meta's built-in tools, called as it trained Llama 3.x to call them
-    builtins = llama_builtins(params) if fmt == LLAMA3 else []
+    builtins = llama_builtins(params) if tools and family == LLAMA3 else []
     if builtins and "builtin_tools" in (template or ""):
         variables.setdefault("builtin_tools", builtins)
     try:
@@ -115,15 +126,28 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
         raise ApiError(400, f"{e}; use /v1/completions", "messages") from None
     except (ValueError, TypeError, jinja2.TemplateError) as e:
         raise ApiError(400, f"the chat template refused the messages: {e}", "messages") from None
-    prompt = session.tokenize_raw(text)
+    fmt = family if tools else None
+    return ChatPrompt(text, session.tokenize_raw(text), template, fmt, params)
+
+
+def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
+    chat = render_chat(body, session)
     prediction = None
     if body.prediction is not None:
         predicted = content_text(body.prediction.content)
         prediction = session.target.tokenize(predicted, special=False) or None
-    config = generation_config(body, prompt, session, None, "messages")
-    config = replace(config, shown=shown_tokens(session.target, shown_markers(template, fmt)))
-    thinking = None if body.reasoning_format == "none" else opens_thinking(template, text)
-    return Prepared(prompt, config, prediction, tools=fmt, tool_params=params, thinking=thinking)
+    config = generation_config(body, chat.tokens, session, None, "messages")
+    markers = shown_markers(chat.template, chat.tools)
+    config = replace(config, shown=shown_tokens(session.target, markers))
+    thinking = None if body.reasoning_format == "none" else opens_thinking(chat.template, chat.text)
+    return Prepared(
+        chat.tokens,
+        config,
+        prediction,
+        tools=chat.tools,
+        tool_params=chat.tool_params,
+        thinking=thinking,
+    )
 
 
 def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
@@ -181,7 +205,7 @@ def room_for(prompt: list[int], session: Session, param: str) -> int:
         raise ApiError(
             400,
             f"the prompt has {len(prompt)} tokens; the context holds "
-            f"{session.target.n_ctx} with room for the answer",
+            f"{session.target.n_ctx} with room for the answer (`localspec serve --ctx` sets it)",
             param,
             "context_length_exceeded",
         )

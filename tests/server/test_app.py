@@ -126,7 +126,11 @@ def test_llama_servers_own_completion_endpoint(client: TestClient):
         lines = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line]
     assert "".join(c["content"] for c in lines) == REPLY
     assert [c["stop"] for c in lines] == [False] * (len(lines) - 1) + [True]
-    assert lines[-1]["stop_type"] == "eos"
+    assert lines[-1]["stop_type"] == "eos" and lines[-1]["stopping_word"] == ""
+    worded = {"prompt": "<|assistant|>", "temperature": 0, "stop": ["model", "from"]}
+    body = client.post("/completion", json=worded, headers=AUTH).json()
+    assert body["content"] == "Hello " and body["stop_type"] == "word"
+    assert body["stopping_word"] == "from"  # the one that ended it, as llama-server says
     for bad, param in (({"prompt": [1, 999]}, "prompt"), ({"prompt": "x", "mirostat": 2}, None)):
         assert_error(client.post("/completion", json=bad, headers=AUTH), 400, param)
 
@@ -195,7 +199,7 @@ def test_max_tokens_beyond_the_context_is_clamped_not_refused(limit: int):
 def test_the_prompt_beyond_the_context_is_named(client: TestClient):
     long = chat(messages=[{"role": "user", "content": "x" * 600}])
     error = assert_error(client.post("/v1/chat/completions", json=long, headers=AUTH), 400)
-    assert error["code"] == "context_length_exceeded"
+    assert error["code"] == "context_length_exceeded" and "serve --ctx" in error["message"]
 
 
 def test_the_api_key_is_enforced(client: TestClient):

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -462,3 +463,90 @@ def test_web_pages_cannot_drive_the_server(server):
         f"{base}/v1/chat/completions", json=body, headers={**auth, "Host": f"localhost:{port}"}
     )
     assert local.status_code == 200
+
+
+def test_claude_codes_requests_through_anthropics_sdk(client: openai.OpenAI, server):
+    """Anthropic's Messages API as Claude Code sends it (system blocks with its billing
+    stamp, tools with JSON Schema's `$schema`, `x-api-key`): greedy text equal to the chat
+    completion's, a forced tool call streamed as tool_use with its input in pieces, its
+    result answered, and count_tokens equal to what the message was charged."""
+    sdk = anthropic.Anthropic(base_url=server[0], api_key=KEY, max_retries=0, timeout=300)
+    system = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.1; cch=a5145;"},
+        {"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}},
+    ]
+    chat = ask(client, [{"role": "system", "content": "You are terse."}, *ASK])
+    # today's SDK has no temperature (Claude Code sends none); older clients send it
+    greedy = {"temperature": 0}
+    message = sdk.messages.create(
+        model="claude-local", max_tokens=16, system=system, messages=ASK, extra_body=greedy
+    )
+    assert message.content[0].text == chat.choices[0].message.content
+    assert message.usage.output_tokens == chat.usage.completion_tokens
+    counted = sdk.messages.count_tokens(model="claude-local", system=system, messages=ASK)
+    charged = message.usage.input_tokens + message.usage.cache_read_input_tokens
+    assert counted.input_tokens == charged == chat.usage.prompt_tokens
+
+    weather = {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "input_schema": {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    }
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    forced = {"type": "tool", "name": "get_weather"}
+    pieces = []
+    with sdk.messages.stream(
+        model="claude-local",
+        max_tokens=30,
+        messages=asked,
+        tools=[weather],
+        tool_choice=forced,
+        extra_body=greedy,
+    ) as stream:
+        for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                pieces.append(event.delta.partial_json)
+        called = stream.get_final_message()
+    assert called.stop_reason == "tool_use" and len(pieces) > 2
+    call = called.content[-1]
+    assert call.type == "tool_use" and call.name == "get_weather"
+    assert call.input == json.loads("".join(pieces)) == {"city": "Paris"}
+
+    result = {"type": "tool_result", "tool_use_id": call.id, "content": "Sunny, 24 °C"}
+    turns = [*asked, {"role": "assistant", "content": called.content}]
+    reply = sdk.messages.create(
+        model="claude-local",
+        max_tokens=20,
+        messages=[*turns, {"role": "user", "content": [result]}],
+        tools=[weather],
+        extra_body=greedy,
+    )
+    assert reply.content[0].type == "text" and reply.content[0].text
+
+    # structured output as today's API asks for it, greedy as the chat's json_schema
+    schema = {
+        "type": "object",
+        "properties": {"primes": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["primes"],
+        "additionalProperties": False,
+    }
+    structured = sdk.messages.create(
+        model="claude-local",
+        max_tokens=40,
+        messages=ASK,
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+        extra_body=greedy,
+    )
+    as_chat = ask(
+        client,
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
+    )
+    assert structured.content[0].text == as_chat.choices[0].message.content
+    assert isinstance(json.loads(structured.content[0].text)["primes"], list)

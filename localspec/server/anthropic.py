@@ -1,0 +1,385 @@
+"""Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`), as Claude
+Code (`ANTHROPIC_BASE_URL=http://127.0.0.1:8080`) and Anthropic's SDKs send it.
+
+The request becomes a chat request on the way in, and the chat's answer (or its stream
+of chunks) becomes Anthropic's message (or its stream of events) on the way out, as
+llama-server does: tool calls in each model family's format, thinking, stop sequences,
+the slots and speculation all work as on /v1/chat/completions. Errors on these paths
+are in Anthropic's shape ({"type": "error", "error": {type, message}}).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from localspec.decoding.events import Finished
+from localspec.server.errors import ApiError
+from localspec.server.schemas import (
+    Body,
+    ChatMessageIn,
+    ChatRequest,
+    FunctionCall,
+    FunctionDef,
+    NamedFunction,
+    NamedToolChoice,
+    OtherPart,
+    Tool,
+    ToolCallIn,
+    ToolChoice,
+    refuse_parts,
+)
+
+# Claude Code's first system block: its version and a per-request stamp (`cch=`) for
+# Anthropic's billing, nothing the model needs; left in, it would change the prompt's
+# first tokens on every request and no cached prefix would ever be reused
+BILLING_HEADER = "x-anthropic-billing-header:"
+Finish = Callable[[bool], tuple[str, str | None]]  # (called a tool) -> (reason, sequence)
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+}
+
+
+class TextBlock(Body):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(Body):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultBlock(Body):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock | OtherPart] | None = None
+
+
+class ThinkingBlock(Body):
+    """An earlier answer's reasoning: not sent back to the model (templates drop it)."""
+
+    type: Literal["thinking", "redacted_thinking"]
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | OtherPart
+
+
+class MessageIn(Body):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class ToolIn(Body):
+    type: str | None = None  # "custom"; else a tool Anthropic's servers run (web search)
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+
+
+class ToolChoiceIn(Body):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+
+
+class ThinkingIn(Body):
+    type: str  # "enabled", "disabled" (and "adaptive")
+
+
+class OutputFormat(Body):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(Body):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: OutputFormat | None = None
+
+
+class AnthropicChat(ChatRequest):
+    """A chat request made from a message request: a bad schema is named as sent."""
+
+    SCHEMA_PARAM: ClassVar[str] = "output_config.format.schema"
+
+
+class MessagesRequest(Body):
+    model: str | None = None
+    messages: list[MessageIn] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    # required by Anthropic (0: only read the prompt into the cache, as Anthropic's
+    # pre-warming); without it, as llama-server: as much as the context holds
+    max_tokens: int | None = Field(None, ge=0)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    tools: list[ToolIn] | None = None
+    tool_choice: ToolChoiceIn | None = None
+    thinking: ThinkingIn | None = None
+    output_config: OutputConfig | None = None
+
+    def chat(self) -> ChatRequest:
+        """The same request as OpenAI's chat completion."""
+        kwargs = None
+        if self.thinking is not None and self.thinking.type in ("enabled", "disabled"):
+            kwargs = {"enable_thinking": self.thinking.type == "enabled"}  # Qwen3's switch
+        output = self.output_config or OutputConfig()
+        effort = {"xhigh": "high", "max": "high"}.get(output.effort or "", output.effort)
+        schema = None
+        if output.format is not None:
+            schema = {"type": "json_schema", "json_schema": {"schema": output.format.schema_}}
+        return AnthropicChat.model_validate(
+            {
+                "model": self.model,
+                "messages": self.chat_messages(),
+                "max_tokens": self.max_tokens or None,
+                "n_predict": 0 if self.max_tokens == 0 else None,
+                "stop": self.stop_sequences,
+                "temperature": self.temperature,
+                "top_p": self.top_p,
+                "top_k": self.top_k,
+                "tools": self.chat_tools(),
+                "tool_choice": self.chat_tool_choice(),
+                "chat_template_kwargs": kwargs,
+                "reasoning_effort": effort,  # gpt-oss's
+                "response_format": schema,
+            }
+        )
+
+    def chat_messages(self) -> list[ChatMessageIn]:
+        system = self.system if isinstance(self.system, list) else [self.system or ""]
+        texts = [b.text if isinstance(b, TextBlock) else b for b in system]
+        kept = "\n\n".join(t for t in texts if t and not t.startswith(BILLING_HEADER))
+        out = [ChatMessageIn(role="system", content=kept)] if kept else []
+        for i, message in enumerate(self.messages):
+            out += chat_turn(message, f"messages[{i}].content")
+        return out
+
+    def chat_tools(self) -> list[Tool] | None:
+        """The client's own tools (those Anthropic's servers run cannot run here)."""
+        tools = [
+            Tool(
+                type="function",
+                function=FunctionDef(
+                    name=t.name, description=t.description, parameters=t.input_schema or {}
+                ),
+            )
+            for t in self.tools or []
+            if t.type in (None, "custom")
+        ]
+        return tools or None
+
+    def chat_tool_choice(self) -> ToolChoice | None:
+        choice = self.tool_choice
+        if choice is None:
+            return None
+        if choice.type == "tool":
+            if not choice.name:
+                raise ApiError(400, "tool_choice of type 'tool' needs a name", "tool_choice.name")
+            return NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
+        return {"auto": "auto", "any": "required", "none": "none"}[choice.type]  # type: ignore[return-value]
+
+    def asked_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+def chat_turn(message: MessageIn, where: str) -> list[ChatMessageIn]:
+    """One Anthropic turn as chat messages: a user turn's tool results become tool
+    messages (before its text, as Anthropic orders them), an assistant's tool_use blocks
+    its tool calls."""
+    if isinstance(message.content, str):
+        return [ChatMessageIn(role=message.role, content=message.content)]
+    refuse_parts([b for b in message.content if isinstance(b, OtherPart)], where)
+    text = "\n\n".join(b.text for b in message.content if isinstance(b, TextBlock))
+    if message.role == "assistant":
+        calls = [
+            ToolCallIn(id=b.id, function=FunctionCall(name=b.name, arguments=json.dumps(b.input)))
+            for b in message.content
+            if isinstance(b, ToolUseBlock)
+        ]
+        if not text and not calls:
+            return []
+        return [ChatMessageIn(role="assistant", content=text, tool_calls=calls or None)]
+    out = [
+        ChatMessageIn(role="tool", tool_call_id=b.tool_use_id, content=result_text(b, where))
+        for b in message.content
+        if isinstance(b, ToolResultBlock)
+    ]
+    if text or not out:
+        out.append(ChatMessageIn(role="user", content=text))
+    return out
+
+
+def result_text(block: ToolResultBlock, where: str) -> str:
+    if block.content is None or isinstance(block.content, str):
+        return block.content or ""
+    refuse_parts([b for b in block.content if isinstance(b, OtherPart)], where)
+    return "\n\n".join(b.text for b in block.content if isinstance(b, TextBlock))
+
+
+# --- the answer, as Anthropic shapes it ----------------------------------------------
+def ending(done: Finished, called: bool, asked: int | None, limit: int) -> tuple[str, str | None]:
+    """Why the message ended, and the stop sequence that ended it: `asked` tokens (None:
+    no limit asked) against the `limit` the context left (a limit beyond it was clamped)."""
+    if called:
+        return "tool_use", None
+    if done.stop_reason == "stop_string" and done.stop_string is not None:
+        return "stop_sequence", done.stop_string
+    if done.stop_reason == "context_full" or (
+        done.stop_reason == "max_tokens" and (asked is None or asked > limit)
+    ):
+        return "model_context_window_exceeded", None
+    return ("max_tokens" if done.stop_reason == "max_tokens" else "end_turn"), None
+
+
+def message_body(
+    message_id: str, chat: dict[str, Any], ended: tuple[str, str | None]
+) -> dict[str, Any]:
+    """The whole message, from the chat completion's body."""
+    message = chat["choices"][0]["message"]
+    content: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        content.append({"type": "thinking", "thinking": message["reasoning_content"]})
+        content[-1]["signature"] = ""  # nothing to sign it with here (llama-server's too)
+    if message.get("content"):
+        content.append({"type": "text", "text": message["content"]})
+    for call in message.get("tool_calls") or []:
+        content.append(tool_use(call["id"], call["function"]["name"]))
+        content[-1]["input"] = arguments(call["function"]["arguments"])
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": chat["model"],
+        "content": content,
+        "stop_reason": ended[0],
+        "stop_sequence": ended[1],
+        "usage": usage(chat["usage"]),
+        "localspec": chat["localspec"],
+    }
+
+
+def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    """Anthropic's usage: input_tokens are those not read from the cache."""
+    cached = chat_usage["prompt_tokens_details"]["cached_tokens"]
+    return {
+        "input_tokens": chat_usage["prompt_tokens"] - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": chat_usage["completion_tokens"],
+    }
+
+
+def tool_use(call_id: str, name: str) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+
+
+def arguments(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class MessageStream:
+    """Anthropic's stream events from the chat's chunks: message_start, then each
+    content block (thinking, text, each tool call) opened, filled and closed in turn,
+    then message_delta (stop reason, usage) and message_stop."""
+
+    def __init__(self, message_id: str, model: str, prompt_tokens: int) -> None:
+        self.id, self.model, self.prompt_tokens = message_id, model, prompt_tokens
+        self.index = -1
+        self.open: str | None = None  # the kind of the block open now
+        self.called = False  # a tool_use block was sent
+
+    async def events(
+        self, chunks: AsyncIterator[dict[str, Any]], finish: Finish
+    ) -> AsyncIterator[dict[str, Any]]:
+        """`finish(called)`: the stop reason and stop sequence, once the chunks ended."""
+        yield self.start()
+        yield {"type": "ping"}
+        last: dict[str, Any] = {}
+        async for chunk in chunks:
+            last = chunk
+            for choice in chunk["choices"]:
+                for event in self.delta(choice["delta"]):
+                    yield event
+        for event in self.close():
+            yield event
+        reason, sequence = finish(self.called)
+        yield {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": sequence},
+            "usage": usage(last["usage"]),
+            "localspec": last["localspec"],
+        }
+        yield {"type": "message_stop"}
+
+    def start(self) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0},
+        }
+        return {"type": "message_start", "message": message}
+
+    def delta(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if text := delta.get("reasoning_content"):
+            events += self.block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            events.append(self.piece({"type": "thinking_delta", "thinking": text}))
+        if text := delta.get("content"):
+            events += self.block("text", {"type": "text", "text": ""})
+            events.append(self.piece({"type": "text_delta", "text": text}))
+        for call in delta.get("tool_calls") or []:
+            function = call.get("function") or {}
+            if call.get("id"):  # a new call: its id and name come first
+                events += self.block("tool_use", tool_use(call["id"], function["name"]))
+                self.called = True
+            if function.get("arguments"):
+                piece = {"type": "input_json_delta", "partial_json": function["arguments"]}
+                events.append(self.piece(piece))
+        return events
+
+    def block(self, kind: str, opening: dict[str, Any]) -> list[dict[str, Any]]:
+        """Open a block of `kind` unless one is open (closing another kind first)."""
+        if self.open == kind and kind != "tool_use":
+            return []
+        events = self.close()
+        self.index, self.open = self.index + 1, kind
+        start = {"type": "content_block_start", "index": self.index, "content_block": opening}
+        return [*events, start]
+
+    def piece(self, delta: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": self.index, "delta": delta}
+
+    def close(self) -> list[dict[str, Any]]:
+        if self.open is None:
+            return []
+        events = []
+        if self.open == "thinking":  # Anthropic's clients expect a signature before the end
+            events.append(self.piece({"type": "signature_delta", "signature": ""}))
+        self.open = None
+        return [*events, {"type": "content_block_stop", "index": self.index}]
+
+
+def error_body(e: ApiError) -> dict[str, Any]:
+    kind = ERROR_TYPES.get(e.status, "invalid_request_error" if e.status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": e.message}}
