@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from localspec.decoding.events import Finished
+from localspec.server.blocks import Blocks, Fill, Open, Step
 from localspec.server.errors import ApiError
 from localspec.server.schemas import (
     Body,
@@ -300,9 +301,8 @@ class MessageStream:
 
     def __init__(self, message_id: str, model: str, prompt_tokens: int) -> None:
         self.id, self.model, self.prompt_tokens = message_id, model, prompt_tokens
-        self.index = -1
-        self.open: str | None = None  # the kind of the block open now
-        self.called = False  # a tool_use block was sent
+        self.blocks = Blocks()
+        self.index = -1  # the open block's
 
     async def events(
         self, chunks: AsyncIterator[dict[str, Any]], finish: Finish
@@ -314,11 +314,13 @@ class MessageStream:
         async for chunk in chunks:
             last = chunk
             for choice in chunk["choices"]:
-                for event in self.delta(choice["delta"]):
-                    yield event
-        for event in self.close():
-            yield event
-        reason, sequence = finish(self.called)
+                for step in self.blocks.feed(choice["delta"]):
+                    for event in self.render(step):
+                        yield event
+        for step in self.blocks.close():
+            for event in self.render(step):
+                yield event
+        reason, sequence = finish(self.blocks.calls > 0)
         yield {
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
@@ -340,44 +342,29 @@ class MessageStream:
         }
         return {"type": "message_start", "message": message}
 
-    def delta(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        if text := delta.get("reasoning_content"):
-            events += self.block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            events.append(self.piece({"type": "thinking_delta", "thinking": text}))
-        if text := delta.get("content"):
-            events += self.block("text", {"type": "text", "text": ""})
-            events.append(self.piece({"type": "text_delta", "text": text}))
-        for call in delta.get("tool_calls") or []:
-            function = call.get("function") or {}
-            if call.get("id"):  # a new call: its id and name come first
-                events += self.block("tool_use", tool_use(call["id"], function["name"]))
-                self.called = True
-            if function.get("arguments"):
-                piece = {"type": "input_json_delta", "partial_json": function["arguments"]}
-                events.append(self.piece(piece))
-        return events
-
-    def block(self, kind: str, opening: dict[str, Any]) -> list[dict[str, Any]]:
-        """Open a block of `kind` unless one is open (closing another kind first)."""
-        if self.open == kind and kind != "tool_use":
-            return []
-        events = self.close()
-        self.index, self.open = self.index + 1, kind
-        start = {"type": "content_block_start", "index": self.index, "content_block": opening}
-        return [*events, start]
+    def render(self, step: Step) -> list[dict[str, Any]]:
+        if isinstance(step, Open):
+            self.index += 1
+            opening = {
+                "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                "text": {"type": "text", "text": ""},
+                "call": tool_use(step.call_id, step.name),
+            }[step.kind]
+            return [{"type": "content_block_start", "index": self.index, "content_block": opening}]
+        if isinstance(step, Fill):
+            delta = {
+                "thinking": {"type": "thinking_delta", "thinking": step.text},
+                "text": {"type": "text_delta", "text": step.text},
+                "call": {"type": "input_json_delta", "partial_json": step.text},
+            }[step.kind]
+            return [self.piece(delta)]
+        stop = {"type": "content_block_stop", "index": self.index}
+        if step.kind == "thinking":  # Anthropic's clients expect a signature before the end
+            return [self.piece({"type": "signature_delta", "signature": ""}), stop]
+        return [stop]
 
     def piece(self, delta: dict[str, Any]) -> dict[str, Any]:
         return {"type": "content_block_delta", "index": self.index, "delta": delta}
-
-    def close(self) -> list[dict[str, Any]]:
-        if self.open is None:
-            return []
-        events = []
-        if self.open == "thinking":  # Anthropic's clients expect a signature before the end
-            events.append(self.piece({"type": "signature_delta", "signature": ""}))
-        self.open = None
-        return [*events, {"type": "content_block_stop", "index": self.index}]
 
 
 def error_body(e: ApiError) -> dict[str, Any]:

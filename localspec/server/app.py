@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException
 
 from localspec import version
 from localspec.decoding.events import Event, Finished, Piece, Stats, StopReason
-from localspec.server import anthropic, native
+from localspec.server import anthropic, native, responses
 from localspec.server.calls import rewriter
 from localspec.server.chat import (
     ToolCall,
@@ -264,7 +264,8 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
 
         if body.stream:
             stream = anthropic.MessageStream(message_id, options.model_id, len(job.prompt))
-            return sse(stream.events(answer.stream_chat(True), finish), named=True)
+            events = stream.events(answer.stream_chat(True), finish)
+            return sse(events, named=True, error=anthropic.error_body)
 
         def build(events: list[Event], done: Finished) -> dict[str, Any]:
             chat_body = answer.chat_body(events, done)
@@ -280,6 +281,38 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         prompt = await run_in_threadpool(lambda: render_chat(chat, session).tokens)
         metrics.observe_request(request.url.path, 200)
         return {"input_tokens": len(prompt)}
+
+    @app.post("/v1/responses", dependencies=guarded)
+    async def create_response(request: Request) -> Response:
+        """OpenAI's Responses API (Codex CLI, the SDKs' `responses`), answered as a chat."""
+        body = parse(responses.ResponsesRequest, await read_body(request, options.max_body_bytes))
+        chat = body.chat()
+        job, prepared = await start(
+            request, lambda: prepare_chat(chat, session), f"response {short_id()}"
+        )
+        answer = Answer(
+            job,
+            prepared,
+            options.model_id,
+            "chat.completion",
+            worker.withdraw,
+            session.target.token_bytes,
+        )
+        ids = responses.ItemIds(short_id())
+        if body.stream:
+            stream = responses.ResponseStream(ids, options.model_id, body)
+            events = stream.events(answer.stream_chat(True), lambda: answer.done)
+            return sse(events, named=True, error=responses.error_event)
+
+        def build(events: list[Event], done: Finished) -> dict[str, Any]:
+            chat_body = answer.chat_body(events, done)
+            output = responses.output_items(chat_body["choices"][0]["message"], ids)
+            whole = responses.response_body(
+                ids, options.model_id, body, output, done, chat_body["usage"]
+            )
+            return whole | {"localspec": chat_body["localspec"]}
+
+        return JSONResponse(await answer.collect(request, build))
 
     @app.post("/infill", dependencies=guarded)
     async def infill(request: Request) -> Response:
@@ -622,12 +655,15 @@ def failure(event: Failed) -> ApiError:
 
 
 def sse(
-    chunks: AsyncIterator[dict[str, Any]], done_line: bool = True, named: bool = False
+    chunks: AsyncIterator[dict[str, Any]],
+    done_line: bool = True,
+    named: bool = False,
+    error: Callable[[ApiError], dict[str, Any]] = ApiError.body,
 ) -> StreamingResponse:
-    """Server-sent events: one `data:` line per chunk, then `data: [DONE]` (OpenAI's; not
-    llama-server's own endpoints'); `named`, Anthropic's: each event named (`event:` its
-    type), no [DONE]. A failure mid-stream becomes an error event (the status line is
-    long gone)."""
+    """Server-sent events: one `data:` line per chunk, then `data: [DONE]` (OpenAI's chat
+    and completions; not llama-server's own endpoints'). `named` (Anthropic's API and the
+    Responses API): each event named by its type (`event:`), no [DONE]. A failure
+    mid-stream becomes an `error` event (the status line is long gone)."""
 
     def event(data: dict[str, Any]) -> str:
         name = f"event: {data['type']}\n" if named else ""
@@ -638,7 +674,7 @@ def sse(
             async for chunk in chunks:
                 yield event(chunk)
         except ApiError as e:
-            yield event(anthropic.error_body(e) if named else e.body())
+            yield event(error(e))
             return
         if done_line and not named:
             yield "data: [DONE]\n\n"

@@ -550,3 +550,90 @@ def test_claude_codes_requests_through_anthropics_sdk(client: openai.OpenAI, ser
     )
     assert structured.content[0].text == as_chat.choices[0].message.content
     assert isinstance(json.loads(structured.content[0].text)["primes"], list)
+
+
+def test_codexs_requests_through_the_responses_api(client: openai.OpenAI):
+    """OpenAI's Responses API as Codex CLI sends it (instructions, message items with
+    parts, function tools beside hosted ones, streamed): greedy text equal to the chat
+    completion's, a forced function call streamed in pieces and its output answered, and
+    `text.format` equal to the chat's `response_format`."""
+    chat = ask(client, [{"role": "system", "content": "You are terse."}, *ASK])
+    items = [
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": ASK[0]["content"]}],
+        }
+    ]
+    with client.responses.stream(
+        model="gpt-5-codex",
+        instructions="You are terse.",
+        input=items,
+        max_output_tokens=16,
+        temperature=0,
+    ) as stream:
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert text == final.output_text == chat.choices[0].message.content
+    assert final.usage.output_tokens == chat.usage.completion_tokens
+    assert final.usage.input_tokens == chat.usage.prompt_tokens
+
+    weather = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    }
+    tools = [weather, {"type": "web_search"}]
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    pieces = []
+    with client.responses.stream(
+        model="gpt-5-codex",
+        input=asked,
+        tools=tools,
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=30,
+        temperature=0,
+    ) as stream:
+        for event in stream:
+            if event.type == "response.function_call_arguments.delta":
+                pieces.append(event.delta)
+        called = stream.get_final_response()
+    call = called.output[-1]
+    assert call.type == "function_call" and call.name == "get_weather" and len(pieces) > 2
+    assert json.loads(call.arguments) == json.loads("".join(pieces)) == {"city": "Paris"}
+    history = [
+        *asked,
+        *[item.model_dump(exclude_none=True) for item in called.output],
+        {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 °C"},
+    ]
+    reply = client.responses.create(
+        model="gpt-5-codex", input=history, tools=tools, max_output_tokens=20, temperature=0
+    )
+    assert reply.output_text
+
+    schema = {
+        "type": "object",
+        "properties": {"primes": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["primes"],
+        "additionalProperties": False,
+    }
+    structured = client.responses.create(
+        model="gpt-5-codex",
+        input=ASK,
+        max_output_tokens=40,
+        temperature=0,
+        text={"format": {"type": "json_schema", "name": "p", "schema": schema, "strict": True}},
+    )
+    as_chat = ask(
+        client,
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
+    )
+    assert structured.output_text == as_chat.choices[0].message.content

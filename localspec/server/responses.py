@@ -1,0 +1,425 @@
+"""OpenAI's Responses API (`POST /v1/responses`), the only one Codex CLI speaks (its
+`wire_api = "chat"` is gone), and what the `openai` SDKs' `responses` send.
+
+As llama-server does, the request becomes a chat request on the way in (`instructions`
+and `input` items as messages, function tools, `text.format` as `response_format`), and
+the chat's answer (or its stream of chunks) becomes the response's output items
+(reasoning, message, function calls) and their stream of events on the way out. Nothing
+is stored: `previous_response_id` gets a 400 that says to send the conversation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from localspec.decoding.events import Finished
+from localspec.server.blocks import Blocks, Close, Open, Step
+from localspec.server.errors import ApiError
+from localspec.server.schemas import (
+    Body,
+    ChatMessageIn,
+    ChatRequest,
+    FunctionCall,
+    FunctionDef,
+    NamedFunction,
+    NamedToolChoice,
+    OtherPart,
+    Tool,
+    ToolCallIn,
+    ToolChoice,
+    refuse_parts,
+)
+
+# the Responses API's efforts, as the chat's reasoning_effort (gpt-oss's) takes them
+EFFORTS = {"none": "low", "minimal": "low", "xhigh": "high"}
+PARTS = {"thinking": "reasoning_text", "text": "output_text"}  # a block's content part
+
+
+class TextIn(Body):
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class Refusal(Body):
+    type: Literal["refusal"]
+    refusal: str
+
+
+Part = TextIn | Refusal | OtherPart
+
+
+class MessageItem(Body):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[Part]
+
+
+class FunctionCallItem(Body):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionOutputItem(Body):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[Part]
+
+
+class ReasoningItem(Body):
+    """An earlier answer's reasoning: not sent back to the model (templates drop it)."""
+
+    type: Literal["reasoning"]
+
+
+class OtherItem(Body):
+    type: str
+
+
+Item = MessageItem | FunctionCallItem | FunctionOutputItem | ReasoningItem | OtherItem
+
+
+class ToolIn(Body):
+    type: str  # "function"; others (custom, web_search, local_shell, mcp) cannot run here
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class NamedToolIn(Body):
+    type: str
+    name: str | None = None
+
+
+class FormatIn(Body):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(Body):
+    format: FormatIn | None = None
+
+
+class ReasoningIn(Body):
+    effort: str | None = None
+
+
+class ResponsesChat(ChatRequest):
+    """A chat request made from a Responses request: a bad schema is named as sent."""
+
+    SCHEMA_PARAM: ClassVar[str] = "text.format.schema"
+
+
+class ResponsesRequest(Body):
+    model: str | None = None
+    input: str | list[Item]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    tools: list[ToolIn] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolIn | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningIn | None = None
+    stream: bool = False
+    previous_response_id: str | None = None
+    top_logprobs: int | None = None
+
+    def chat(self) -> ChatRequest:
+        """The same request as a chat completion."""
+        if self.previous_response_id:
+            raise ApiError(
+                400,
+                "responses are not stored here: send the whole conversation in input",
+                "previous_response_id",
+            )
+        if self.top_logprobs:
+            raise ApiError(400, "top_logprobs is not supported on /v1/responses", "top_logprobs")
+        effort = (self.reasoning.effort if self.reasoning else None) or None
+        return ResponsesChat.model_validate(
+            {
+                "model": self.model,
+                "messages": self.chat_messages(),
+                "max_tokens": self.max_output_tokens,
+                "temperature": self.temperature,
+                "top_p": self.top_p,
+                "tools": self.chat_tools(),
+                "tool_choice": self.chat_tool_choice(),
+                "response_format": self.chat_format(),
+                "reasoning_effort": EFFORTS.get(effort or "", effort),
+            }
+        )
+
+    def chat_messages(self) -> list[ChatMessageIn]:
+        out = [ChatMessageIn(role="system", content=self.instructions)] if self.instructions else []
+        if isinstance(self.input, str):
+            return [*out, ChatMessageIn(role="user", content=self.input)]
+        for i, item in enumerate(self.input):
+            where = f"input[{i}]"
+            last = out[-1] if out else None
+            if isinstance(item, MessageItem):
+                text = item_text(item.content, f"{where}.content")
+                out.append(ChatMessageIn(role=item.role, content=text))
+            elif isinstance(item, FunctionCallItem):
+                call = ToolCallIn(
+                    id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments)
+                )
+                if last is not None and last.role == "assistant":  # the same turn's calls
+                    last.tool_calls = [*(last.tool_calls or []), call]
+                else:
+                    out.append(ChatMessageIn(role="assistant", content="", tool_calls=[call]))
+            elif isinstance(item, FunctionOutputItem):
+                text = item_text(item.output, f"{where}.output")
+                out.append(ChatMessageIn(role="tool", tool_call_id=item.call_id, content=text))
+            elif not isinstance(item, ReasoningItem):
+                raise ApiError(400, f"{where} is a {item.type!r} item: not served here", where)
+        return out
+
+    def chat_tools(self) -> list[Tool] | None:
+        """The function tools (a custom or hosted tool cannot run here, and is left out)."""
+        tools = [
+            Tool(
+                type="function",
+                function=FunctionDef(
+                    name=t.name, description=t.description, parameters=t.parameters or {}
+                ),
+            )
+            for t in self.tools or []
+            if t.type == "function" and t.name
+        ]
+        return tools or None
+
+    def chat_tool_choice(self) -> ToolChoice | None:
+        choice = self.tool_choice
+        if choice is None or isinstance(choice, str):
+            return choice
+        if choice.type != "function" or not choice.name:
+            raise ApiError(
+                400, "tool_choice names a function: {type: function, name}", "tool_choice"
+            )
+        return NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
+
+    def chat_format(self) -> dict[str, Any] | None:
+        fmt = self.text.format if self.text else None
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return {"type": "json_object"}
+        schema = {"name": fmt.name or "answer", "schema": fmt.schema_, "strict": fmt.strict}
+        return {"type": "json_schema", "json_schema": schema}
+
+
+def item_text(content: str | list[Part], where: str) -> str:
+    if isinstance(content, str):
+        return content
+    refuse_parts([p for p in content if isinstance(p, OtherPart)], where)
+    return "".join(
+        p.text if isinstance(p, TextIn) else p.refusal
+        for p in content
+        if not isinstance(p, OtherPart)
+    )
+
+
+# --- the response --------------------------------------------------------------------
+def output_items(message: dict[str, Any], ids: ItemIds) -> list[dict[str, Any]]:
+    """A chat answer's message as the response's output items."""
+    items = []
+    if message.get("reasoning_content"):
+        items.append(reasoning_item(ids.reasoning, message["reasoning_content"]))
+    if message.get("content"):
+        items.append(message_item(ids.message, message["content"]))
+    for call in message.get("tool_calls") or []:
+        function = call["function"]
+        items.append(call_item(call["id"], function["name"], function["arguments"]))
+    return items
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if text else []
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
+def message_item(item_id: str, text: str | None, status: str = "completed") -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": [] if text is None else [text_part(text)],
+    }
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def call_item(call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
+    return {
+        "id": f"fc_{call_id}",
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+class ItemIds:
+    """The ids of one response's items (its calls keep their own)."""
+
+    def __init__(self, suffix: str) -> None:
+        self.response, self.message, self.reasoning = (
+            f"resp_{suffix}",
+            f"msg_{suffix}",
+            f"rs_{suffix}",
+        )
+
+
+def response_body(
+    ids: ItemIds,
+    model: str,
+    request: ResponsesRequest,
+    output: list[dict[str, Any]],
+    done: Finished | None,
+    chat_usage: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The response object; in progress while `done` is None."""
+    incomplete = done is not None and done.stop_reason in ("max_tokens", "context_full")
+    status = "in_progress" if done is None else "incomplete" if incomplete else "completed"
+    body: dict[str, Any] = {
+        "id": ids.response,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto" if request.tool_choice is None else request.tool_choice,
+        "tools": [t.model_dump(exclude_none=True) for t in request.tools or []],
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "max_output_tokens": request.max_output_tokens,
+        "previous_response_id": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "error": None,
+        "usage": None if chat_usage is None else usage(chat_usage),
+    }
+    if isinstance(body["tool_choice"], NamedToolIn):
+        body["tool_choice"] = body["tool_choice"].model_dump(exclude_none=True)
+    return body
+
+
+def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    details = chat_usage["completion_tokens_details"]
+    return {
+        "input_tokens": chat_usage["prompt_tokens"],
+        "input_tokens_details": {
+            "cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"],
+            "cache_write_tokens": 0,
+        },
+        "output_tokens": chat_usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": details["reasoning_tokens"]},
+        "total_tokens": chat_usage["total_tokens"],
+    }
+
+
+class ResponseStream:
+    """The Responses API's stream events from the chat's chunks: response.created, then
+    each output item (reasoning, message, function call) added, filled and done in turn,
+    then response.completed (or .incomplete) with the whole response; each event numbered."""
+
+    def __init__(self, ids: ItemIds, model: str, request: ResponsesRequest) -> None:
+        self.ids, self.model, self.request = ids, model, request
+        self.blocks = Blocks()
+        self.output: list[dict[str, Any]] = []  # the items done
+        self.item: dict[str, Any] = {}  # the open one
+        self.sequence = 0
+
+    async def events(
+        self, chunks: AsyncIterator[dict[str, Any]], done: Callable[[], Finished | None]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """`done()`: the Finished event, once the chunks ended."""
+        created = response_body(self.ids, self.model, self.request, [], None, None)
+        yield self.event("response.created", response=created)
+        yield self.event("response.in_progress", response=created)
+        last: dict[str, Any] = {}
+        async for chunk in chunks:
+            last = chunk
+            for choice in chunk["choices"]:
+                for step in self.blocks.feed(choice["delta"]):
+                    for event in self.render(step):
+                        yield event
+        for step in self.blocks.close():
+            for event in self.render(step):
+                yield event
+        body = response_body(self.ids, self.model, self.request, self.output, done(), last["usage"])
+        name = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
+        yield self.event(name, response=body | {"localspec": last["localspec"]})
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        self.sequence += 1
+        return {"type": kind, "sequence_number": self.sequence - 1, **fields}
+
+    def render(self, step: Step) -> list[dict[str, Any]]:
+        at: dict[str, Any] = {"output_index": len(self.output)}
+        if isinstance(step, Open):
+            return self.add(step, at)
+        at["item_id"] = self.item["id"]
+        if isinstance(step, Close):
+            return self.finish(step, at)
+        if step.kind == "call":
+            return [self.event("response.function_call_arguments.delta", delta=step.text, **at)]
+        part = PARTS[step.kind]
+        return [self.event(f"response.{part}.delta", delta=step.text, **at, **self.text_at(part))]
+
+    def add(self, step: Open, at: dict[str, Any]) -> list[dict[str, Any]]:
+        self.item = {
+            "thinking": reasoning_item(self.ids.reasoning, "", "in_progress"),
+            "text": message_item(self.ids.message, None, "in_progress"),
+            "call": call_item(step.call_id, step.name, "", "in_progress"),
+        }[step.kind]
+        events = [self.event("response.output_item.added", item=self.item, **at)]
+        if step.kind != "call":
+            at |= {"item_id": self.item["id"], "content_index": 0}
+            part = {"type": PARTS[step.kind], "text": ""}
+            events.append(self.event("response.content_part.added", part=part, **at))
+        return events
+
+    def finish(self, step: Close, at: dict[str, Any]) -> list[dict[str, Any]]:
+        if step.kind == "call":
+            item = call_item(self.item["call_id"], self.item["name"], step.text)
+            events = [
+                self.event("response.function_call_arguments.done", arguments=step.text, **at)
+            ]
+        else:
+            part = PARTS[step.kind]
+            if step.kind == "thinking":
+                item = reasoning_item(self.ids.reasoning, step.text)
+            else:
+                item = message_item(self.ids.message, step.text)
+            events = [
+                self.event(f"response.{part}.done", text=step.text, **at, **self.text_at(part)),
+                self.event(
+                    "response.content_part.done", part=item["content"][0], **at, content_index=0
+                ),
+            ]
+        self.output.append(item)
+        del at["item_id"]
+        return [*events, self.event("response.output_item.done", item=item, **at)]
+
+    @staticmethod
+    def text_at(part: str) -> dict[str, Any]:
+        """Where a text's pieces go (the item's one part); output text carries logprobs."""
+        return {"content_index": 0} | ({"logprobs": []} if part == "output_text" else {})
+
+
+def error_event(e: ApiError) -> dict[str, Any]:
+    """A failure mid-stream, as the Responses API streams it."""
+    return {"type": "error", "code": e.code, "message": e.message, "param": e.param}

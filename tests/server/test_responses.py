@@ -1,0 +1,177 @@
+"""OpenAI's Responses API (what Codex CLI and the SDKs' `responses` send) over a toy model
+(fast), through the real `openai` SDK: responses and their streams (accumulated by the
+SDK), function calls and their outputs, reasoning, incomplete answers, and the 400s.
+The real pair: test_server_real.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from localspec.backends.toy import TEMPLATE, ToyModel, scripted
+from localspec.decoding.adaptive import auto_engine
+from localspec.server.app import ServerOptions, create_app
+from localspec.session import Session
+
+REPLY = "Hello from the toy model."
+CALL = (
+    'Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    "strict": False,
+}
+# what Codex sends beside its functions: tools that run elsewhere, and are left out here
+HOSTED = [{"type": "web_search"}, {"type": "custom", "name": "apply_patch"}]
+TOOLS_TEMPLATE = "{% if tools %}<|tools|>{{ tools | tojson }}\n{% endif %}" + TEMPLATE
+
+
+class Tooled(ToyModel):
+    """Renders the tools; thinks when asked to (`<think>` in its template)."""
+
+    def chat_template(self) -> str | None:
+        return TOOLS_TEMPLATE + "{# <think> #}"
+
+
+def answers(prompt: bytes) -> str:
+    if b"<|tool|>Sunny" in prompt:
+        return "It is sunny in Paris."
+    if b"<|user|>think" in prompt:
+        return "<think>\nThe user greets me.\n</think>\n\nHello!"
+    if b"<|system|>Be brief." in prompt:
+        return "Brief."
+    if b"web_search" in prompt or b"apply_patch" in prompt:
+        return "a hosted tool reached the template"
+    return CALL if b"<|tools|>" in prompt else REPLY
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    model = Tooled(scripted(answers), n_vocab=258, n_ctx=512)
+    with TestClient(create_app(Session(auto_engine(model, None)), ServerOptions("toy"))) as c:
+        yield c
+
+
+@pytest.fixture
+def sdk(client: TestClient) -> openai.OpenAI:
+    base = f"{client.base_url}/v1"
+    return openai.OpenAI(api_key="none", base_url=base, http_client=client, max_retries=0)
+
+
+def test_a_response_and_its_stream_agree(sdk: openai.OpenAI, client: TestClient):
+    response = sdk.responses.create(model="gpt-5-codex", input="hi")
+    assert response.output_text == REPLY and response.status == "completed"
+    assert response.model == "toy" and response.id.startswith("resp_")
+    assert response.usage.output_tokens == len(REPLY) and response.usage.input_tokens > 0
+    assert response.model_extra["localspec"]["rounds"] >= 1
+
+    with sdk.responses.stream(model="gpt-5-codex", input="hi") as stream:
+        names = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert final.output_text == REPLY and final.usage.output_tokens == len(REPLY)
+    assert names[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert set(names[4:-4]) == {"response.output_text.delta"}
+    assert names[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    r = client.post("/v1/responses", json={"input": "hi", "stream": True})
+    blocks = r.text.strip().split("\n\n")
+    numbers = [json.loads(b.split("\ndata: ")[1])["sequence_number"] for b in blocks]
+    assert numbers == list(range(len(blocks)))  # each event named and numbered in order
+    assert all(b.startswith("event: response.") for b in blocks) and "[DONE]" not in r.text
+
+
+def test_instructions_and_messages_reach_the_template(sdk: openai.OpenAI):
+    assert sdk.responses.create(input="hi", model="x", instructions="Be brief.").output_text == (
+        "Brief."
+    )
+    items = [
+        {"role": "developer", "content": "Be brief."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+    ]
+    # a developer message is the system's, as on the chat endpoint
+    assert sdk.responses.create(input=items, model="x").output_text == "Brief."
+
+
+def test_a_function_call_and_its_output_round_trip(sdk: openai.OpenAI):
+    tools = [WEATHER, *HOSTED]
+    response = sdk.responses.create(model="x", input="hi", tools=tools)
+    message, call = response.output
+    assert message.type == "message" and message.content[0].text == "Let me look."
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id
+    assert json.loads(call.arguments) == {"city": "Paris"} and call.status == "completed"
+
+    pieces = []
+    with sdk.responses.stream(model="x", input="hi", tools=tools) as stream:
+        for event in stream:
+            if event.type == "response.function_call_arguments.delta":
+                pieces.append(event.delta)
+        final = stream.get_final_response()
+    assert len(pieces) > 2 and json.loads("".join(pieces)) == {"city": "Paris"}  # as written
+    assert [item.type for item in final.output] == ["message", "function_call"]
+    assert final.output[1].arguments == "".join(pieces)
+
+    history = [
+        {"role": "user", "content": "hi"},
+        *[item.model_dump(exclude_none=True) for item in response.output],
+        {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"},
+    ]
+    reply = sdk.responses.create(model="x", input=history, tools=tools)
+    assert reply.output_text == "It is sunny in Paris."
+    chosen = sdk.responses.create(model="x", input="hi", tools=tools, tool_choice="none")
+    assert chosen.output_text == REPLY  # no tools offered
+
+
+def test_reasoning_is_an_item_of_its_own(sdk: openai.OpenAI):
+    response = sdk.responses.create(model="x", input="think")
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == "\nThe user greets me.\n"
+    assert message.content[0].text == "Hello!"
+    assert response.usage.output_tokens_details.reasoning_tokens > 0
+    with sdk.responses.stream(model="x", input="think") as stream:
+        deltas = [e.delta for e in stream if e.type == "response.reasoning_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == reasoning.content[0].text
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+
+
+def test_an_answer_cut_by_max_output_tokens_is_incomplete(sdk: openai.OpenAI):
+    response = sdk.responses.create(model="x", input="hi", max_output_tokens=5)
+    assert response.output_text == REPLY[:5] and response.status == "incomplete"
+    assert response.incomplete_details.reason == "max_output_tokens"
+    with sdk.responses.stream(model="x", input="hi", max_output_tokens=5) as stream:
+        names = [event.type for event in stream]
+    assert names[-1] == "response.incomplete"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0]"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content"),
+        ({"input": "hi", "tool_choice": {"type": "web_search"}}, "tool_choice"),
+        ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "a"}}}, None),
+        ({}, "input"),
+    ],
+)
+def test_what_cannot_be_served_gets_a_400_that_names_it(client: TestClient, body, param):
+    r = client.post("/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["message"] and (param is None or error["param"] == param)
