@@ -34,9 +34,11 @@ from localspec.server.schemas import (
     refuse_parts,
 )
 
-# Claude Code's first system block: its version and a per-request stamp (`cch=`) for
-# Anthropic's billing, nothing the model needs; left in, it would change the prompt's
-# first tokens on every request and no cached prefix would ever be reused
+# Claude Code's first system block: its version and a stamp for Anthropic's billing that
+# changes from one conversation to the next (`cc_version=2.1.328.a87`, then `.ce7`; in
+# some versions with every request, `cch=`), nothing the model needs. Left in, it would
+# change the prompt's first tokens, and the long system prompt after it would be read
+# again instead of found in a slot's cache
 BILLING_HEADER = "x-anthropic-billing-header:"
 Finish = Callable[[bool], tuple[str, str | None]]  # (called a tool) -> (reason, sequence)
 ERROR_TYPES = {
@@ -77,7 +79,9 @@ Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | OtherPart
 
 
 class MessageIn(Body):
-    role: Literal["user", "assistant"]
+    # "system": what Claude Code says mid-conversation (its environment, after the first
+    # user turn), a system message where it stands
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
 
@@ -164,7 +168,8 @@ class MessagesRequest(Body):
         kept = "\n\n".join(t for t in texts if t and not t.startswith(BILLING_HEADER))
         out = [ChatMessageIn(role="system", content=kept)] if kept else []
         for i, message in enumerate(self.messages):
-            out += chat_turn(message, f"messages[{i}].content")
+            for turn in chat_turn(message, f"messages[{i}].content"):
+                out = within_user_turn(out, turn)
         return out
 
     def chat_tools(self) -> list[Tool] | None:
@@ -203,6 +208,8 @@ def chat_turn(message: MessageIn, where: str) -> list[ChatMessageIn]:
         return [ChatMessageIn(role=message.role, content=message.content)]
     refuse_parts([b for b in message.content if isinstance(b, OtherPart)], where)
     text = "\n\n".join(b.text for b in message.content if isinstance(b, TextBlock))
+    if message.role == "system":
+        return [ChatMessageIn(role="system", content=text)] if text else []
     if message.role == "assistant":
         calls = [
             ToolCallIn(id=b.id, function=FunctionCall(name=b.name, arguments=json.dumps(b.input)))
@@ -220,6 +227,17 @@ def chat_turn(message: MessageIn, where: str) -> list[ChatMessageIn]:
     if text or not out:
         out.append(ChatMessageIn(role="user", content=text))
     return out
+
+
+def within_user_turn(out: list[ChatMessageIn], turn: ChatMessageIn) -> list[ChatMessageIn]:
+    """`out` with `turn` after it; a system message that follows a user's message goes
+    into that message, before the user's words. Local models' templates put a system
+    prompt first, and a system turn after the user's reads to a small model as the text
+    to answer: the 1.5B default repeated Claude Code's environment block back to it."""
+    last = out[-1] if out else None
+    if turn.role != "system" or last is None or last.role != "user":
+        return [*out, turn]
+    return [*out[:-1], ChatMessageIn(role="user", content=f"{turn.content}\n\n{last.content}")]
 
 
 def result_text(block: ToolResultBlock, where: str) -> str:

@@ -22,6 +22,7 @@ from localspec.server.chat import (
     CLOSE,
     GEMMA4,
     GEMMA_OPEN,
+    HERMES,
     LLAMA3,
     OPEN,
     loads_or_text,
@@ -50,6 +51,8 @@ def rewriter(fmt: str | None, tools: Iterable[str] = ()) -> Rewriter | None:
         return BareCall.for_tools(tools)
     if fmt == GEMMA4:
         return GemmaCall()
+    if fmt == HERMES:
+        return FencedCall(tuple(tools))
     return None
 
 
@@ -232,6 +235,72 @@ class BareCall:
             name, arguments = call
             return f"{OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CLOSE}"
         return rest
+
+
+@dataclass
+class FencedCall:
+    """Calls written as Markdown JSON blocks instead of in Qwen's tags, as small models
+    write them (Qwen2.5-Coder 1.5B, asked by Claude Code to write a file, answered
+    "To create the file: ```json {"name": "Write", "arguments": {...}} ```"): a block whose
+    object names one of the request's tools passes on in the tags as it is written. Other
+    text and other blocks pass as they are, a block's start held only while it may still
+    be a call."""
+
+    tools: tuple[str, ...]
+    _held: str = ""
+    _mode: Literal["text", "open", "call", "block"] = "text"  # open: a block, not yet known
+
+    def push(self, text: str) -> str:
+        self._held += text
+        out = ""
+        while True:
+            if self._mode == "open":
+                decided = self._decide()
+                if decided is None:
+                    return out
+                out += decided
+                continue
+            end = self._held.find(FENCE_END)
+            if end < 0:  # all but what may start a fence
+                n = len(self._held) - held_prefix(self._held, FENCE_END)
+                out, self._held = out + self._held[:n], self._held[n:]
+                return out
+            if self._mode == "text":
+                out, self._held, self._mode = out + self._held[:end], self._held[end:], "open"
+            else:  # a block's end: a call's, or another block's
+                close = CLOSE if self._mode == "call" else FENCE_END
+                out += self._held[:end] + close
+                self._held, self._mode = self._held[end + len(FENCE_END) :], "text"
+
+    def _decide(self) -> str | None:
+        """What the held block's start turns out to be (None: not known yet)."""
+        held = self._held
+        if (fence := FENCE.match(held)) is None:
+            if "\n" not in held and len(held) < 16:
+                return None
+            return self._enter("block", held[: len(FENCE_END)], len(FENCE_END))
+        body = held[fence.end() :]
+        if (name := CALL_NAME.match(body)) is None:
+            compact = re.sub(r"\s+", "", body)
+            if len(body) < 64 and '{"name":"'.startswith(compact[:9]):
+                return None
+            return self._enter("block", held[: fence.end()], fence.end())
+        if loads_or_text(f'"{name.group(1)}"') not in self.tools:
+            return self._enter("block", held[: fence.end()], fence.end())
+        return self._enter("call", OPEN, fence.end())
+
+    def _enter(self, mode: Literal["call", "block"], out: str, n: int) -> str:
+        self._mode, self._held = mode, self._held[n:]
+        return out
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held + CLOSE if self._mode == "call" else held
+
+
+FENCE = re.compile(r"\s*```(?:json)?[ \t]*\n")
+FENCE_END = "```"
+CALL_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 
 def after_tag(text: str) -> str | None:

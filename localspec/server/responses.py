@@ -10,11 +10,12 @@ is stored: `previous_response_id` gets a 400 that says to send the conversation.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from localspec.decoding.events import Finished
 from localspec.server.blocks import Blocks, Close, Open, Step
@@ -68,7 +69,7 @@ class FunctionCallItem(Body):
 class FunctionOutputItem(Body):
     type: Literal["function_call_output"]
     call_id: str
-    output: str | list[Part]
+    output: str | list[Part] | dict[str, Any] | None = None  # an object: as its JSON
 
 
 class ReasoningItem(Body):
@@ -77,11 +78,14 @@ class ReasoningItem(Body):
     type: Literal["reasoning"]
 
 
-class OtherItem(Body):
-    type: str
-
-
-Item = MessageItem | FunctionCallItem | FunctionOutputItem | ReasoningItem | OtherItem
+Item = MessageItem | FunctionCallItem | FunctionOutputItem | ReasoningItem
+# the items served, by their type (a message's may be left out)
+ITEMS: dict[str, type[Item]] = {
+    "message": MessageItem,
+    "function_call": FunctionCallItem,
+    "function_call_output": FunctionOutputItem,
+    "reasoning": ReasoningItem,
+}
 
 
 class ToolIn(Body):
@@ -119,7 +123,7 @@ class ResponsesChat(ChatRequest):
 
 class ResponsesRequest(Body):
     model: str | None = None
-    input: str | list[Item]
+    input: str | list[dict[str, Any]]  # items, each read by its type (`item`)
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -161,8 +165,9 @@ class ResponsesRequest(Body):
         out = [ChatMessageIn(role="system", content=self.instructions)] if self.instructions else []
         if isinstance(self.input, str):
             return [*out, ChatMessageIn(role="user", content=self.input)]
-        for i, item in enumerate(self.input):
+        for i, raw in enumerate(self.input):
             where = f"input[{i}]"
+            item = read_item(raw, where)
             last = out[-1] if out else None
             if isinstance(item, MessageItem):
                 text = item_text(item.content, f"{where}.content")
@@ -176,10 +181,11 @@ class ResponsesRequest(Body):
                 else:
                     out.append(ChatMessageIn(role="assistant", content="", tool_calls=[call]))
             elif isinstance(item, FunctionOutputItem):
-                text = item_text(item.output, f"{where}.output")
+                output = item.output
+                if not isinstance(output, str | list):
+                    output = "" if output is None else json.dumps(output)
+                text = item_text(output, f"{where}.output")
                 out.append(ChatMessageIn(role="tool", tool_call_id=item.call_id, content=text))
-            elif not isinstance(item, ReasoningItem):
-                raise ApiError(400, f"{where} is a {item.type!r} item: not served here", where)
         return out
 
     def chat_tools(self) -> list[Tool] | None:
@@ -216,11 +222,25 @@ class ResponsesRequest(Body):
         return {"type": "json_schema", "json_schema": schema}
 
 
+def read_item(raw: dict[str, Any], where: str) -> Item:
+    """One input item as its type's model; a 400 naming the item and what is wrong."""
+    kind = raw.get("type", "message")
+    if kind not in ITEMS:
+        raise ApiError(400, f"{where} is a {kind!r} item: not served here", where)
+    try:
+        return ITEMS[kind].model_validate(raw)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise ApiError(400, f"{where}: {field}: {first['msg']}", where) from None
+
+
 def item_text(content: str | list[Part], where: str) -> str:
     if isinstance(content, str):
         return content
     refuse_parts([p for p in content if isinstance(p, OtherPart)], where)
-    return "".join(
+    # parts are sections of their own (Codex sends its permissions and its environment so)
+    return "\n\n".join(
         p.text if isinstance(p, TextIn) else p.refusal
         for p in content
         if not isinstance(p, OtherPart)

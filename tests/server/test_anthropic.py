@@ -48,6 +48,8 @@ def answers(prompt: bytes) -> str:
     system prompt's words, where asked."""
     if b"<|tool|>Sunny" in prompt:
         return "It is sunny in Paris."
+    if b"<|user|>You are a toy.\n\nwho are you?" in prompt:
+        return "in the user's turn"
     if b"<|user|>who are you?" in prompt:
         return prompt.split(b"<|system|>")[1].split(b"\n")[0].decode()
     if b"<|user|>think" in prompt:
@@ -208,6 +210,12 @@ def test_the_system_prompt_arrives_and_claude_codes_billing_stamp_does_not(
         sdk.messages.count_tokens(model="toy", messages=ask, system=system(s)).input_tokens
         for s in ("a5145", "0c1d2")
     }
+    # Claude Code sends its environment as a system message after the user's turn: it
+    # goes into that turn, before the user's words (small models answered it otherwise)
+    later = [*ask, {"role": "system", "content": [{"type": "text", "text": "You are a toy."}]}]
+    assert sdk.messages.create(model="toy", max_tokens=64, messages=later).content[0].text == (
+        "in the user's turn"
+    )
     plain = sdk.messages.count_tokens(model="toy", messages=ask, system="You are a toy.")
     assert counts == {plain.input_tokens}  # one prompt: its cache is reused across requests
     assert plain.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens

@@ -281,6 +281,43 @@ def test_a_tool_call_that_does_not_parse_is_text():
     assert shown + rest == "a <tool_call>not json</tool_call> b <tool_" and not calls + more
 
 
+# Qwen2.5-Coder 1.5B's answer to Claude Code's "create hello.py" (its Write tool offered)
+FENCED = (
+    '```json\n{\n  "name": "Write",\n  "arguments": {\n    "file_path": "/w/hello.py",\n'
+    '    "content": "print(\'hello\')"\n  }\n}\n```'
+)
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 1000])
+def test_a_small_models_call_in_a_json_block_is_read_as_a_call(size: int):
+    from localspec.server.calls import FencedCall
+
+    def run(text: str, tools: tuple[str, ...] = ("Write", "Read")) -> tuple[str, list]:
+        rewrite, stream = FencedCall(tools), ToolCallStream()
+        content, calls = "", []
+        for piece in [text[i : i + size] for i in range(0, len(text), size)]:
+            shown, done = stream.push(rewrite.push(piece))
+            content, calls = content + shown, calls + done
+        shown, done = stream.push(rewrite.flush())
+        rest, more = stream.flush()
+        return content + shown + rest, calls + done + more
+
+    content, calls = run(FENCED)
+    assert content == "" and [c.name for c in calls] == ["Write"]
+    assert json.loads(calls[0].arguments) == {
+        "file_path": "/w/hello.py",
+        "content": "print('hello')",
+    }
+    # sampled, it said what it would do first (and may go on after the block)
+    content, calls = run(f"To create it:\n\n{FENCED}\nDone.")
+    assert content == "To create it:\n\n\nDone." and [c.name for c in calls] == ["Write"]
+    # a block naming no tool of the request, other blocks and plain text stay text
+    code = "Run:\n```python\nprint('```')\n```\nor ```json\n{}\n```, or `x`"
+    for text in (FENCED.replace('"Write"', '"Delete"'), "Hello", code, "``", '```json\n{"na'):
+        assert run(text) == (text, [])
+    assert run(FENCED, ()) == (FENCED, [])  # no tools: no calls
+
+
 # --- browser safety -------------------------------------------------------------------
 @pytest.fixture
 def guarded() -> Iterator[TestClient]:

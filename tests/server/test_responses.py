@@ -137,6 +137,24 @@ def test_a_function_call_and_its_output_round_trip(sdk: openai.OpenAI):
     assert chosen.output_text == REPLY  # no tools offered
 
 
+def test_a_functions_output_in_each_shape_reaches_the_template():
+    from localspec.server.responses import ResponsesRequest
+
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    outputs = [
+        "sunny",
+        [{"type": "input_text", "text": "sun"}, {"type": "input_text", "text": "ny"}],
+    ]
+    seen = []
+    for output in [*outputs, {"weather": "sunny"}, None]:
+        item = {"type": "function_call_output", "call_id": "c1", "output": output}
+        request = {"input": [{"role": "user", "content": "hi"}, call, item]}
+        messages = ResponsesRequest.model_validate(request).chat().messages
+        assert [m.role for m in messages] == ["user", "assistant", "tool"]
+        seen.append(messages[-1].content)
+    assert seen == ["sunny", "sun\n\nny", '{"weather": "sunny"}', ""]
+
+
 def test_reasoning_is_an_item_of_its_own(sdk: openai.OpenAI):
     response = sdk.responses.create(model="x", input="think")
     reasoning, message = response.output
@@ -164,6 +182,7 @@ def test_an_answer_cut_by_max_output_tokens_is_incomplete(sdk: openai.OpenAI):
     [
         ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0]"),
+        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0]"),  # no call_id
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content"),
         ({"input": "hi", "tool_choice": {"type": "web_search"}}, "tool_choice"),
         ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "a"}}}, None),
