@@ -24,8 +24,6 @@ from localspec.server.schemas import (
     ChatMessageIn,
     ChatRequest,
     FunctionCall,
-    FunctionDef,
-    NamedFunction,
     NamedToolChoice,
     OtherPart,
     Tool,
@@ -175,12 +173,7 @@ class MessagesRequest(Body):
     def chat_tools(self) -> list[Tool] | None:
         """The client's own tools (those Anthropic's servers run cannot run here)."""
         tools = [
-            Tool(
-                type="function",
-                function=FunctionDef(
-                    name=t.name, description=t.description, parameters=t.input_schema or {}
-                ),
-            )
+            Tool.of(t.name, t.description, t.input_schema)
             for t in self.tools or []
             if t.type in (None, "custom")
         ]
@@ -193,7 +186,7 @@ class MessagesRequest(Body):
         if choice.type == "tool":
             if not choice.name:
                 raise ApiError(400, "tool_choice of type 'tool' needs a name", "tool_choice.name")
-            return NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
+            return NamedToolChoice.of(choice.name)
         return {"auto": "auto", "any": "required", "none": "none"}[choice.type]  # type: ignore[return-value]
 
     def asked_tokens(self) -> int | None:

@@ -138,6 +138,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         return JSONResponse(error_body(message, "server_error"), status_code=500)
 
     @app.get("/health")
+    @app.get("/v1/health")
     async def health() -> dict[str, Any]:
         return {
             "status": "ok",
@@ -148,6 +149,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         }
 
     @app.get("/v1/models", dependencies=guarded)
+    @app.get("/models", dependencies=guarded)  # the paths without /v1, as llama-server's
     async def models() -> dict[str, Any]:
         metrics.observe_request("/v1/models", 200)
         entry = {
@@ -198,81 +200,71 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         metrics.observe_request(request.url.path, 200)
         return job, prepared
 
+    async def answer(
+        request: Request, prepare: Callable[[], Prepared], label: str, kind: str
+    ) -> Answer:
+        """The request started: its answer, as the worker's events come."""
+        job, prepared = await start(request, prepare, label)
+        return Answer(
+            job, prepared, options.model_id, kind, worker.withdraw, session.target.token_bytes
+        )
+
     @app.post("/v1/chat/completions", dependencies=guarded)
+    @app.post("/chat/completions", dependencies=guarded)
     async def chat_completions(request: Request) -> Response:
         body = parse(ChatRequest, await read_body(request, options.max_body_bytes))
-        job, prepared = await start(
-            request, lambda: prepare_chat(body, session), f"chat {short_id()}"
-        )
-        answer = Answer(
-            job,
-            prepared,
-            options.model_id,
-            "chat.completion",
-            worker.withdraw,
-            session.target.token_bytes,
+        chat = await answer(
+            request, lambda: prepare_chat(body, session), f"chat {short_id()}", "chat.completion"
         )
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(answer.stream_chat(usage))
-        return JSONResponse(await answer.collect(request, answer.chat_body))
+            return sse(chat.stream_chat(usage))
+        return JSONResponse(await chat.collect(request, chat.chat_body))
 
     @app.post("/v1/completions", dependencies=guarded)
     async def completions(request: Request) -> Response:
         body = parse(CompletionRequest, await read_body(request, options.max_body_bytes))
-        job, prepared = await start(
-            request, lambda: prepare_completion(body, session), f"completion {short_id()}"
-        )
-        answer = Answer(
-            job,
-            prepared,
-            options.model_id,
+        completion = await answer(
+            request,
+            lambda: prepare_completion(body, session),
+            f"completion {short_id()}",
             "text_completion",
-            worker.withdraw,
-            session.target.token_bytes,
         )
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(answer.stream_completion(usage))
-        return JSONResponse(await answer.collect(request, answer.completion_body))
+            return sse(completion.stream_completion(usage))
+        return JSONResponse(await completion.collect(request, completion.completion_body))
 
     @app.post("/v1/messages", dependencies=guarded)
     async def messages(request: Request) -> Response:
         """Anthropic's Messages API (Claude Code, Anthropic's SDKs), answered as a chat."""
         body = parse(anthropic.MessagesRequest, await read_body(request, options.max_body_bytes))
         chat = body.chat()
-        job, prepared = await start(
-            request, lambda: prepare_chat(chat, session), f"message {short_id()}"
-        )
-        answer = Answer(
-            job,
-            prepared,
-            options.model_id,
-            "chat.completion",
-            worker.withdraw,
-            session.target.token_bytes,
+        message = await answer(
+            request, lambda: prepare_chat(chat, session), f"message {short_id()}", "chat.completion"
         )
         message_id = f"msg_{short_id()}"
 
         def ending(done: Finished, called: bool) -> tuple[str, str | None]:
-            limit = prepared.config.max_tokens
+            limit = message.prepared.config.max_tokens
             return anthropic.ending(done, called, body.asked_tokens(), limit)
 
         def finish(called: bool) -> tuple[str, str | None]:
-            assert answer.done is not None  # the chunks ended with it
-            return ending(answer.done, called)
+            assert message.done is not None  # the chunks ended with it
+            return ending(message.done, called)
 
         if body.stream:
-            stream = anthropic.MessageStream(message_id, options.model_id, len(job.prompt))
-            events = stream.events(answer.stream_chat(True), finish)
+            prompt = len(message.job.prompt)
+            stream = anthropic.MessageStream(message_id, options.model_id, prompt)
+            events = stream.events(message.stream_chat(True), finish)
             return sse(events, named=True, error=anthropic.error_body)
 
         def build(events: list[Event], done: Finished) -> dict[str, Any]:
-            chat_body = answer.chat_body(events, done)
+            chat_body = message.chat_body(events, done)
             called = bool(chat_body["choices"][0]["message"].get("tool_calls"))
             return anthropic.message_body(message_id, chat_body, ending(done, called))
 
-        return JSONResponse(await answer.collect(request, build))
+        return JSONResponse(await message.collect(request, build))
 
     @app.post("/v1/messages/count_tokens", dependencies=guarded)
     async def count_tokens(request: Request) -> dict[str, Any]:
@@ -283,66 +275,60 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         return {"input_tokens": len(prompt)}
 
     @app.post("/v1/responses", dependencies=guarded)
+    @app.post("/responses", dependencies=guarded)
     async def create_response(request: Request) -> Response:
         """OpenAI's Responses API (Codex CLI, the SDKs' `responses`), answered as a chat."""
         body = parse(responses.ResponsesRequest, await read_body(request, options.max_body_bytes))
         chat = body.chat()
-        job, prepared = await start(
-            request, lambda: prepare_chat(chat, session), f"response {short_id()}"
-        )
-        answer = Answer(
-            job,
-            prepared,
-            options.model_id,
+        response = await answer(
+            request,
+            lambda: prepare_chat(chat, session),
+            f"response {short_id()}",
             "chat.completion",
-            worker.withdraw,
-            session.target.token_bytes,
         )
         ids = responses.ItemIds(short_id())
         if body.stream:
             stream = responses.ResponseStream(ids, options.model_id, body)
-            events = stream.events(answer.stream_chat(True), lambda: answer.done)
+            events = stream.events(response.stream_chat(True), lambda: response.done)
             return sse(events, named=True, error=responses.error_event)
 
         def build(events: list[Event], done: Finished) -> dict[str, Any]:
-            chat_body = answer.chat_body(events, done)
+            chat_body = response.chat_body(events, done)
             output = responses.output_items(chat_body["choices"][0]["message"], ids)
             whole = responses.response_body(
                 ids, options.model_id, body, output, done, chat_body["usage"]
             )
             return whole | {"localspec": chat_body["localspec"]}
 
-        return JSONResponse(await answer.collect(request, build))
+        return JSONResponse(await response.collect(request, build))
 
     @app.post("/infill", dependencies=guarded)
     async def infill(request: Request) -> Response:
         """llama-server's fill-in-the-middle endpoint, as llama.vim and llama.vscode call it."""
         body = parse(InfillRequest, await read_body(request, options.max_body_bytes))
-        job, prepared = await start(
-            request, lambda: prepare_infill(body, session), f"infill {short_id()}"
+        middle = await answer(
+            request, lambda: prepare_infill(body, session), f"infill {short_id()}", "infill"
         )
-        return await answer_as_llama_server(request, job, prepared, body)
+        return await answer_as_llama_server(request, middle, body)
 
     @app.post("/completion", dependencies=guarded)
     @app.post("/completions", dependencies=guarded)
     async def llama_completion(request: Request) -> Response:
         """llama-server's own completion endpoint (Continue's `llama.cpp` provider)."""
         body = parse(LlamaCompletionRequest, await read_body(request, options.max_body_bytes))
-        job, prepared = await start(
-            request, lambda: prepare_llama_completion(body, session), f"completion {short_id()}"
+        completion = await answer(
+            request,
+            lambda: prepare_llama_completion(body, session),
+            f"completion {short_id()}",
+            "infill",
         )
-        return await answer_as_llama_server(request, job, prepared, body)
+        return await answer_as_llama_server(request, completion, body)
 
     async def answer_as_llama_server(
-        request: Request,
-        job: Job,
-        prepared: Prepared,
-        body: InfillRequest | LlamaCompletionRequest,
+        request: Request, answered: Answer, body: InfillRequest | LlamaCompletionRequest
     ) -> Response:
         """llama-server's response body (`content`, `timings`, ...), or its stream."""
-        answer = Answer(
-            job, prepared, options.model_id, "infill", worker.withdraw, session.target.token_bytes
-        )
+        job, prepared = answered.job, answered.prepared
 
         def build(_events: list[Event], done: Finished) -> dict[str, Any]:
             whole = infill_body(
@@ -357,8 +343,8 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             return pick_fields(whole, body.response_fields)
 
         if body.stream:
-            return sse(answer.stream_infill(build), done_line=False)
-        return JSONResponse(await answer.collect(request, build))
+            return sse(answered.stream_infill(build), done_line=False)
+        return JSONResponse(await answered.collect(request, build))
 
     return app
 
@@ -377,7 +363,7 @@ class Answer:
         withdraw: Callable[[Job], None],
         token_bytes: Callable[[int], bytes] = lambda _: b"",
     ) -> None:
-        self.job = job
+        self.job, self.prepared = job, prepared
         self.token_bytes = token_bytes
         self.logprobs = prepared.config.logprobs is not None
         self.withdraw = withdraw  # the client left: free its place at once

@@ -25,8 +25,6 @@ from localspec.server.schemas import (
     ChatMessageIn,
     ChatRequest,
     FunctionCall,
-    FunctionDef,
-    NamedFunction,
     NamedToolChoice,
     OtherPart,
     Tool,
@@ -191,12 +189,7 @@ class ResponsesRequest(Body):
     def chat_tools(self) -> list[Tool] | None:
         """The function tools (a custom or hosted tool cannot run here, and is left out)."""
         tools = [
-            Tool(
-                type="function",
-                function=FunctionDef(
-                    name=t.name, description=t.description, parameters=t.parameters or {}
-                ),
-            )
+            Tool.of(t.name, t.description, t.parameters)
             for t in self.tools or []
             if t.type == "function" and t.name
         ]
@@ -210,7 +203,7 @@ class ResponsesRequest(Body):
             raise ApiError(
                 400, "tool_choice names a function: {type: function, name}", "tool_choice"
             )
-        return NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
+        return NamedToolChoice.of(choice.name)
 
     def chat_format(self) -> dict[str, Any] | None:
         fmt = self.text.format if self.text else None

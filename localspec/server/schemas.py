@@ -96,6 +96,12 @@ class Tool(Body):
     type: Literal["function"]
     function: FunctionDef
 
+    @classmethod
+    def of(cls, name: str, description: str | None, parameters: dict[str, Any] | None) -> Tool:
+        """A function tool (what other APIs' tools are here)."""
+        function = FunctionDef(name=name, description=description, parameters=parameters or {})
+        return cls(type="function", function=function)
+
 
 class NamedFunction(Body):
     name: str
@@ -104,6 +110,10 @@ class NamedFunction(Body):
 class NamedToolChoice(Body):
     type: Literal["function"]
     function: NamedFunction
+
+    @classmethod
+    def of(cls, name: str) -> NamedToolChoice:
+        return cls(type="function", function=NamedFunction(name=name))
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice

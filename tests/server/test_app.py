@@ -212,6 +212,16 @@ def test_the_api_key_is_enforced(client: TestClient):
     assert models["data"][0]["id"] == "toy" and models["data"][0]["draft"] == "ngram"
 
 
+def test_the_paths_without_v1_are_served_as_llama_servers_are(client: TestClient):
+    """Clients given the bare address (Codex with base_url http://host:port) leave it out."""
+    body = client.post("/chat/completions", json=chat(temperature=0), headers=AUTH).json()
+    assert body["choices"][0]["message"]["content"] == REPLY
+    answer = client.post("/responses", json={"input": "hi", "temperature": 0}, headers=AUTH)
+    assert answer.json()["output"][0]["content"][0]["text"] == REPLY
+    assert client.get("/models", headers=AUTH).json()["data"][0]["id"] == "toy"
+    assert client.get("/v1/health").json()["status"] == "ok"
+
+
 def test_unknown_routes_use_the_error_shape_and_say_what_is_served(client: TestClient):
     error = assert_error(client.post("/v1/embeddings", json={"input": "x"}, headers=AUTH), 404)
     assert error["message"].startswith("no POST /v1/embeddings here; served: ")

@@ -474,6 +474,14 @@ def test_web_pages_cannot_drive_the_server(server):
     assert local.status_code == 200
 
 
+PRIMES = {  # a schema for the answer to ASK
+    "type": "object",
+    "properties": {"primes": {"type": "array", "items": {"type": "integer"}}},
+    "required": ["primes"],
+    "additionalProperties": False,
+}
+
+
 def test_claude_codes_requests_through_anthropics_sdk(client: openai.OpenAI, server):
     """Anthropic's Messages API as Claude Code sends it (system blocks with its billing
     stamp, tools with JSON Schema's `$schema`, `x-api-key`): greedy text equal to the chat
@@ -539,12 +547,7 @@ def test_claude_codes_requests_through_anthropics_sdk(client: openai.OpenAI, ser
     assert reply.content[0].type == "text" and reply.content[0].text
 
     # structured output as today's API asks for it, greedy as the chat's json_schema
-    schema = {
-        "type": "object",
-        "properties": {"primes": {"type": "array", "items": {"type": "integer"}}},
-        "required": ["primes"],
-        "additionalProperties": False,
-    }
+    schema = PRIMES
     structured = sdk.messages.create(
         model="claude-local",
         max_tokens=40,
@@ -627,12 +630,7 @@ def test_codexs_requests_through_the_responses_api(client: openai.OpenAI):
     )
     assert reply.output_text
 
-    schema = {
-        "type": "object",
-        "properties": {"primes": {"type": "array", "items": {"type": "integer"}}},
-        "required": ["primes"],
-        "additionalProperties": False,
-    }
+    schema = PRIMES
     structured = client.responses.create(
         model="gpt-5-codex",
         input=ASK,
