@@ -30,6 +30,7 @@ from localspec.server.schemas import (
     ToolCallIn,
     ToolChoice,
     refuse_parts,
+    validated,
 )
 
 # Claude Code's first system block: its version and a stamp for Anthropic's billing that
@@ -142,7 +143,8 @@ class MessagesRequest(Body):
         schema = None
         if output.format is not None:
             schema = {"type": "json_schema", "json_schema": {"schema": output.format.schema_}}
-        return AnthropicChat.model_validate(
+        return validated(
+            AnthropicChat,
             {
                 "model": self.model,
                 "messages": self.chat_messages(),
@@ -157,7 +159,7 @@ class MessagesRequest(Body):
                 "chat_template_kwargs": kwargs,
                 "reasoning_effort": effort,  # gpt-oss's
                 "response_format": schema,
-            }
+            },
         )
 
     def chat_messages(self) -> list[ChatMessageIn]:

@@ -1,10 +1,13 @@
 """The HTTP routes, shaped as OpenAI's so its SDKs and the editors that use them work
 unmodified: chat and plain completions (streamed as server-sent events or not),
-models, health and Prometheus metrics.
+models, health and Prometheus metrics; llama-server's own (/infill, /completion,
+/tokenize, /props); and the APIs agents speak that become a chat on the way in,
+Anthropic's Messages API (localspec.server.anthropic, Claude Code) and OpenAI's
+Responses API (localspec.server.responses, Codex CLI).
 
 A request is read, checked and tokenized (localspec.server.prepare), then queued for
 the worker; its answer comes back as engine events, shaped here. Every refusal is a
-4xx in OpenAI's error shape; nothing here lets a traceback reach a client.
+4xx in its API's error shape; nothing here lets a traceback reach a client.
 """
 
 from __future__ import annotations
@@ -184,9 +187,11 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    async def start(
-        request: Request, prepare: Callable[[], Prepared], label: str
-    ) -> tuple[Job, Prepared]:
+    async def answer(
+        request: Request, prepare: Callable[[], Prepared], label: str, kind: str
+    ) -> Answer:
+        """The request prepared (off the event loop) and queued: its answer, to be shaped
+        from the worker's events as they come."""
         prepared = await run_in_threadpool(prepare)
         job = Job(
             label,
@@ -198,13 +203,6 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         )
         worker.submit(job)
         metrics.observe_request(request.url.path, 200)
-        return job, prepared
-
-    async def answer(
-        request: Request, prepare: Callable[[], Prepared], label: str, kind: str
-    ) -> Answer:
-        """The request started: its answer, as the worker's events come."""
-        job, prepared = await start(request, prepare, label)
         return Answer(
             job, prepared, options.model_id, kind, worker.withdraw, session.target.token_bytes
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationError
@@ -31,6 +32,7 @@ from localspec.server.schemas import (
     ToolCallIn,
     ToolChoice,
     refuse_parts,
+    validated,
 )
 
 # the Responses API's efforts, as the chat's reasoning_effort (gpt-oss's) takes them
@@ -145,7 +147,8 @@ class ResponsesRequest(Body):
         if self.top_logprobs:
             raise ApiError(400, "top_logprobs is not supported on /v1/responses", "top_logprobs")
         effort = (self.reasoning.effort if self.reasoning else None) or None
-        return ResponsesChat.model_validate(
+        return validated(
+            ResponsesChat,
             {
                 "model": self.model,
                 "messages": self.chat_messages(),
@@ -156,7 +159,7 @@ class ResponsesRequest(Body):
                 "tool_choice": self.chat_tool_choice(),
                 "response_format": self.chat_format(),
                 "reasoning_effort": EFFORTS.get(effort or "", effort),
-            }
+            },
         )
 
     def chat_messages(self) -> list[ChatMessageIn]:
@@ -224,8 +227,8 @@ def read_item(raw: dict[str, Any], where: str) -> Item:
         return ITEMS[kind].model_validate(raw)
     except ValidationError as e:
         first = e.errors(include_url=False)[0]
-        field = ".".join(str(part) for part in first["loc"])
-        raise ApiError(400, f"{where}: {field}: {first['msg']}", where) from None
+        at = ".".join(str(part) for part in first["loc"])
+        raise ApiError(400, f"{where}: {at}: {first['msg']}", where) from None
 
 
 def item_text(content: str | list[Part], where: str) -> str:
@@ -284,15 +287,24 @@ def call_item(call_id: str, name: str, arguments: str, status: str = "completed"
     }
 
 
+@dataclass(frozen=True)
 class ItemIds:
-    """The ids of one response's items (its calls keep their own)."""
+    """One response's id, its items' (its calls keep their own) and its creation time."""
 
-    def __init__(self, suffix: str) -> None:
-        self.response, self.message, self.reasoning = (
-            f"resp_{suffix}",
-            f"msg_{suffix}",
-            f"rs_{suffix}",
-        )
+    suffix: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def response(self) -> str:
+        return f"resp_{self.suffix}"
+
+    @property
+    def message(self) -> str:
+        return f"msg_{self.suffix}"
+
+    @property
+    def reasoning(self) -> str:
+        return f"rs_{self.suffix}"
 
 
 def response_body(
@@ -309,7 +321,7 @@ def response_body(
     body: dict[str, Any] = {
         "id": ids.response,
         "object": "response",
-        "created_at": int(time.time()),
+        "created_at": ids.created,
         "status": status,
         "model": model,
         "output": output,

@@ -270,5 +270,8 @@ def test_errors_come_in_anthropics_shape(sdk: anthropic.Anthropic, client: TestC
             tools=[WEATHER],
             tool_choice={"type": "tool", "name": "x"},
         )
+    only_thinking = [{"role": "assistant", "content": [{"type": "thinking", "thinking": "x"}]}]
+    r = client.post("/v1/messages", json={"messages": only_thinking}, headers=headers)
+    assert r.status_code == 400 and error(r)["type"] == "invalid_request_error"  # nothing to answer
     # the OpenAI routes keep OpenAI's shape
     assert "error" in client.post("/v1/chat/completions", json={}, headers=headers).json()

@@ -187,6 +187,8 @@ def test_an_answer_cut_by_max_output_tokens_is_incomplete(sdk: openai.OpenAI):
         ({"input": "hi", "tool_choice": {"type": "web_search"}}, "tool_choice"),
         ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "a"}}}, None),
         ({}, "input"),
+        ({"input": []}, "messages"),  # nothing to answer
+        ({"input": [{"type": "reasoning", "summary": []}]}, "messages"),
     ],
 )
 def test_what_cannot_be_served_gets_a_400_that_names_it(client: TestClient, body, param):
