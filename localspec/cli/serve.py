@@ -23,7 +23,7 @@ LOOPBACK_NAMES = ("localhost",)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve the pair over an OpenAI-compatible HTTP API")
+    p = sub.add_parser("serve", help="serve the pair over the OpenAI and Anthropic APIs")
     add_model_options(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
