@@ -62,6 +62,17 @@ def template_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
     return out
 
 
+def prefill(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """An assistant message that ends the conversation is an answer begun for the model
+    to continue (a prefill, as llama-server and Anthropic's API read it): the messages
+    before it and its text; None where the conversation ends otherwise. An assistant
+    turn with tool calls is a whole turn, not a beginning."""
+    last = messages[-1] if messages else {}
+    if last.get("role") != "assistant" or last.get("tool_calls"):
+        return messages, None
+    return messages[:-1], last.get("content") or ""
+
+
 def loads_or_text(text: str) -> Any:
     try:
         return json.loads(text)

@@ -28,6 +28,7 @@ from localspec.server.chat import (
     GEMMA4,
     LLAMA3,
     forced_tools,
+    prefill,
     template_messages,
     template_tools,
     tool_format,
@@ -100,6 +101,7 @@ class ChatPrompt:
     template: str | None
     tools: str | None  # the format tool calls are written in (None: no tools offered)
     tool_params: dict[str, Any]  # the tools' schemas, by name
+    prefilled: bool = False  # the text ends with an answer begun, for the model to go on
 
 
 def render_chat(body: ChatRequest, session: Session) -> ChatPrompt:
@@ -108,7 +110,7 @@ def render_chat(body: ChatRequest, session: Session) -> ChatPrompt:
     tools = template_tools(body, session.supports_tools)
     template = session.target.chat_template()
     family = tool_format(template)
-    messages = template_messages(body.messages)
+    messages, begun = prefill(template_messages(body.messages))
     if family == GEMMA4:  # a tool's results go back into the calling turn
         messages = gemma_tool_responses(messages)
     try:
@@ -121,13 +123,14 @@ def render_chat(body: ChatRequest, session: Session) -> ChatPrompt:
     if builtins and "builtin_tools" in (template or ""):
         variables.setdefault("builtin_tools", builtins)
     try:
-        text = session.prompt_text(messages, tools, variables)
+        # an answer begun goes on from its last character, in the turn the template opens
+        text = session.prompt_text(messages, tools, variables) + (begun or "")
     except ModelError as e:
         raise ApiError(400, f"{e}; use /v1/completions", "messages") from None
     except (ValueError, TypeError, jinja2.TemplateError) as e:
         raise ApiError(400, f"the chat template refused the messages: {e}", "messages") from None
     fmt = family if tools else None
-    return ChatPrompt(text, session.tokenize_raw(text), template, fmt, params)
+    return ChatPrompt(text, session.tokenize_raw(text), template, fmt, params, bool(begun))
 
 
 def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
@@ -136,6 +139,15 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
     if body.prediction is not None:
         predicted = content_text(body.prediction.content)
         prediction = session.target.tokenize(predicted, special=False) or None
+    formatted = (body.response_format or {}).get("type", "text") != "text"
+    if chat.prefilled and (formatted or body.grammar is not None or forced_tools(body)):
+        # the grammar would hold the continuation to a whole answer of its own
+        raise ApiError(
+            400,
+            "an assistant message to continue (a prefill) cannot be combined with "
+            "response_format, grammar or a forced tool call",
+            "messages",
+        )
     config = generation_config(body, chat.tokens, session, None, "messages")
     markers = shown_markers(chat.template, chat.tools)
     config = replace(config, shown=shown_tokens(session.target, markers))

@@ -107,6 +107,26 @@ def test_a_message_and_its_stream_agree(sdk: anthropic.Anthropic, client: TestCl
     assert set(names[3:-3]) == {"content_block_delta"}
 
 
+def test_a_prefilled_answer_is_continued(sdk: anthropic.Anthropic):
+    """An assistant message at the end is an answer begun: the model goes on from it, and
+    the message holds what it added (as Anthropic's API answers a prefill)."""
+    begun = [*HI, {"role": "assistant", "content": "Hello from"}]
+    message = sdk.messages.create(model="claude-local", max_tokens=64, messages=begun)
+    assert message.content[0].text == REPLY.removeprefix("Hello from")
+    assert message.stop_reason == "end_turn"
+    with sdk.messages.stream(model="claude-local", max_tokens=64, messages=begun) as stream:
+        assert "".join(stream.text_stream) == REPLY.removeprefix("Hello from")
+    # an answer may not be held to a format it has already begun outside of
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    with pytest.raises(anthropic.BadRequestError, match="prefill"):
+        sdk.messages.create(
+            model="claude-local",
+            max_tokens=8,
+            messages=begun,
+            extra_body={"output_config": {"format": {"type": "json_schema", "schema": schema}}},
+        )
+
+
 def test_stop_sequences_and_token_limits_say_why_the_message_ended(sdk: anthropic.Anthropic):
     stopped = sdk.messages.create(
         model="toy", max_tokens=64, messages=HI, stop_sequences=["toy", "from"]

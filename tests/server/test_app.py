@@ -66,6 +66,24 @@ def test_a_chat_answer_has_usage_and_the_engine_figures(client: TestClient):
     )
 
 
+def test_an_assistant_message_at_the_end_is_continued(client: TestClient):
+    """llama-server's assistant prefill: the answer goes on from the text begun, and holds
+    only what the model added; an empty one is a fresh turn; no grammar on top of it."""
+    begun = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello from"}]
+    body = client.post("/v1/chat/completions", json=chat(messages=begun), headers=AUTH).json()
+    assert body["choices"][0]["message"]["content"] == REPLY.removeprefix("Hello from")
+    whole = client.post("/v1/chat/completions", json=chat(), headers=AUTH).json()
+    assert body["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"] + len("Hello from")
+
+    fresh = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]
+    body = client.post("/v1/chat/completions", json=chat(messages=fresh), headers=AUTH).json()
+    assert body["choices"][0]["message"]["content"] == REPLY
+
+    formatted = chat(messages=begun, response_format={"type": "json_object"})
+    r = client.post("/v1/chat/completions", json=formatted, headers=AUTH)
+    assert "prefill" in assert_error(r, 400, "messages")["message"]
+
+
 def test_a_stream_is_sse_chunks_then_done(client: TestClient):
     request = chat(temperature=0, stream=True, stream_options={"include_usage": True})
     with client.stream("POST", "/v1/chat/completions", json=request, headers=AUTH) as r:

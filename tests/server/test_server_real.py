@@ -155,6 +155,17 @@ def test_chat_streamed_and_not_agree_and_count_their_tokens(client: openai.OpenA
     assert chunks[-1].model_extra["localspec"]["rounds"] >= 1
 
 
+def test_a_prefilled_answer_goes_on_where_the_model_would(client: openai.OpenAI):
+    """An assistant message at the end is continued (llama-server's assistant prefill):
+    begun with the first words of the model's own greedy answer, the rest is the rest of
+    that answer (a cut before a space keeps the tokens the model wrote)."""
+    whole = ask(client, max_tokens=24).choices[0].message.content
+    cut = whole.index(" ", whole.index(",") + 1)  # after the first number and its comma
+    begun = [*ASK, {"role": "assistant", "content": whole[:cut]}]
+    rest = ask(client, begun, max_tokens=24).choices[0].message.content
+    assert whole[:cut] + rest == whole, (whole, rest)
+
+
 def test_greedy_text_equals_localspec_run(client: openai.OpenAI, real_paths):
     run = subprocess.run(
         [sys.executable, "-m", "localspec", "run", *model_args(real_paths), *RUN_GREEDY],
