@@ -23,6 +23,21 @@ def ranged_int(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
+def ranged_float(lo: float, hi: float) -> Callable[[str], float]:
+    """An argparse type: a number within [lo, hi], refused at parse time with the range."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not lo <= value <= hi:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be between {lo:g} and {hi:g}")
+        return value
+
+    return parse
+
+
 ctx_arg = ranged_int(16, 1 << 24)  # llama.cpp takes 32 bits; models cap it far lower
 threads_arg = ranged_int(0, 1024)
 _gamma_int = ranged_int(0, 32)

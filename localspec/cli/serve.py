@@ -14,6 +14,7 @@ from pathlib import Path
 from localspec.cli.options import (
     add_model_options,
     add_template_option,
+    ranged_float,
     ranged_int,
     session_config,
 )
@@ -76,6 +77,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "'*': any); requests from browsers are refused otherwise; repeatable",
     )
     add_template_option(g)  # every request's; a request's chat_template_kwargs win
+    g = p.add_argument_group(
+        "sampling",
+        "what a request that leaves it out gets (default: its API's own: temperature 1.0 "
+        "for OpenAI's and Anthropic's, 0.8 for llama-server's /completion and /infill; "
+        "coding agents send none)",
+    )
+    g.add_argument("--temperature", "--temp", type=ranged_float(0, 2), metavar="T")
+    g.add_argument("--top-p", type=ranged_float(0.001, 1), metavar="P")
+    g.add_argument("--top-k", type=ranged_int(0, 1_000_000), metavar="K")
+    g.add_argument("--min-p", type=ranged_float(0, 0.999), metavar="P")
     p.set_defaults(func=serve)
 
 
@@ -154,6 +165,7 @@ def serve(args: argparse.Namespace) -> int:
     from localspec.cli.run import warn
     from localspec.server.app import ServerOptions, create_app
     from localspec.server.guard import Guard
+    from localspec.server.schemas import SamplingDefaults
     from localspec.session import open_session
 
     key = args.api_key or os.environ.get("LOCALSPEC_API_KEY") or None
@@ -182,6 +194,7 @@ def serve(args: argparse.Namespace) -> int:
             max_queue=args.max_queue,
             parallel=parallel,
             cache_reuse=args.cache_reuse,
+            sampling=SamplingDefaults(args.temperature, args.top_p, args.top_k, args.min_p),
             guard=Guard.for_address(
                 args.host, is_loopback(args.host), args.allowed_host, args.cors_origin
             ),

@@ -52,10 +52,14 @@ from localspec.server.schemas import (
     ChatRequest,
     CompletionRequest,
     LlamaCompletionRequest,
+    SamplingDefaults,
     parse,
 )
 from localspec.server.worker import Job, Worker
 from localspec.session import Session
+
+# requests that amount to a chat: what the token-counting endpoints read
+ChatSource = ChatRequest | anthropic.MessagesRequest | responses.ResponsesRequest
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class ServerOptions:
     max_body_bytes: int = 8 << 20
     parallel: int = 1  # slots: requests decoded at once
     cache_reuse: int = 0  # move cached chunks of at least this many tokens (0: off)
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)  # for requests' gaps
     # which Host and Origin headers are answered (by default any: `serve` sets its own)
     guard: Guard = field(default_factory=lambda: Guard(None, frozenset({"*"})))
 
@@ -95,6 +100,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             raise ApiError(401, "missing or wrong API key", code="invalid_api_key")
 
     guarded = [Depends(check_key)]
+    fill = options.sampling.fill
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, e: ApiError) -> Response:
@@ -194,7 +200,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     @app.post("/v1/chat/completions", dependencies=guarded)
     @app.post("/chat/completions", dependencies=guarded)
     async def chat_completions(request: Request) -> Response:
-        body = parse(ChatRequest, await read_body(request, options.max_body_bytes))
+        body = fill(parse(ChatRequest, await read_body(request, options.max_body_bytes)))
         chat = await answer(
             request, lambda: prepare_chat(body, session), f"chat {short_id()}", "chat.completion"
         )
@@ -205,7 +211,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
 
     @app.post("/v1/completions", dependencies=guarded)
     async def completions(request: Request) -> Response:
-        body = parse(CompletionRequest, await read_body(request, options.max_body_bytes))
+        body = fill(parse(CompletionRequest, await read_body(request, options.max_body_bytes)))
         completion = await answer(
             request,
             lambda: prepare_completion(body, session),
@@ -221,7 +227,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     async def messages(request: Request) -> Response:
         """Anthropic's Messages API (Claude Code, Anthropic's SDKs), answered as a chat."""
         body = parse(anthropic.MessagesRequest, await read_body(request, options.max_body_bytes))
-        chat = body.chat()
+        chat = fill(body.chat())
         message = await answer(
             request, lambda: prepare_chat(chat, session), f"message {short_id()}", "chat.completion"
         )
@@ -248,20 +254,39 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
 
         return JSONResponse(await message.collect(request, build))
 
-    @app.post("/v1/messages/count_tokens", dependencies=guarded)
-    async def count_tokens(request: Request) -> dict[str, Any]:
-        body = parse(anthropic.MessagesRequest, await read_body(request, options.max_body_bytes))
-        chat = body.chat()
+    async def count_prompt(request: Request, kind: type[ChatSource]) -> int:
+        """The prompt's tokens, as the request would be answered."""
+        body = parse(kind, await read_body(request, options.max_body_bytes))
+        chat = body if isinstance(body, ChatRequest) else body.chat()
         prompt = await run_in_threadpool(lambda: render_chat(chat, session).tokens)
         metrics.observe_request(request.url.path, 200)
-        return {"input_tokens": len(prompt)}
+        return len(prompt)
+
+    @app.post("/v1/messages/count_tokens", dependencies=guarded)
+    async def count_tokens(request: Request) -> dict[str, Any]:
+        return {"input_tokens": await count_prompt(request, anthropic.MessagesRequest)}
+
+    @app.post("/v1/responses/input_tokens", dependencies=guarded)
+    @app.post("/responses/input_tokens", dependencies=guarded)
+    async def responses_input_tokens(request: Request) -> dict[str, Any]:
+        """OpenAI's count of a Responses request's input (llama-server's too)."""
+        counted = await count_prompt(request, responses.ResponsesRequest)
+        return {"object": "response.input_tokens", "input_tokens": counted}
+
+    @app.post("/v1/chat/completions/input_tokens", dependencies=guarded)
+    @app.post("/chat/completions/input_tokens", dependencies=guarded)
+    async def chat_input_tokens(request: Request) -> dict[str, Any]:
+        """llama-server's count of a chat request's prompt."""
+        counted = await count_prompt(request, ChatRequest)
+        return {"object": "response.input_tokens", "input_tokens": counted}
 
     @app.post("/v1/responses", dependencies=guarded)
     @app.post("/responses", dependencies=guarded)
     async def create_response(request: Request) -> Response:
         """OpenAI's Responses API (Codex CLI, the SDKs' `responses`), answered as a chat."""
         body = parse(responses.ResponsesRequest, await read_body(request, options.max_body_bytes))
-        chat = body.chat()
+        body = fill(body)  # the response echoes its temperature
+        chat = fill(body.chat())
         response = await answer(
             request,
             lambda: prepare_chat(chat, session),
@@ -287,7 +312,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     @app.post("/infill", dependencies=guarded)
     async def infill(request: Request) -> Response:
         """llama-server's fill-in-the-middle endpoint, as llama.vim and llama.vscode call it."""
-        body = parse(InfillRequest, await read_body(request, options.max_body_bytes))
+        body = fill(parse(InfillRequest, await read_body(request, options.max_body_bytes)))
         middle = await answer(
             request, lambda: prepare_infill(body, session), f"infill {short_id()}", "infill"
         )
@@ -297,7 +322,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     @app.post("/completions", dependencies=guarded)
     async def llama_completion(request: Request) -> Response:
         """llama-server's own completion endpoint (Continue's `llama.cpp` provider)."""
-        body = parse(LlamaCompletionRequest, await read_body(request, options.max_body_bytes))
+        body = fill(parse(LlamaCompletionRequest, await read_body(request, options.max_body_bytes)))
         completion = await answer(
             request,
             lambda: prepare_llama_completion(body, session),

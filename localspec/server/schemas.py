@@ -5,6 +5,7 @@ engine. Unknown fields are ignored (clients send many); fields the server cannot
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -29,6 +30,28 @@ def no_limit_or_positive(n: int) -> int:
 
 # a token limit: llama-server (and llama.vscode, which sends it) reads -1 as "no limit"
 TokenLimit = Annotated[int, AfterValidator(no_limit_or_positive)]
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """`serve --temperature/--top-p/--top-k/--min-p`: what a request that leaves one out
+    gets, in place of its API's own default (OpenAI's and Anthropic's temperature 1.0,
+    llama-server's 0.8). Agents send none, and at 1.0 a small model's tool calls and
+    JSON go astray; llama-server's `--temp` is the same knob."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+
+    def fill(self, body: T) -> T:
+        """`body` with what it leaves unset set to these."""
+        unset = {
+            name: value
+            for name, value in asdict(self).items()
+            if value is not None and name in type(body).model_fields and getattr(body, name) is None
+        }
+        return body.model_copy(update=unset) if unset else body
 
 
 class Body(BaseModel):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from localspec.backends.llama import LoadOptions
 from localspec.cli.serve import drafts_under_load
 from localspec.session import SessionConfig
@@ -36,3 +38,15 @@ def test_a_moe_target_is_sized_by_the_bytes_a_token_reads(tmp_path: Path, monkey
     moe = sized(tmp_path / "coder-30b-a3b.gguf", 17_000_000_000)
     draft = sized(tmp_path / "draft.gguf", 491_000_000)
     assert not drafts_under_load(SessionConfig(moe, draft, "auto", cpu, cpu))
+
+
+def test_sampling_defaults_out_of_range_get_one_line(capsys):
+    """`serve --temp 3` is refused before anything loads, in one line that says the range."""
+    from localspec.cli import main
+
+    for args, words in ((["--temp", "3"], "between 0 and 2"), (["--top-p", "x"], "not a number")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["serve", *args])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and "Traceback" not in err

@@ -20,6 +20,7 @@ from localspec.server.app import ServerOptions, create_app
 from localspec.server.chat import ToolCallStream
 from localspec.server.errors import ApiError
 from localspec.server.guard import Guard
+from localspec.server.schemas import SamplingDefaults
 from localspec.server.worker import Failed, Job, Worker
 from localspec.session import Session
 
@@ -82,6 +83,21 @@ def test_an_assistant_message_at_the_end_is_continued(client: TestClient):
     formatted = chat(messages=begun, response_format={"type": "json_object"})
     r = client.post("/v1/chat/completions", json=formatted, headers=AUTH)
     assert "prefill" in assert_error(r, 400, "messages")["message"]
+
+
+def test_the_servers_sampling_fills_what_a_request_leaves_out():
+    """`serve --temperature 0` makes requests that send none greedy (agents send none),
+    through every API; a request's own temperature wins."""
+    unsure = ToyModel(scripted(REPLY, confidence=1.0), n_vocab=258, n_ctx=512)
+    greedy = SamplingDefaults(temperature=0.0)
+    app = create_app(Session(auto_engine(unsure, None)), ServerOptions("toy", sampling=greedy))
+    with TestClient(app) as c:
+        answer = c.post("/v1/chat/completions", json=chat()).json()
+        assert answer["choices"][0]["message"]["content"] == REPLY
+        message = c.post("/v1/messages", json={"max_tokens": 64, "messages": chat()["messages"]})
+        assert message.json()["content"][0]["text"] == REPLY
+        hot = c.post("/v1/chat/completions", json=chat(temperature=1.0, seed=1)).json()
+        assert hot["choices"][0]["message"]["content"] != REPLY  # near-uniform rows, sampled
 
 
 def test_a_stream_is_sse_chunks_then_done(client: TestClient):

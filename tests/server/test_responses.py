@@ -96,6 +96,20 @@ def test_a_response_and_its_stream_agree(sdk: openai.OpenAI, client: TestClient)
     assert all(b.startswith("event: response.") for b in blocks) and "[DONE]" not in r.text
 
 
+def test_input_tokens_are_counted_as_the_response_is_charged(
+    sdk: openai.OpenAI, client: TestClient
+):
+    """OpenAI's `responses.input_tokens.count` (and llama-server's count for a chat)."""
+    asked = {"model": "x", "input": "hi", "instructions": "Be brief."}
+    response = sdk.responses.create(**asked)
+    counted = sdk.responses.input_tokens.count(**asked)
+    assert counted.object == "response.input_tokens"
+    assert counted.input_tokens == response.usage.input_tokens > 0  # cached ones among them
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    r = client.post("/v1/chat/completions/input_tokens", json={"messages": chat})
+    assert r.json() == {"object": "response.input_tokens", "input_tokens": counted.input_tokens}
+
+
 def test_instructions_and_messages_reach_the_template(sdk: openai.OpenAI):
     assert sdk.responses.create(input="hi", model="x", instructions="Be brief.").output_text == (
         "Brief."
