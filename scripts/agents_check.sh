@@ -3,6 +3,7 @@
 # default pair: each asked to create a file, each turn's figures in the server's log.
 # A check by hand, not a test (it downloads ~500 MB of CLIs and takes minutes on 2 cores):
 #   ./scripts/agents_check.sh            # after ./scripts/setup.sh
+#   SERVE_ARGS="--temperature 0.2" CODEX_RUNS=6 ./scripts/agents_check.sh   # a tally
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AGENTS=${LOCALSPEC_AGENTS_DIR:-$HOME/.cache/localspec/agents}
@@ -12,8 +13,9 @@ mkdir -p "$AGENTS/work"
 if [ ! -x "$AGENTS/node_modules/.bin/claude" ] || [ ! -x "$AGENTS/node_modules/.bin/codex" ]; then
   (cd "$AGENTS" && npm install --silent --no-audit --no-fund @anthropic-ai/claude-code @openai/codex)
 fi
+# shellcheck disable=SC2086 # SERVE_ARGS: flags, split as written
 .venv/bin/localspec serve --ctx 24576 --parallel 1 --port "$PORT" --api-key "$KEY" \
-  >"$AGENTS/serve.log" 2>&1 &
+  ${SERVE_ARGS:-} >"$AGENTS/serve.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null' EXIT
 until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
@@ -30,12 +32,18 @@ ANTHROPIC_BASE_URL="http://127.0.0.1:$PORT" ANTHROPIC_AUTH_TOKEN=$KEY \
   --tools Write --allowedTools Write --permission-mode acceptEdits --max-turns 3 || true
 echo "hello.py: $(cat hello.py 2>/dev/null || echo missing)"
 
-echo "== Codex CLI (OpenAI's Responses API): exec_command tool"
-LOCALSPEC_KEY=$KEY HOME="$AGENTS/home" ../node_modules/.bin/codex exec --skip-git-repo-check \
-  -s workspace-write -c model_provider=localspec -c model=localspec \
-  -c "model_providers.localspec={name=\"localspec\", base_url=\"http://127.0.0.1:$PORT/v1\", wire_api=\"responses\", env_key=\"LOCALSPEC_KEY\"}" \
-  "Call the exec_command tool with cmd set to: echo hi > hello.txt" </dev/null | tail -5 || true
-echo "hello.txt: $(cat hello.txt 2>/dev/null || echo missing)"
+echo "== Codex CLI (OpenAI's Responses API): exec_command tool, ${CODEX_RUNS:=1} run(s)"
+created=0
+for run in $(seq "$CODEX_RUNS"); do
+  rm -f hello.txt
+  LOCALSPEC_KEY=$KEY HOME="$AGENTS/home" timeout 600 ../node_modules/.bin/codex exec \
+    --skip-git-repo-check -s workspace-write -c model_provider=localspec -c model=localspec \
+    -c "model_providers.localspec={name=\"localspec\", base_url=\"http://127.0.0.1:$PORT/v1\", wire_api=\"responses\", env_key=\"LOCALSPEC_KEY\"}" \
+    "Call the exec_command tool with cmd set to: echo hi > hello.txt" </dev/null | tail -5 || true
+  echo "run $run, hello.txt: $(cat hello.txt 2>/dev/null || echo missing)"
+  [ -f hello.txt ] && created=$((created + 1))
+done
+echo "Codex created the file in $created of $CODEX_RUNS run(s)"
 
 echo "== the server's log (a line a request)"
 grep -E "^localspec serve: (message|response)" "$AGENTS/serve.log" || true

@@ -151,11 +151,23 @@ def finish_gguf(writer: gguf.GGUFWriter, path: Path) -> Path:
     return path
 
 
-def build(spec: TinySpec, vocab: gguf.GGUFReader, path: Path, seed: int = 0) -> Path:
-    """Write one tiny model to `path`."""
+def build(
+    spec: TinySpec,
+    vocab: gguf.GGUFReader,
+    path: Path,
+    seed: int = 0,
+    metadata: dict[str, float | int] | None = None,
+) -> Path:
+    """Write one tiny model to `path`, with `metadata` keys besides its shape's (numbers:
+    a float is written as float32, an int as int32)."""
     rng = np.random.default_rng(seed)
     file_type = gguf.LlamaFileType.MOSTLY_F16
     writer, n_vocab = start_gguf(path, spec.arch, spec.name, file_type, spec, vocab)
+    for key, value in (metadata or {}).items():
+        if isinstance(value, int):
+            writer.add_int32(key, value)
+        else:
+            writer.add_float32(key, value)
     if spec.n_vocab and n_vocab != spec.n_vocab:
         raise ValueError(f"the vocabulary GGUF has {n_vocab} tokens, more than {spec.n_vocab}")
 

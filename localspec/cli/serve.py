@@ -185,6 +185,9 @@ def serve(args: argparse.Namespace) -> int:
     session = open_session(config, say=warn)
     session.template_kwargs = args.chat_template_kwargs
     try:
+        asked = SamplingDefaults(args.temperature, args.top_p, args.top_k, args.min_p)
+        own = getattr(session.target, "metadata", None)  # a llama.cpp model's GGUF keys
+        sampling = asked.over(SamplingDefaults.of_model(own)) if own else asked
         name = args.model_name or model_name(config.target)
         draft = Path(config.draft).stem if config.draft.endswith(".gguf") else config.draft
         options = ServerOptions(
@@ -194,7 +197,7 @@ def serve(args: argparse.Namespace) -> int:
             max_queue=args.max_queue,
             parallel=parallel,
             cache_reuse=args.cache_reuse,
-            sampling=SamplingDefaults(args.temperature, args.top_p, args.top_k, args.min_p),
+            sampling=sampling,
             guard=Guard.for_address(
                 args.host, is_loopback(args.host), args.allowed_host, args.cors_origin
             ),
@@ -203,6 +206,12 @@ def serve(args: argparse.Namespace) -> int:
             level=logging.INFO, format="localspec serve: %(message)s", stream=sys.stderr
         )
         slots = f"{parallel} slot{'s' if parallel > 1 else ''} of {session.target.n_ctx} tokens"
+        if sampling.describe():
+            print(
+                f"localspec: a request that sets none samples with {sampling.describe()}"
+                + ("" if sampling == asked else " (as the model's GGUF recommends)"),
+                file=sys.stderr,
+            )
         print(
             f"localspec: serving {name} (draft: {draft}, γ {config.gamma}; {slots}) at "
             f"http://{args.host}:{args.port}/v1",

@@ -46,6 +46,7 @@ class Stats:
     llama_s: float = 0.0  # of which inside model calls (both models)
     gamma: int = 0  # γ of the latest round
     drafter: str = ""  # drafter of the latest round
+    drafters: tuple[str, ...] = ()  # those that drafted in the answer, the most first
     accepted_per_position: tuple[int, ...] = ()
     drafted_per_position: tuple[int, ...] = ()
 
@@ -140,6 +141,7 @@ class StatsRecorder:
     llama_s: float = 0.0
     gamma: int = 0
     drafter: str = ""
+    drafted_by: dict[str, int] = field(default_factory=dict)  # tokens, by drafter
     per_token_s: list[float] = field(default_factory=list)  # TPOT, token by token
     gaps_s: list[float] = field(default_factory=list)  # between pieces handed out
     handed_at: float | None = None  # when the last piece was handed out
@@ -157,6 +159,8 @@ class StatsRecorder:
         self.observe_draft(drafted, accepted)
         self.observe_tokens(produced)
         self.drafter, self.gamma = drafter, gamma
+        if drafted:
+            self.drafted_by[drafter] = self.drafted_by.get(drafter, 0) + drafted
         return RoundEnd(drafter, gamma, drafted, accepted, self.snapshot(), why)
 
     def observe_draft(self, num_draft: int, num_accepted: int) -> None:
@@ -214,6 +218,7 @@ class StatsRecorder:
             llama_s=self.llama_s,
             gamma=self.gamma,
             drafter=self.drafter,
+            drafters=tuple(sorted(self.drafted_by, key=self.drafted_by.__getitem__, reverse=True)),
             accepted_per_position=tuple(self.accepted_at),
             drafted_per_position=tuple(self.drafted_at),
         )

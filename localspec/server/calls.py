@@ -52,7 +52,7 @@ def rewriter(fmt: str | None, tools: Iterable[str] = ()) -> Rewriter | None:
     if fmt == GEMMA4:
         return GemmaCall()
     if fmt == HERMES:
-        return FencedCall(tuple(tools))
+        return WrappedCall(tuple(tools))
     return None
 
 
@@ -237,57 +237,80 @@ class BareCall:
         return rest
 
 
+FENCE = re.compile(r"\s*```(?:json)?[ \t]*\n")
+FENCE_END = "```"
+# the other wrappers llama.cpp's Hermes parser reads a call in (`<tool_call>` is Qwen's own)
+WRAP_TAGS = ("<function_call>", "<tool>", "<tools>", "<response>", "<json>", "<xml>", "<JSON>")
+OPENERS = (FENCE_END, *WRAP_TAGS)
+CALL_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
 @dataclass
-class FencedCall:
-    """Calls written as Markdown JSON blocks instead of in Qwen's tags, as small models
-    write them (Qwen2.5-Coder 1.5B, asked by Claude Code to write a file, answered
-    "To create the file: ```json {"name": "Write", "arguments": {...}} ```"): a block whose
-    object names one of the request's tools passes on in the tags as it is written. Other
-    text and other blocks pass as they are, a block's start held only while it may still
-    be a call."""
+class WrappedCall:
+    """Calls wrapped otherwise than in Qwen's tags, as small models write them, read as
+    llama.cpp's Hermes parser reads them: in a Markdown JSON block (Qwen2.5-Coder 1.5B,
+    asked by Claude Code to write a file, answered "To create the file: ```json {"name":
+    "Write", "arguments": {...}} ```") or in one of WRAP_TAGS (asked by Codex, it wrote
+    `<tools>{"name": "exec_command", ...}</tools>`, the tag its prompt lists tools in). A
+    wrapper whose object names one of the request's tools passes on in Qwen's tags as it
+    is written. Other text and other blocks pass as they are, a wrapper's start held only
+    while it may still be a call."""
 
     tools: tuple[str, ...]
     _held: str = ""
-    _mode: Literal["text", "open", "call", "block"] = "text"  # open: a block, not yet known
+    _mode: Literal["text", "open", "call", "block"] = "text"  # open: a wrapper, not yet known
+    _opener: str = FENCE_END  # the wrapper held or passing: how it opens
+    _closer: str = FENCE_END  # and how it ends
 
     def push(self, text: str) -> str:
         self._held += text
         out = ""
         while True:
+            held = self._held
             if self._mode == "open":
                 decided = self._decide()
                 if decided is None:
                     return out
                 out += decided
                 continue
-            end = self._held.find(FENCE_END)
-            if end < 0:  # all but what may start a fence
-                n = len(self._held) - held_prefix(self._held, FENCE_END)
-                out, self._held = out + self._held[:n], self._held[n:]
-                return out
             if self._mode == "text":
-                out, self._held, self._mode = out + self._held[:end], self._held[end:], "open"
-            else:  # a block's end: a call's, or another block's
-                close = CLOSE if self._mode == "call" else FENCE_END
-                out += self._held[:end] + close
-                self._held, self._mode = self._held[end + len(FENCE_END) :], "text"
+                found = [(i, o) for o in OPENERS if (i := held.find(o)) >= 0]
+                if not found:  # all but what may start a wrapper
+                    n = len(held) - max(held_prefix(held, o) for o in OPENERS)
+                    out, self._held = out + held[:n], held[n:]
+                    return out
+                i, self._opener = min(found)
+                self._closer = FENCE_END if self._opener == FENCE_END else f"</{self._opener[1:]}"
+                out, self._held, self._mode = out + held[:i], held[i:], "open"
+                continue
+            end = held.find(self._closer)
+            if end < 0:  # all but what may start its end
+                n = len(held) - held_prefix(held, self._closer)
+                out, self._held = out + held[:n], held[n:]
+                return out
+            close = CLOSE if self._mode == "call" else self._closer
+            out += held[:end] + close
+            self._held, self._mode = held[end + len(self._closer) :], "text"
 
     def _decide(self) -> str | None:
-        """What the held block's start turns out to be (None: not known yet)."""
+        """What the held wrapper's start turns out to be (None: not known yet)."""
         held = self._held
-        if (fence := FENCE.match(held)) is None:
-            if "\n" not in held and len(held) < 16:
-                return None
-            return self._enter("block", held[: len(FENCE_END)], len(FENCE_END))
-        body = held[fence.end() :]
+        start = len(self._opener)
+        if self._opener == FENCE_END:
+            if (fence := FENCE.match(held)) is None:
+                if "\n" not in held and len(held) < 16:
+                    return None
+                return self._enter("block", held[:start], start)
+            start = fence.end()
+        body = held[start:]
         if (name := CALL_NAME.match(body)) is None:
             compact = re.sub(r"\s+", "", body)
             if len(body) < 64 and '{"name":"'.startswith(compact[:9]):
                 return None
-            return self._enter("block", held[: fence.end()], fence.end())
+            return self._enter("block", held[:start], start)
         if loads_or_text(f'"{name.group(1)}"') not in self.tools:
-            return self._enter("block", held[: fence.end()], fence.end())
-        return self._enter("call", OPEN, fence.end())
+            return self._enter("block", held[:start], start)
+        return self._enter("call", OPEN, start)
 
     def _enter(self, mode: Literal["call", "block"], out: str, n: int) -> str:
         self._mode, self._held = mode, self._held[n:]
@@ -296,11 +319,6 @@ class FencedCall:
     def flush(self) -> str:
         held, self._held = self._held, ""
         return held + CLOSE if self._mode == "call" else held
-
-
-FENCE = re.compile(r"\s*```(?:json)?[ \t]*\n")
-FENCE_END = "```"
-CALL_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 
 def after_tag(text: str) -> str | None:

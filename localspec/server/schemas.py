@@ -5,6 +5,7 @@ engine. Unknown fields are ignored (clients send many); fields the server cannot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
@@ -43,6 +44,36 @@ class SamplingDefaults:
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
+
+    @classmethod
+    def of_model(cls, metadata: Callable[[str], str | None]) -> SamplingDefaults:
+        """What a GGUF recommends (`general.sampling.*`, written from the model's
+        generation_config.json by llama.cpp's converter, read so by llama-server)."""
+
+        def number(key: str, kind: type[float] | type[int], lo: float, hi: float) -> Any:
+            try:
+                value = kind(metadata(f"general.sampling.{key}") or "")
+            except ValueError:
+                return None
+            return value if lo <= value <= hi else None  # a value out of range: none
+
+        return cls(
+            number("temp", float, 0, 2),
+            number("top_p", float, 1e-6, 1),
+            number("top_k", int, 0, 1 << 20),
+            number("min_p", float, 0, 0.999),
+        )
+
+    def over(self, other: SamplingDefaults) -> SamplingDefaults:
+        """These, and `other`'s where these say nothing."""
+        mine = asdict(self)
+        return SamplingDefaults(
+            **{k: v if mine[k] is None else mine[k] for k, v in asdict(other).items()}
+        )
+
+    def describe(self) -> str:
+        """'temperature 0.7, top_p 0.8' ('' for none)."""
+        return ", ".join(f"{k} {v:g}" for k, v in asdict(self).items() if v is not None)
 
     def fill(self, body: T) -> T:
         """`body` with what it leaves unset set to these."""

@@ -326,11 +326,11 @@ class Worker:
         log.info("%s: %s", job.label, self.describe(done.stats, done.stop_reason))
 
     def describe(self, s: Stats, stop_reason: str) -> str:
-        """The request's log line: tokens, speed, TTFT, acceptance, drafter, speedup."""
+        """The request's log line: tokens, speed, TTFT, acceptance, drafters, speedup."""
         line = (
             f"{s.tokens} tokens ({stop_reason}), {s.tokens_per_s:.1f} tok/s, "
             f"TTFT {s.ttft_s:.2f}s, acceptance {s.acceptance_rate:.0%} "
-            f"({s.accepted}/{s.drafted}), drafter {s.drafter or 'none'}"
+            f"({s.accepted}/{s.drafted}), drafted by {', '.join(s.drafters) or 'none'}"
         )
         if (plain := self.plain_round_s()) and s.tokens_per_s:
             line += f", ≈{s.tokens_per_s * plain:.2f}x plain decoding"

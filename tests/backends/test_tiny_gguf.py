@@ -7,6 +7,9 @@ these are `real` tests: they need the model that scripts/setup.sh installs.
 from __future__ import annotations
 
 import functools
+import socket
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +26,12 @@ pytestmark = pytest.mark.real
 
 VOCAB_SOURCE = "qwen2.5-coder-0.5b-instruct"
 VOCAB_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def vocab_source() -> Path:
@@ -127,6 +136,58 @@ def test_a_context_beyond_the_models_training_is_capped_and_said(tmp_path: Path)
         assert said == session.notes and "capped at 256" in said[0]
     finally:
         session.close()
+
+
+def test_serve_samples_as_the_gguf_recommends_where_the_flags_say_nothing(tmp_path: Path):
+    """`general.sampling.*` (llama.cpp's converter writes them from generation_config.json;
+    llama-server reads them): the defaults of requests that set none, a flag over each."""
+    from localspec.backends.llama import LlamaModel, LoadOptions
+    from localspec.server.schemas import SamplingDefaults
+
+    make = load_script("make_tiny_gguf")
+    keys = {"general.sampling.temp": 0.25, "general.sampling.top_k": 20}
+    keys["general.sampling.top_p"] = 7.0  # out of range: not a recommendation
+    path = make.build(
+        replace(make.TARGET, n_layer=1), vocab_reader(), tmp_path / "t.gguf", metadata=keys
+    )
+    model = LlamaModel(path, LoadOptions(n_ctx=256, n_threads=1))
+    try:
+        own = SamplingDefaults.of_model(model.metadata)
+    finally:
+        model.close()
+    assert own == SamplingDefaults(temperature=0.25, top_k=20)
+
+    port = free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "localspec",
+        "serve",
+        "--target",
+        str(path),
+        "--draft",
+        "none",
+        "--ctx",
+        "256",
+        "--threads",
+        "1",
+        "--port",
+        str(port),
+        "--top-k",
+        "5",
+    ]
+    server = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stderr is not None
+        said = [server.stderr.readline()]
+        while said[-1] and "serving" not in said[-1]:  # up to its address, or its end
+            said.append(server.stderr.readline())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert "samples with temperature 0.25, top_k 5 (as the model's GGUF recommends)" in "".join(
+        said
+    ), said
 
 
 # --- vocabularies of different sizes (Qwen2.5 7B/32B over the 0.5B draft) --------------

@@ -11,7 +11,7 @@ from localspec.backends.base import ContextFull
 from localspec.backends.toy import ToyModel, scripted
 from localspec.decoding.drafters import DraftModel, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
-from localspec.decoding.events import Finished, Piece, RoundEnd
+from localspec.decoding.events import Finished, Piece, RoundEnd, StatsRecorder
 from localspec.decoding.sampling import SamplingParams
 from localspec.session import Session
 
@@ -136,6 +136,16 @@ def test_stats_count_what_happened():
     assert s.mean_accepted_len == pytest.approx(1 + s.accepted / s.rounds)
     assert s.drafted_per_position[0] == s.rounds - 1 or s.drafted_per_position[0] >= 1
     assert sum(s.accepted_per_position) == s.accepted
+    assert s.drafters == ("draft",)
+
+
+def test_the_drafters_of_an_answer_are_named_the_most_first():
+    """Not only the last round's (which may have drafted nothing), for the server's log."""
+    recorder = StatsRecorder()
+    for drafter, drafted in (("suffix", 3), ("draft", 4), ("suffix", 6), ("none", 0)):
+        recorder.end_round(drafter, drafted, drafted, drafted, drafted + 1, "")
+    stats = recorder.snapshot()
+    assert stats.drafter == "none" and stats.drafters == ("suffix", "draft")
 
 
 def test_plain_decoding_makes_one_token_a_round():

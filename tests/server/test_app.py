@@ -332,12 +332,19 @@ FENCED = (
 )
 
 
+# and its answer to Codex's "call exec_command" (sampled at temperature 1, two runs of six)
+TAGGED = (
+    '<tools>\n{"name": "exec_command", "arguments": {"cmd": "echo hi > hello.txt", '
+    '"shell": "bash"}}\n</tools>'
+)
+
+
 @pytest.mark.parametrize("size", [1, 2, 5, 1000])
-def test_a_small_models_call_in_a_json_block_is_read_as_a_call(size: int):
-    from localspec.server.calls import FencedCall
+def test_a_small_models_call_in_a_json_block_or_other_tags_is_read_as_a_call(size: int):
+    from localspec.server.calls import WrappedCall
 
     def run(text: str, tools: tuple[str, ...] = ("Write", "Read")) -> tuple[str, list]:
-        rewrite, stream = FencedCall(tools), ToolCallStream()
+        rewrite, stream = WrappedCall(tools), ToolCallStream()
         content, calls = "", []
         for piece in [text[i : i + size] for i in range(0, len(text), size)]:
             shown, done = stream.push(rewrite.push(piece))
@@ -360,6 +367,15 @@ def test_a_small_models_call_in_a_json_block_is_read_as_a_call(size: int):
     for text in (FENCED.replace('"Write"', '"Delete"'), "Hello", code, "``", '```json\n{"na'):
         assert run(text) == (text, [])
     assert run(FENCED, ()) == (FENCED, [])  # no tools: no calls
+
+    # the tags llama.cpp's Hermes parser also reads a call in
+    content, calls = run(f"Sure.\n{TAGGED}", ("exec_command",))
+    assert content == "Sure.\n" and [c.name for c in calls] == ["exec_command"]
+    assert json.loads(calls[0].arguments)["cmd"] == "echo hi > hello.txt"
+    unoffered = TAGGED.replace("<tools>", "<json>").replace("</tools>", "</json>")
+    assert run(unoffered) == (unoffered, [])  # exec_command not offered here
+    for text in ("<response>Hello</response>", "a <tool> tag", "<tools>[1]</tools>", "<to"):
+        assert run(text) == (text, [])
 
 
 # --- browser safety -------------------------------------------------------------------
