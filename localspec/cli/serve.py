@@ -59,6 +59,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="requests decoded at once, each in a slot with its own cache of --ctx tokens "
         f"(default: as many as fit in memory, at most {MAX_SLOTS})",
     )
+    g.add_argument(
+        "--max-tokens",
+        "--n-predict",
+        "-n",
+        type=ranged_int(1, 10_000_000),
+        default=None,
+        metavar="N",
+        help="the most tokens an answer may take, whatever a request asks, as "
+        "llama-server's -n (default: as many as the context holds; agents ask no limit, "
+        "and a small model that repeats itself goes on until the context is full)",
+    )
     g.add_argument("--model-name", help="the model name clients use (default: the target's)")
     g.add_argument(
         "--allowed-host",
@@ -79,9 +90,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_template_option(g)  # every request's; a request's chat_template_kwargs win
     g = p.add_argument_group(
         "sampling",
-        "what a request that leaves it out gets (default: its API's own: temperature 1.0 "
-        "for OpenAI's and Anthropic's, 0.8 for llama-server's /completion and /infill; "
-        "coding agents send none)",
+        "what a request that leaves it out gets (default: what the model's GGUF recommends, "
+        "else its API's own: temperature 1.0 for OpenAI's and Anthropic's, 0.8 for "
+        "llama-server's /completion and /infill; coding agents send none)",
     )
     g.add_argument("--temperature", "--temp", type=ranged_float(0, 2), metavar="T")
     g.add_argument("--top-p", type=ranged_float(0.001, 1), metavar="P")
@@ -198,6 +209,7 @@ def serve(args: argparse.Namespace) -> int:
             parallel=parallel,
             cache_reuse=args.cache_reuse,
             sampling=sampling,
+            max_tokens=args.max_tokens,
             guard=Guard.for_address(
                 args.host, is_loopback(args.host), args.allowed_host, args.cors_origin
             ),

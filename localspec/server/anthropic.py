@@ -243,15 +243,18 @@ def result_text(block: ToolResultBlock, where: str) -> str:
 
 
 # --- the answer, as Anthropic shapes it ----------------------------------------------
-def ending(done: Finished, called: bool, asked: int | None, limit: int) -> tuple[str, str | None]:
+def ending(
+    done: Finished, called: bool, asked: int | None, limit: int, capped: bool = False
+) -> tuple[str, str | None]:
     """Why the message ended, and the stop sequence that ended it: `asked` tokens (None:
-    no limit asked) against the `limit` the context left (a limit beyond it was clamped)."""
+    no limit asked) against the `limit` the context left (a limit beyond it was clamped);
+    `capped`: the server's own limit was lower still."""
     if called:
         return "tool_use", None
     if done.stop_reason == "stop_string" and done.stop_string is not None:
         return "stop_sequence", done.stop_string
     if done.stop_reason == "context_full" or (
-        done.stop_reason == "max_tokens" and (asked is None or asked > limit)
+        done.stop_reason == "max_tokens" and not capped and (asked is None or asked > limit)
     ):
         return "model_context_window_exceeded", None
     return ("max_tokens" if done.stop_reason == "max_tokens" else "end_turn"), None

@@ -17,7 +17,7 @@ import asyncio
 import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -72,6 +72,7 @@ class ServerOptions:
     parallel: int = 1  # slots: requests decoded at once
     cache_reuse: int = 0  # move cached chunks of at least this many tokens (0: off)
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)  # for requests' gaps
+    max_tokens: int | None = None  # an answer's most tokens, whatever a request asks
     # which Host and Origin headers are answered (by default any: `serve` sets its own)
     guard: Guard = field(default_factory=lambda: Guard(None, frozenset({"*"})))
 
@@ -183,10 +184,13 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         """The request prepared (off the event loop) and queued: its answer, to be shaped
         from the worker's events as they come."""
         prepared = await run_in_threadpool(prepare)
+        config = prepared.config
+        if options.max_tokens is not None and config.max_tokens > options.max_tokens:
+            config = replace(config, max_tokens=options.max_tokens)
         job = Job(
             label,
             prepared.prompt,
-            prepared.config,
+            config,
             asyncio.get_running_loop(),
             prepared.prediction,
             prepared.source,
@@ -235,7 +239,8 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
 
         def ending(done: Finished, called: bool) -> tuple[str, str | None]:
             limit = message.prepared.config.max_tokens
-            return anthropic.ending(done, called, body.asked_tokens(), limit)
+            capped = message.job.config.max_tokens < limit  # `serve --max-tokens` ended it
+            return anthropic.ending(done, called, body.asked_tokens(), limit, capped)
 
         def finish(called: bool) -> tuple[str, str | None]:
             assert message.done is not None  # the chunks ended with it

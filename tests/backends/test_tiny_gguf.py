@@ -6,13 +6,16 @@ these are `real` tests: they need the model that scripts/setup.sh installs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from helpers import load_script
@@ -138,9 +141,10 @@ def test_a_context_beyond_the_models_training_is_capped_and_said(tmp_path: Path)
         session.close()
 
 
-def test_serve_samples_as_the_gguf_recommends_where_the_flags_say_nothing(tmp_path: Path):
+def test_serve_samples_as_the_gguf_recommends_and_caps_answers_as_told(tmp_path: Path):
     """`general.sampling.*` (llama.cpp's converter writes them from generation_config.json;
-    llama-server reads them): the defaults of requests that set none, a flag over each."""
+    llama-server reads them): the defaults of requests that set none, a flag over each;
+    and `--max-tokens` caps an answer that asks no limit."""
     from localspec.backends.llama import LlamaModel, LoadOptions
     from localspec.server.schemas import SamplingDefaults
 
@@ -175,6 +179,8 @@ def test_serve_samples_as_the_gguf_recommends_where_the_flags_say_nothing(tmp_pa
         str(port),
         "--top-k",
         "5",
+        "--max-tokens",
+        "3",
     ]
     server = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
     try:
@@ -182,12 +188,22 @@ def test_serve_samples_as_the_gguf_recommends_where_the_flags_say_nothing(tmp_pa
         said = [server.stderr.readline()]
         while said[-1] and "serving" not in said[-1]:  # up to its address, or its end
             said.append(server.stderr.readline())
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            time.sleep(0.1)
+        request = {"prompt": "def", "temperature": 0}
+        answer = httpx.post(f"{url}/v1/completions", json=request, timeout=60).json()
     finally:
         server.terminate()
         server.wait(timeout=30)
     assert "samples with temperature 0.25, top_k 5 (as the model's GGUF recommends)" in "".join(
         said
     ), said
+    assert answer["usage"]["completion_tokens"] == 3, answer
+    assert answer["choices"][0]["finish_reason"] == "length"
 
 
 # --- vocabularies of different sizes (Qwen2.5 7B/32B over the 0.5B draft) --------------

@@ -121,6 +121,23 @@ def test_stop_strings_and_max_tokens(client: TestClient):
     assert body["usage"]["completion_tokens"] == 5
 
 
+def test_the_servers_max_tokens_caps_every_answer():
+    """`serve --max-tokens` (llama-server's -n): an answer that asks no limit, or more,
+    stops there as one that asked it would ("length", Anthropic's "max_tokens")."""
+    session = Session(auto_engine(ToyModel(scripted(REPLY), n_vocab=258, n_ctx=512), None))
+    with TestClient(create_app(session, ServerOptions("toy", max_tokens=4))) as c:
+        for asked in ({}, {"max_tokens": 100}, {"max_tokens": -1}):
+            body = c.post("/v1/chat/completions", json=chat(temperature=0, **asked)).json()
+            assert body["choices"][0]["message"]["content"] == REPLY[:4]
+            assert body["choices"][0]["finish_reason"] == "length"
+        fewer = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).json()
+        assert fewer["usage"]["completion_tokens"] == 2
+        message = {"max_tokens": 64, "messages": chat()["messages"], "temperature": 0}
+        assert c.post("/v1/messages", json=message).json()["stop_reason"] == "max_tokens"
+        native = c.post("/completion", json={"prompt": "hi", "n_predict": 50}).json()
+        assert native["tokens_predicted"] == 4 and native["stop_type"] == "limit"
+
+
 def test_n_predict_as_llama_server_reads_it(client: TestClient):
     """llama-server's n_predict before max_tokens; 0 reads the prompt into a slot's cache
     and answers nothing (llama.vscode warms its chat up so)."""
