@@ -3,13 +3,17 @@ its errors must look like, the chat in tmux, and the scripts under scripts/."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+
+import httpx
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -59,3 +63,25 @@ def wait_for(screen: Callable[[], str], ok: Callable[[str], bool], timeout: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out; the screen reads:\n{text}")
         time.sleep(0.5)
+
+
+def free_port() -> int:
+    """A loopback port no one listens on (now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(
+    base: str, proc: subprocess.Popen, timeout: float, said: Callable[[], str]
+) -> None:
+    """Until the server at `base` answers /health; an assertion with what it `said` where
+    it exits first or `timeout` s pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, said()
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        assert time.monotonic() < deadline, f"the server did not come up: {said()}"
+        time.sleep(0.2)

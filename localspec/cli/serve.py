@@ -198,7 +198,8 @@ def serve(args: argparse.Namespace) -> int:
     try:
         asked = SamplingDefaults(args.temperature, args.top_p, args.top_k, args.min_p)
         own = getattr(session.target, "metadata", None)  # a llama.cpp model's GGUF keys
-        sampling = asked.over(SamplingDefaults.of_model(own)) if own else asked
+        recommended = SamplingDefaults.of_model(own) if own else SamplingDefaults()
+        sampling = asked.over(recommended)
         name = args.model_name or model_name(config.target)
         draft = Path(config.draft).stem if config.draft.endswith(".gguf") else config.draft
         options = ServerOptions(
@@ -218,12 +219,10 @@ def serve(args: argparse.Namespace) -> int:
             level=logging.INFO, format="localspec serve: %(message)s", stream=sys.stderr
         )
         slots = f"{parallel} slot{'s' if parallel > 1 else ''} of {session.target.n_ctx} tokens"
-        if sampling.describe():
-            print(
-                f"localspec: a request that sets none samples with {sampling.describe()}"
-                + ("" if sampling == asked else " (as the model's GGUF recommends)"),
-                file=sys.stderr,
-            )
+        if described := sampling.describe():
+            if recommendation := recommended.describe():
+                described += f" (the model's GGUF recommends {recommendation})"
+            print(f"localspec: a request that sets none samples with {described}", file=sys.stderr)
         print(
             f"localspec: serving {name} (draft: {draft}, γ {config.gamma}; {slots}) at "
             f"http://{args.host}:{args.port}/v1",

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import localspec, tmux, wait_for
+from helpers import free_port, localspec, tmux, wait_for
 
 from localspec.backends import rpc
 from localspec.backends.rpc import RpcError, parse_endpoints, probe
@@ -51,12 +51,6 @@ def test_the_rpc_setting_takes_endpoints_or_nothing():
         Settings(rpc="10.0.0.2")
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def fake_server(reply: bytes | None) -> tuple[str, threading.Event]:
     """A TCP server on 127.0.0.1 that reads one HELLO and sends `reply` (None: nothing)."""
     srv = socket.create_server(("127.0.0.1", 0))
@@ -80,7 +74,7 @@ def hello_reply(major: int, minor: int) -> bytes:
 
 def test_probe_refused_port_is_one_line():
     with pytest.raises(RpcError, match=r"cannot reach the RPC server at 127\.0\.0\.1:\d+"):
-        probe(f"127.0.0.1:{closed_port()}")
+        probe(f"127.0.0.1:{free_port()}")
 
 
 def test_probe_is_bounded_when_the_server_never_answers():
@@ -147,7 +141,7 @@ class RpcServer:
 
     def __init__(self, binary: Path) -> None:
         self.binary = binary
-        self.port = closed_port()
+        self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -259,7 +253,7 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 @pytest.mark.real
 def test_closed_port_is_one_line_error(real_paths):
     out = run_cli(
-        "--target", str(real_paths[0]), "--draft", "none", "--rpc", f"127.0.0.1:{closed_port()}",
+        "--target", str(real_paths[0]), "--draft", "none", "--rpc", f"127.0.0.1:{free_port()}",
         "-n", "4", "hi",
     )  # fmt: skip
     assert out.returncode == 1

@@ -6,19 +6,16 @@ these are `real` tests: they need the model that scripts/setup.sh installs.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from helpers import load_script
+from helpers import free_port, load_script, wait_healthy
 
 from localspec.backends.base import check_compatible
 from localspec.decoding.drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
@@ -29,12 +26,6 @@ pytestmark = pytest.mark.real
 
 VOCAB_SOURCE = "qwen2.5-coder-0.5b-instruct"
 VOCAB_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def vocab_source() -> Path:
@@ -189,19 +180,15 @@ def test_serve_samples_as_the_gguf_recommends_and_caps_answers_as_told(tmp_path:
         while said[-1] and "serving" not in said[-1]:  # up to its address, or its end
             said.append(server.stderr.readline())
         url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            time.sleep(0.1)
+        wait_healthy(url, server, 120, lambda: "".join(said))
         request = {"prompt": "def", "temperature": 0}
         answer = httpx.post(f"{url}/v1/completions", json=request, timeout=60).json()
     finally:
         server.terminate()
         server.wait(timeout=30)
-    assert "samples with temperature 0.25, top_k 5 (as the model's GGUF recommends)" in "".join(
-        said
-    ), said
+    line = "samples with temperature 0.25, top_k 5 (the model's GGUF recommends "
+    line += "temperature 0.25, top_k 20)"
+    assert line in "".join(said), said
     assert answer["usage"]["completion_tokens"] == 3, answer
     assert answer["choices"][0]["finish_reason"] == "length"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from helpers import free_port, wait_healthy
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.real
@@ -60,12 +60,6 @@ EDIT = [
 RUN_GREEDY = ["--json", "-n", "16", "--temperature", "0", ASK[0]["content"]]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def model_args(real_paths: tuple[Path, Path]) -> list[str]:
     target, draft = real_paths
     return ["--target", str(target), "--draft", str(draft), "--threads", "2", "--ctx", "2048"]
@@ -88,16 +82,7 @@ def server(real_paths: tuple[Path, Path], tmp_path_factory) -> Iterator[tuple[st
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(1)
+        wait_healthy(base, proc, 300, log.read_text)
         yield base, log, proc.pid
     finally:
         proc.terminate()
