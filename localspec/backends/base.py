@@ -294,6 +294,10 @@ class Model(ABC):
     def chat_template(self) -> str | None:
         return None
 
+    def metadata(self, key: str) -> str | None:
+        """A metadata value of the model's file as text (a GGUF key); None where absent."""
+        return None
+
     def fim_tokens(self) -> FimTokens:
         """The fill-in-the-middle tokens the vocabulary declares (none by default)."""
         return FimTokens()

@@ -4,9 +4,12 @@ and coding agents (see localspec/server/)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import ipaddress
 import logging
 import os
+import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +21,7 @@ from localspec.cli.options import (
     ranged_int,
     session_config,
 )
+from localspec.errors import LocalspecError
 from localspec.models.memory import MAX_SLOTS
 
 LOOPBACK_NAMES = ("localhost",)
@@ -83,6 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--cors-origin",
         action="append",
         default=[],
+        type=web_origin,
         metavar="ORIGIN",
         help="a web origin whose pages may call the API (e.g. http://localhost:3000; "
         "'*': any); requests from browsers are refused otherwise; repeatable",
@@ -108,6 +113,57 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def web_origin(text: str) -> str:
+    """An `Origin` as a browser sends it (scheme://host[:port], lower case, no path), or
+    '*'; "localhost:3000" or a trailing '/' would never match one."""
+    origin = text.strip().lower().rstrip("/")
+    scheme, sep, rest = origin.partition("://")
+    if origin != "*" and not (sep and scheme and rest and "/" not in rest):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a web origin: write it as a browser sends it, "
+            "scheme://host[:port] (e.g. http://localhost:3000), or '*'"
+        )
+    return origin
+
+
+def listen(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound to every address `host` names, before the models load, so that a port
+    another server holds or a wrong host is said at once, in one line."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise LocalspecError(f"cannot serve on {host}: {str(e.strerror).lower()}") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(found):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio does: ::1 beside 127.0.0.1
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError as e:
+        for sock in sockets:
+            sock.close()
+        raise LocalspecError(bind_error(host, port, e)) from None
+    return sockets
+
+
+def bind_error(host: str, port: int, e: OSError) -> str:
+    if e.errno == errno.EADDRINUSE:
+        return f"port {port} on {host} is in use by another program (choose one with --port)"
+    if e.errno == errno.EADDRNOTAVAIL:
+        return f"cannot serve on {host}: not an address of this machine"
+    if e.errno == errno.EACCES:
+        return f"no permission to serve on port {port} (below 1024 needs root; see --port)"
+    return f"cannot serve on {host}:{port}: {e.strerror}"
+
+
+def url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def model_name(spec: str) -> str:
@@ -179,13 +235,14 @@ def serve(args: argparse.Namespace) -> int:
     from localspec.server.schemas import SamplingDefaults
     from localspec.session import open_session
 
+    config = session_config(args)
+    sockets = listen(args.host, args.port)
     key = args.api_key or os.environ.get("LOCALSPEC_API_KEY") or None
     if key is None and not is_loopback(args.host):
         warn(
             f"serving on {args.host} without an API key: anyone who can reach this "
             "machine can use it (set --api-key or LOCALSPEC_API_KEY)"
         )
-    config = session_config(args)
     parallel = args.parallel or default_slots(config)
     unified = parallel > 1 and drafts_under_load(config)
     config = replace(
@@ -193,12 +250,16 @@ def serve(args: argparse.Namespace) -> int:
         target_load=replace(config.target_load, n_seq=parallel, kv_unified=unified),
         draft_load=replace(config.draft_load, n_seq=parallel, kv_unified=unified),
     )
-    session = open_session(config, say=warn)
+    try:
+        session = open_session(config, say=warn)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
     session.template_kwargs = args.chat_template_kwargs
     try:
         asked = SamplingDefaults(args.temperature, args.top_p, args.top_k, args.min_p)
-        own = getattr(session.target, "metadata", None)  # a llama.cpp model's GGUF keys
-        recommended = SamplingDefaults.of_model(own) if own else SamplingDefaults()
+        recommended = SamplingDefaults.of_model(session.target.metadata)
         sampling = asked.over(recommended)
         name = args.model_name or model_name(config.target)
         draft = Path(config.draft).stem if config.draft.endswith(".gguf") else config.draft
@@ -225,21 +286,23 @@ def serve(args: argparse.Namespace) -> int:
             print(f"localspec: a request that sets none samples with {described}", file=sys.stderr)
         print(
             f"localspec: serving {name} (draft: {draft}, γ {config.gamma}; {slots}) at "
-            f"http://{args.host}:{args.port}/v1",
+            f"{url(sockets[0])}/v1",
             file=sys.stderr,
             flush=True,
         )
-        uvicorn.run(
-            create_app(session, options),
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            access_log=False,
-            # uvloop and httptools where installed (our dependencies): each streamed
-            # token's chunk costs Python time on the cores llama.cpp decodes with
-            loop="auto",
-            http="auto",
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(session, options),
+                log_level="warning",
+                access_log=False,
+                # uvloop and httptools where installed (our dependencies): each streamed
+                # token's chunk costs Python time on the cores llama.cpp decodes with
+                loop="auto",
+                http="auto",
+            )
         )
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: shut down gracefully, as asked
+            server.run(sockets=sockets)  # closes them
     finally:
         session.close()
     return 0

@@ -280,5 +280,8 @@ class SlotModel(Model):
     def chat_template(self) -> str | None:
         return self.shared.chat_template()
 
+    def metadata(self, key: str) -> str | None:
+        return self.shared.metadata(key)
+
     def fim_tokens(self) -> FimTokens:
         return self.shared.fim_tokens()

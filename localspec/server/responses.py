@@ -328,8 +328,9 @@ def response_body(
         "parallel_tool_calls": True,
         "tool_choice": "auto" if request.tool_choice is None else request.tool_choice,
         "tools": [t.model_dump(exclude_none=True) for t in request.tools or []],
-        "temperature": request.temperature,
-        "top_p": request.top_p,
+        # as sampled: the API's defaults where neither the request nor `serve` set one
+        "temperature": first(request.temperature, ResponsesChat.DEFAULTS.temperature),
+        "top_p": first(request.top_p, ResponsesChat.DEFAULTS.top_p),
         "max_output_tokens": request.max_output_tokens,
         "previous_response_id": None,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
@@ -339,6 +340,10 @@ def response_body(
     if isinstance(body["tool_choice"], NamedToolIn):
         body["tool_choice"] = body["tool_choice"].model_dump(exclude_none=True)
     return body
+
+
+def first(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:

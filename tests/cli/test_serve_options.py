@@ -50,3 +50,40 @@ def test_sampling_defaults_out_of_range_get_one_line(capsys):
         assert exit_.value.code == 2
         err = capsys.readouterr().err.strip()
         assert words in err and "Traceback" not in err
+
+
+def test_a_port_in_use_or_a_wrong_host_is_said_at_once_in_one_line(capsys):
+    """Another server on the port (llama-server's default is ours too), or a host that is
+    not this machine's: one line and exit 1, before the models load ("serving" unsaid)."""
+    import socket
+
+    from localspec.cli import main
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        cases = (
+            (["--port", str(port)], f"port {port} on 127.0.0.1 is in use"),
+            (["--host", "192.0.2.1"], "not an address of this machine"),  # TEST-NET-1
+            (["--host", "no-such-host.invalid"], "cannot serve on no-such-host.invalid"),
+        )
+        for args, words in cases:
+            assert main(["serve", *args]) == 1
+            err = capsys.readouterr().err
+            assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_cors_origin_is_written_as_browsers_send_it(capsys):
+    """A browser's Origin is scheme://host[:port]: 'localhost:3000' or a path would never
+    match one, so they are refused; case and a trailing '/' are made as browsers write."""
+    from localspec.cli import main
+    from localspec.cli.serve import web_origin
+
+    assert web_origin("HTTP://LocalHost:3000/") == "http://localhost:3000"
+    assert web_origin("vscode-webview://abc123") == "vscode-webview://abc123"
+    assert web_origin("*") == "*"
+    for origin in ("localhost:3000", "http://localhost:3000/app", "http://", "3000"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["serve", "--cors-origin", origin])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert "is not a web origin" in err and len(err.splitlines()) == 1, err

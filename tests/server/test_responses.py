@@ -96,6 +96,20 @@ def test_a_response_and_its_stream_agree(sdk: openai.OpenAI, client: TestClient)
     assert all(b.startswith("event: response.") for b in blocks) and "[DONE]" not in r.text
 
 
+def test_a_response_says_the_temperature_it_was_sampled_with(sdk: openai.OpenAI):
+    """The request's, else `serve --temperature`'s, else the API's 1.0 (Codex sends none)."""
+    from localspec.server.schemas import SamplingDefaults
+
+    assert sdk.responses.create(model="m", input="hi", temperature=0.3).temperature == 0.3
+    plain = sdk.responses.create(model="m", input="hi")
+    assert (plain.temperature, plain.top_p) == (1.0, 1.0)
+    model = Tooled(scripted(answers), n_vocab=258, n_ctx=512)
+    options = ServerOptions("toy", sampling=SamplingDefaults(temperature=0.2))
+    with TestClient(create_app(Session(auto_engine(model, None)), options)) as c:
+        body = c.post("/v1/responses", json={"input": "hi"}).json()
+    assert (body["temperature"], body["top_p"]) == (0.2, 1.0)
+
+
 def test_input_tokens_are_counted_as_the_response_is_charged(
     sdk: openai.OpenAI, client: TestClient
 ):
