@@ -22,7 +22,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
@@ -105,7 +105,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, e: ApiError) -> Response:
-        metrics.observe_request(request.url.path, e.status)
+        metrics.observe_request(endpoint(request), e.status)
         body = anthropic.error_body(e) if in_anthropic(request) else e.body()
         return JSONResponse(body, status_code=e.status, headers=e.headers)
 
@@ -125,11 +125,26 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def on_failure(request: Request, e: Exception) -> Response:
-        metrics.observe_request(request.url.path, 500)
+        metrics.observe_request(endpoint(request), 500)
         message = f"internal error: {type(e).__name__}: {e}"
         if in_anthropic(request):
             return JSONResponse(anthropic.error_body(ApiError(500, message)), status_code=500)
         return JSONResponse(error_body(message, "server_error"), status_code=500)
+
+    @app.get("/", response_class=PlainTextResponse)
+    async def home(request: Request) -> str:
+        """What someone who opens the printed address in a browser sees."""
+        base = str(request.base_url).rstrip("/")
+        draft = f", drafting with {options.draft_id}" if options.draft_id else ""
+        n = len(worker.slots)
+        return (
+            f"localspec is serving {options.model_id}{draft}, {n} slot{'s' * (n > 1)}.\n\n"
+            f"OpenAI API:     {base}/v1  (POST /v1/chat/completions, /v1/completions, "
+            "/v1/responses; GET /v1/models)\n"
+            f"Anthropic API:  {base}  (POST /v1/messages)\n"
+            "llama-server's: POST /infill, /completion, /tokenize; GET /props\n"
+            "Figures:        GET /metrics, /health\n"
+        )
 
     @app.get("/health")
     @app.get("/v1/health")
@@ -172,7 +187,8 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
 
     @app.get("/props", dependencies=guarded)
     async def props() -> dict[str, Any]:
-        return native.props(session.target, options.model_id, len(worker.slots), version())
+        slots = len(worker.slots)
+        return native.props(session.target, options.model_id, slots, version(), fill)
 
     @app.get("/metrics", dependencies=guarded)
     async def prometheus() -> Response:
@@ -196,7 +212,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             prepared.source,
         )
         worker.submit(job)
-        metrics.observe_request(request.url.path, 200)
+        metrics.observe_request(endpoint(request), 200)
         return Answer(
             job, prepared, options.model_id, kind, worker.withdraw, session.target.token_bytes
         )
@@ -264,7 +280,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         body = parse(kind, await read_body(request, options.max_body_bytes))
         chat = body if isinstance(body, ChatRequest) else body.chat()
         prompt = await run_in_threadpool(lambda: render_chat(chat, session).tokens)
-        metrics.observe_request(request.url.path, 200)
+        metrics.observe_request(endpoint(request), 200)
         return len(prompt)
 
     @app.post("/v1/messages/count_tokens", dependencies=guarded)
@@ -359,6 +375,12 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         return JSONResponse(await answered.collect(request, build))
 
     return app
+
+
+def endpoint(request: Request) -> str:
+    """A request's route, as /metrics labels it: a path served, else "unknown" (a
+    scanner's made-up paths would each add a series)."""
+    return getattr(request.scope.get("route"), "path", "unknown")
 
 
 def in_anthropic(request: Request) -> bool:

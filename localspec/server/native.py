@@ -4,6 +4,7 @@ answer through the engine (app.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from localspec.backends.base import Model
@@ -52,10 +53,17 @@ def detokenize(model: Model, body: DetokenizeRequest) -> dict[str, Any]:
     return {"content": text.decode("utf-8", "replace")}
 
 
-def props(model: Model, model_id: str, slots: int, build: str) -> dict[str, Any]:
+def props(
+    model: Model,
+    model_id: str,
+    slots: int,
+    build: str,
+    fill: Callable[[LlamaCompletionRequest], LlamaCompletionRequest],
+) -> dict[str, Any]:
     """What llama-server's clients read of its /props: each slot's context, the slots,
-    the model and its chat template (the generation defaults are /completion's)."""
-    d = LlamaCompletionRequest.DEFAULTS
+    the model and its chat template (the generation defaults are /completion's, as
+    `fill`, `serve`'s sampling flags or the GGUF's, makes them)."""
+    d = fill(LlamaCompletionRequest.model_validate({"prompt": ""})).sampling()
     defaults = {"n_predict": -1, "temperature": d.temperature, "top_k": d.top_k}
     defaults |= {"top_p": d.top_p, "min_p": d.min_p}
     return {

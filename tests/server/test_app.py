@@ -98,6 +98,8 @@ def test_the_servers_sampling_fills_what_a_request_leaves_out():
         assert message.json()["content"][0]["text"] == REPLY
         hot = c.post("/v1/chat/completions", json=chat(temperature=1.0, seed=1)).json()
         assert hot["choices"][0]["message"]["content"] != REPLY  # near-uniform rows, sampled
+        params = c.get("/props").json()["default_generation_settings"]["params"]
+        assert (params["temperature"], params["top_k"]) == (0.0, 40)  # as /completion samples
 
 
 def test_a_stream_is_sse_chunks_then_done(client: TestClient):
@@ -281,6 +283,12 @@ def test_unknown_routes_use_the_error_shape_and_say_what_is_served(client: TestC
     assert error["message"] == "/v1/chat/completions does not take GET"
 
 
+def test_the_address_opened_in_a_browser_says_what_is_served(client: TestClient):
+    page = client.get("/")  # no key: it says no more than /health
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain")
+    assert "serving toy" in page.text and f"{client.base_url}/v1" in page.text
+
+
 def test_llama_servers_tokenize_detokenize_and_props(client: TestClient):
     """For clients that count tokens, or read the context size, as llama-server serves them."""
     ids = client.post("/tokenize", json={"content": "hi <|assistant|>"}, headers=AUTH).json()
@@ -298,6 +306,8 @@ def test_llama_servers_tokenize_detokenize_and_props(client: TestClient):
 def test_metrics_parse_and_count(client: TestClient):
     client.post("/v1/chat/completions", json=chat(temperature=0), headers=AUTH)
     client.post("/v1/chat/completions", json=chat(n=3), headers=AUTH)
+    for i in range(3):  # a scanner's paths: one series, not one each
+        client.post(f"/wp-admin/{i}.php", headers=AUTH)
     text = client.get("/metrics", headers=AUTH).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert {
@@ -316,6 +326,8 @@ def test_metrics_parse_and_count(client: TestClient):
         if s.name.endswith("_total") and s.labels["endpoint"] == "/v1/chat/completions"
     }
     assert statuses == {"200": 1.0, "400": 1.0}
+    endpoints = {s.labels["endpoint"] for s in families["localspec_requests"].samples}
+    assert endpoints == {"/v1/chat/completions", "unknown"}
     tokens = [
         s for s in families["localspec_completion_tokens"].samples if s.name.endswith("total")
     ]
