@@ -304,11 +304,15 @@ def many_servers(args: argparse.Namespace, parallel: int) -> tuple[dict, dict]:
     """(commands, ports): localspec and llama-server (-md and plain), `parallel` slots;
     with --slots, localspec with that many slots instead, and with --one-slot-too also
     `localspec-1slot` (one slot: how requests were served before slots), with
-    --plain-too `localspec-plain` (no drafts: the server's own cost, apart from auto's)."""
-    names = ("localspec", "localspec-1slot", "localspec-plain", "llama-spec", "llama-plain")
-    ports = {name: free_port() for name in names}
+    --plain-too `localspec-plain` (no drafts: the server's own cost, apart from auto's),
+    with --no-ram-too `localspec-noram` (no prompts kept in RAM: `--cache-ram 0`)."""
+    names = ("localspec", "localspec-1slot", "localspec-plain", "localspec-noram")
+    ports = {name: free_port() for name in (*names, "llama-spec", "llama-plain")}
     slots = args.slots or parallel
     commands = {"localspec": localspec_server(args, ports["localspec"], parallel=slots)}
+    if args.no_ram_too:
+        noram = localspec_server(args, ports["localspec-noram"], parallel=slots)
+        commands["localspec-noram"] = [*noram, "--cache-ram", "0"]
     if args.one_slot_too:
         commands["localspec-1slot"] = localspec_server(args, ports["localspec-1slot"])
     if args.plain_too:
@@ -447,8 +451,10 @@ def editor_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
 
 def alternate_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     """Two conversations taking turns (a chat panel and an agent), each with a long
-    context of its own: the second turn's TTFT over the first's, per server."""
-    commands, ports = many_servers(args, max(2, args.clients))
+    context of its own: the second turn's TTFT over the first's, per server; in a slot
+    each (--alternate-slots 2), or in one they share (1), where each turn's conversation
+    comes back from RAM (localspec's and llama-server's --cache-ram) or is read again."""
+    commands, ports = many_servers(args, args.alternate_slots)
     source = edit_file()
     systems = [
         f"You review this module. Be brief.\n\n```python\n{source}```",
@@ -625,6 +631,10 @@ def main() -> None:
     )
     p.add_argument("--slots", type=int, help="localspec's slots in the clients and editor suites")
     p.add_argument("--one-slot-too", action="store_true", help="and localspec with one slot")
+    p.add_argument(
+        "--alternate-slots", type=int, default=2, help="every server's slots (alternate suite)"
+    )
+    p.add_argument("--no-ram-too", action="store_true", help="and localspec with --cache-ram 0")
     p.add_argument(
         "--plain-too", action="store_true", help="and localspec without drafts (clients suite)"
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -277,6 +277,34 @@ class LlamaModel(Model):
         ll.llama_memory_seq_rm(self._mem, seq, held, -1)  # the attention layers' entries
         self._last_pass[seq] = 0
         return held
+
+    def save_seq(self, seq: int) -> bytes | None:
+        """Sequence `seq`'s cache entries as bytes (llama.cpp's sequence state); None for
+        a recurrent model, whose snapshots would not come back with it."""
+        if self._recurrent:
+            return None
+        size = ll.llama_state_seq_get_size(self._ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        got = ll.llama_state_seq_get_data(self._ctx, buf, size, seq)
+        return ctypes.string_at(buf, got) if got else None
+
+    def load_seq(self, seq: int, state: bytes) -> bool:
+        """Sequence `seq`'s cache as `save_seq` saw it; False (and the sequence empty)
+        where llama.cpp could not (no room in a shared cache)."""
+        ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if ll.llama_state_seq_set_data(self._ctx, buf, len(state), seq):
+            return True
+        ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        return False
+
+    def save_state(self) -> bytes | None:
+        return self.save_seq(0)
+
+    def load_state(self, tokens: Sequence[int], state: bytes) -> bool:
+        loaded = self.load_seq(0, state)
+        self.cached = list(tokens) if loaded else []
+        return loaded
 
     def checkpoint(self) -> None:
         self.keep_state(0)

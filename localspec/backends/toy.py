@@ -8,6 +8,7 @@ stack (engine, CLI, UI) can run against it.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 
@@ -81,6 +82,14 @@ class ToyModel(Model):
         if self.recurrent and 0 < pos < len(self.state):
             return False
         del self.state[pos:]
+        return True
+
+    def save_state(self) -> bytes | None:
+        return None if self.recurrent else bytes(json.dumps(self.state), "ascii")
+
+    def load_state(self, tokens: Sequence[int], state: bytes) -> bool:
+        self.state = json.loads(state)
+        self.cached = list(tokens)
         return True
 
     @property

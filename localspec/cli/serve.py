@@ -25,6 +25,7 @@ from localspec.errors import LocalspecError
 from localspec.models.memory import MAX_SLOTS
 
 LOOPBACK_NAMES = ("localhost",)
+CACHE_RAM_MIB = 8192  # llama-server's default
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,6 +56,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "move their cached entries (runs of at least N tokens) instead of reading them "
         "again; the answer is then close to, not exactly, a fresh read's (default 0: off; "
         "llama.vim and llama.vscode suggest 256)",
+    )
+    g.add_argument(
+        "--cache-ram",
+        type=ranged_int(0, 10_000_000),
+        default=None,
+        metavar="MiB",
+        help="as llama-server's: the caches of prompts a slot gives up for another are "
+        "kept in RAM up to this size, and a request that continues one (a chat's turn "
+        "after an agent's) gets it back instead of reading its prompt again (0: off; "
+        f"default: {CACHE_RAM_MIB}, or a quarter of the free RAM where that is less)",
     )
     g.add_argument(
         "--parallel",
@@ -113,6 +124,17 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def cache_ram_bytes(mib: int | None) -> int:
+    """--cache-ram in bytes; unset, llama-server's 8 GiB where a quarter of the RAM free
+    now holds it (the states are copies of the slots' caches: a small machine's RAM is
+    the models')."""
+    if mib is not None:
+        return mib << 20
+    import psutil
+
+    return min(CACHE_RAM_MIB << 20, psutil.virtual_memory().available // 4)
 
 
 def web_origin(text: str) -> str:
@@ -270,6 +292,7 @@ def serve(args: argparse.Namespace) -> int:
             max_queue=args.max_queue,
             parallel=parallel,
             cache_reuse=args.cache_reuse,
+            cache_ram=cache_ram_bytes(args.cache_ram),
             sampling=sampling,
             max_tokens=args.max_tokens,
             guard=Guard.for_address(

@@ -71,6 +71,7 @@ class ServerOptions:
     max_body_bytes: int = 8 << 20
     parallel: int = 1  # slots: requests decoded at once
     cache_reuse: int = 0  # move cached chunks of at least this many tokens (0: off)
+    cache_ram: int = 0  # bytes of RAM for prompts the slots gave up (0: none kept)
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)  # for requests' gaps
     max_tokens: int | None = None  # an answer's most tokens, whatever a request asks
     # which Host and Origin headers are answered (by default any: `serve` sets its own)
@@ -78,7 +79,9 @@ class ServerOptions:
 
 
 def create_app(session: Session, options: ServerOptions) -> FastAPI:
-    worker = Worker(session, options.max_queue, options.parallel, options.cache_reuse)
+    worker = Worker(
+        session, options.max_queue, options.parallel, options.cache_reuse, options.cache_ram
+    )
     metrics = worker.metrics
 
     @asynccontextmanager

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -230,6 +230,14 @@ class SlotModel(Model):
 
     def _move(self, gap: tuple[int, int], chunk: tuple[int, int]) -> bool:
         return self.shared.move(self.seq, gap, chunk)
+
+    def save_state(self) -> bytes | None:
+        return self.shared.save_seq(self.seq)
+
+    def load_state(self, tokens: Sequence[int], state: bytes) -> bool:
+        loaded = self.shared.load_seq(self.seq, state)
+        self.cached = list(tokens) if loaded else []
+        return loaded
 
     def checkpoint(self) -> None:
         self.shared.keep_state(self.seq)

@@ -78,3 +78,35 @@ def pick_slot(
     if shared[best] >= SIMILAR * len(prompt):
         return best
     return min(idle, key=lambda s: idle[s][1])
+
+
+KEEP_TOKENS = 256  # a cache's part worth keeping in RAM: fewer are read again quickly
+MIN_GAIN = 64  # tokens a saved prompt must keep beyond the slot's own to be loaded
+
+
+@dataclass(frozen=True)
+class Swap:
+    """What happens to a slot's cache before it reads a new prompt (llama-server's
+    --cache-ram): `save` it to RAM first, and/or `restore` a saved prompt (its index)."""
+
+    save: bool = False
+    restore: int | None = None
+
+
+def plan_swap(
+    prompt: Sequence[int],
+    cached: Sequence[int],
+    saved: Sequence[Sequence[int]],
+    keeps: Callable[[Sequence[int], Sequence[int]], int] = common_prefix,
+) -> Swap:
+    """Load the saved prompt that keeps the most of `prompt`, where it keeps MIN_GAIN
+    more than the slot's cache; save the slot's cache where KEEP_TOKENS or more of it
+    would be lost (a conversation taking its turn later finds it) and no saved prompt
+    holds it already."""
+    kept = keeps(cached, prompt)
+    gains = [keeps(s, prompt) for s in saved]
+    best = max(range(len(saved)), key=gains.__getitem__, default=None)
+    restore = best if best is not None and gains[best] >= kept + MIN_GAIN else None
+    survives = kept if restore is None else common_prefix(cached, saved[restore])
+    held = any(common_prefix(s, cached) == len(cached) for s in saved)
+    return Swap(len(cached) - survives >= KEEP_TOKENS and not held, restore)

@@ -11,6 +11,10 @@ one per round (and the first piece at once: that is the TTFT).
 A request whose client has gone is cancelled: waiting, it leaves the queue at once;
 decoding, its slot stops within the round (a prompt between chunks) and is free.
 
+A slot about to give up most of its cache for a new prompt keeps it in RAM first
+(`--cache-ram`, prompt_cache.py), and a request that continues a prompt kept there gets
+it back instead of reading it again.
+
 An idle slot's draft model reads ahead what the slot's cache holds, a chunk at a time,
 while no request waits or decodes: an editor's next completion shares most of the last
 one's prompt, which the draft model would otherwise read within it.
@@ -28,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from localspec.backends.base import Cancelled, common_prefix, moves
+from localspec.backends.base import Cancelled, Model, common_prefix, moves
 from localspec.backends.llama import LlamaModel
 from localspec.decoding.adaptive import AdaptiveDrafter, Load
 from localspec.decoding.engine import Engine, GenerationConfig
@@ -38,7 +42,8 @@ from localspec.drafting import GAMMA_MAX
 from localspec.server.batching import Batcher, SlotModel
 from localspec.server.errors import ApiError
 from localspec.server.metrics import Metrics
-from localspec.server.scheduling import SHORT_TOKENS, pick_slot
+from localspec.server.prompt_cache import PromptCache, Saved
+from localspec.server.scheduling import SHORT_TOKENS, pick_slot, plan_swap
 from localspec.session import Session
 
 log = logging.getLogger("localspec.server")
@@ -96,10 +101,13 @@ class Slot:
     slot runs the session's own engine), the job it runs (None: idle), and the inbox its
     thread (the worker's) takes jobs from."""
 
-    def __init__(self, index: int, engine: Engine, views: list[SlotModel]) -> None:
+    def __init__(
+        self, index: int, engine: Engine, views: list[SlotModel], models: list[Model]
+    ) -> None:
         self.index = index
         self.engine = engine
         self.views = views
+        self.models = models  # whose caches it holds: the target's, the draft model's
         self.job: Job | None = None
         self.last_used = 0.0
         self.inbox: queue.Queue[Job | None] = queue.Queue()
@@ -118,11 +126,19 @@ class Slot:
 
 class Worker:
     def __init__(
-        self, session: Session, max_queue: int = 16, parallel: int = 1, cache_reuse: int = 0
+        self,
+        session: Session,
+        max_queue: int = 16,
+        parallel: int = 1,
+        cache_reuse: int = 0,
+        cache_ram: int = 0,
     ) -> None:
         self.session = session
         self.max_queue = max_queue
         self.cache_reuse = cache_reuse  # llama-server's --cache-reuse (0: off, exact)
+        # llama-server's --cache-ram, in bytes (an MTP head's state would not come back)
+        keeps = cache_ram > 0 and session.head is None
+        self.prompt_cache = PromptCache(cache_ram) if keeps else None
         self.metrics = Metrics(self.depth)
         self.batcher = Batcher()
         self.slots = self._make_slots(parallel)
@@ -141,7 +157,8 @@ class Worker:
         session = self.session
         target, draft = session.target, session.draft_model
         if parallel <= 1 or not isinstance(target, LlamaModel) or target.n_seq < parallel:
-            return [Slot(0, session.engine, [])]
+            models = [target] if draft is None else [target, draft]
+            return [Slot(0, session.engine, [], models)]
         target.reset()
         if draft is not None:
             draft.reset()
@@ -156,7 +173,7 @@ class Worker:
                 engine.drafter.load = Load(
                     self.batcher.load, self.batcher.passes(target), self._drafting
                 )
-            slots.append(Slot(i, engine, views))
+            slots.append(Slot(i, engine, views, list(views)))
         return slots
 
     def _drafting(self) -> float:
@@ -267,7 +284,32 @@ class Worker:
             log.warning("reading ahead failed: %s", e)
             return False
 
+    def _swap(self, slot: Slot, job: Job) -> None:
+        """Before `job` reads its prompt: the slot's cache kept in RAM where most of it
+        would go, and a kept prompt loaded where it keeps more of the job's."""
+        if self.prompt_cache is None:
+            return
+        entries = self.prompt_cache.entries()
+        swap = plan_swap(job.prompt, slot.cached, [e.tokens for e in entries], self._keeps)
+        if swap.save:
+            kept = []
+            for model in slot.models:
+                if (state := model.save_state()) is None:
+                    break
+                kept.append((tuple(model.cached), state))
+            else:
+                self.prompt_cache.put(Saved(tuple(slot.cached), tuple(kept)))
+        if swap.restore is None:
+            return
+        saved = self.prompt_cache.use(entries[swap.restore])
+        if all(m.load_state(t, s) for m, (t, s) in zip(slot.models, saved.states, strict=True)):
+            log.info("%s: %d tokens of its prompt back from RAM", job.label, len(saved.tokens))
+        else:  # no room in a shared cache: read it as if nothing were kept
+            for model in slot.models:
+                model.reset()
+
     def _decode(self, slot: Slot, job: Job) -> None:
+        self._swap(slot, job)
         engine = self._engine_for(slot.engine, job)
         if self.cache_reuse:  # the draft model reads what moved again, within its window
             engine.target.reuse(job.prompt, self.cache_reuse)

@@ -154,6 +154,30 @@ def test_n_predict_as_llama_server_reads_it(client: TestClient):
     assert cached >= warm["usage"]["prompt_tokens"] - 1
 
 
+@pytest.mark.parametrize("cache_ram", [1 << 20, 0])
+def test_a_conversation_after_another_in_its_slot_comes_back_from_ram(cache_ram: int):
+    """One slot, a chat and an agent taking turns: with --cache-ram the chat's next turn
+    gets its cache back from RAM and reads only what is new; without, it reads it all."""
+    model = ToyModel(scripted(REPLY), n_vocab=258, n_ctx=2048)
+    app = create_app(Session(auto_engine(model, None)), ServerOptions("toy", cache_ram=cache_ram))
+    talks = [
+        [{"role": "system", "content": "You review code. " * 30}],
+        [{"role": "system", "content": "You write shell commands. " * 30}],
+    ]
+    first: list[int] = []
+    with TestClient(app) as c:
+        for who, ask in [(0, "a1"), (1, "b1"), (0, "a2"), (1, "b2")]:
+            talks[who].append({"role": "user", "content": ask})
+            body = {"messages": talks[who], "temperature": 0}
+            usage = c.post("/v1/chat/completions", json=body).json()["usage"]
+            talks[who].append({"role": "assistant", "content": REPLY})
+            if len(first) < 2:
+                first.append(usage["prompt_tokens"])
+                continue
+            cached = usage["prompt_tokens_details"]["cached_tokens"]
+            assert (cached >= first[who]) == bool(cache_ram), (who, cached, first[who])
+
+
 def test_plain_completions(client: TestClient):
     body = client.post(
         "/v1/completions", json={"prompt": "<|assistant|>", "max_tokens": 5}, headers=AUTH

@@ -3,7 +3,7 @@ which slot a request goes to. The real slots: test_slots_real.py."""
 
 from __future__ import annotations
 
-from localspec.server.scheduling import BUSY_CHUNK, Want, pick_slot, plan_step
+from localspec.server.scheduling import BUSY_CHUNK, Swap, Want, pick_slot, plan_step
 
 
 def test_rounds_go_whole_and_a_long_prompt_is_cut_into_chunks_beside_them():
@@ -72,3 +72,47 @@ def test_with_cache_reuse_a_slot_is_picked_for_what_it_would_move():
     idle = {0: ([7, 1, 2, 3, 4, 5, 6, *range(100, 140)], 2.0), 1: ([7, 8], 1.0)}
     assert pick_slot(prompt, idle) == 1  # by prefix: the least recently used
     assert pick_slot(prompt, idle, keeps) == 0
+
+
+def test_a_slot_gives_up_its_cache_to_ram_and_takes_back_what_a_prompt_continues():
+    from localspec.server.scheduling import KEEP_TOKENS, MIN_GAIN, plan_swap
+
+    chat = list(range(1000, 1000 + KEEP_TOKENS + 50))  # a conversation in the slot
+    agent = list(range(5000, 5000 + KEEP_TOKENS + 50))  # another, kept in RAM
+    # the agent's next turn: the chat goes to RAM, the agent comes back
+    assert plan_swap([*agent, 7, 8], chat, [agent]) == Swap(save=True, restore=0)
+    # the chat's own next turn: nothing moves
+    assert plan_swap([*chat, 7, 8], chat, [agent]) == Swap()
+    # a prompt of its own: the chat is kept, nothing to load
+    assert plan_swap([1, 2, 3], chat, [agent]) == Swap(save=True)
+    # the chat is kept already (its earlier turn's state is only a prefix: kept again)
+    assert plan_swap([1, 2, 3], chat, [[*chat, 9]]) == Swap(save=False)
+    assert plan_swap([1, 2, 3], chat, [chat[:300]]) == Swap(save=True)
+    # too little would be lost to be worth a copy, or gained to be worth a load
+    short = chat[: KEEP_TOKENS - 1]
+    assert plan_swap([1, 2, 3], short, []) == Swap()
+    near = [*chat[: 300 - MIN_GAIN + 1], 9]
+    assert plan_swap([*chat[:300], 4], near, [chat]).restore is None
+    # the saved prompt that keeps the most of it
+    assert plan_swap([*agent, 1], [], [agent[:100], agent, chat]) == Swap(restore=1)
+
+
+def test_ram_keeps_the_latest_prompts_within_its_budget():
+    from localspec.server.prompt_cache import PromptCache, Saved
+
+    def saved(tokens: list[int], size: int) -> Saved:
+        return Saved(tuple(tokens), ((tuple(tokens), bytes(size)),))
+
+    cache = PromptCache(budget=100)
+    a, b = saved([1, 2], 40), saved([3, 4], 40)
+    cache.put(a)
+    cache.put(b)
+    longer = saved([1, 2, 5], 40)
+    cache.put(longer)  # a's conversation went on: its old state goes
+    assert cache.entries() == [b, longer]
+    cache.use(b)  # b is now the most recently used: c pushes out `longer`
+    c = saved([6], 40)
+    cache.put(c)
+    assert cache.entries() == [b, c] and cache.size == 80
+    cache.put(saved([7], 101))  # larger than the whole budget: not kept
+    assert cache.entries() == [b, c]

@@ -1,0 +1,94 @@
+"""Prompts a slot gives up, kept in RAM and loaded back (serve's --cache-ram), on the
+real default pair: a state loaded back is the cache it was, and conversations taking
+turns in fewer slots than there are of them read only what is new."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from server.test_slots_real import Loop, assert_scores_alike
+
+from localspec.backends.llama import LlamaModel, LoadOptions
+from localspec.decoding.events import Finished
+from localspec.server.worker import Worker
+from localspec.session import Session, SessionConfig, open_session
+
+pytestmark = pytest.mark.real
+
+
+def test_a_state_loaded_back_is_the_cache_it_was(real_models):
+    """Saved, overwritten by another prompt, loaded back: the next token scores as it
+    would have without the detour (a stale or misplaced entry changes it wholesale)."""
+    target, _ = real_models
+    a = target.tokenize("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 6)
+    b = target.tokenize("SELECT name FROM users WHERE id = 1;\n" * 8)
+    target.reset()
+    target.evaluate(a, 1)
+    expected = target.evaluate([*a, 13], 1)[0].copy()
+    target.reset()
+    target.evaluate(a, 1)
+    state = target.save_state()
+    assert state is not None
+    target.evaluate(b, 1)  # another prompt takes the cache
+    assert target.load_state(a, state)
+    assert target.cached == a and target.kv_len() == len(a)
+    np.testing.assert_allclose(target.evaluate([*a, 13], 1)[0], expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def session(real_paths) -> Iterator[Session]:
+    load = LoadOptions(n_ctx=2048, n_threads=2, n_seq=2, kv_unified=True)  # as serve's
+    s = open_session(SessionConfig(str(real_paths[0]), str(real_paths[1]), "auto", load, load))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    lp = Loop()
+    yield lp
+    lp.close()
+
+
+def test_three_conversations_in_two_slots_come_back_from_ram(session, loop):
+    """A reviewer, a shell assistant and a tester take turns in two slots: each second
+    turn finds its first in RAM (its slot went to another) and reads only what is new;
+    afterwards both slots' caches, in both models, score as a fresh read of their tokens."""
+    worker = Worker(session, max_queue=8, parallel=2, cache_ram=1 << 30)
+    worker.start()
+    roles = ["You review Python code.", "You write shell commands.", "You write pytest tests."]
+    rule = " Answer in one short sentence, and never repeat the question back."
+    talks = [[{"role": "system", "content": role + rule * 25}] for role in roles]
+    first: list[int] = []
+    try:
+        for turn in range(2):
+            for who, talk in enumerate(talks):
+                talk.append({"role": "user", "content": f"Question {turn} for you, please."})
+                prompt = session.render(talk)  # type: ignore[arg-type]
+                job = loop.job(prompt, 6)
+                worker.submit(job)
+                end = loop.wait(job)
+                assert isinstance(end, Finished)
+                talk.append({"role": "assistant", "content": end.text})
+                if turn == 0:
+                    first.append(len(prompt))
+                else:
+                    assert job.cached_tokens >= first[who], (who, job.cached_tokens, first[who])
+        assert worker.prompt_cache is not None and len(worker.prompt_cache.entries()) >= 2
+        fresh = [
+            LlamaModel(view.shared.path, LoadOptions(n_ctx=2048, n_threads=2))
+            for view in worker.slots[0].views
+        ]
+        try:
+            for slot in worker.slots:
+                for view, anew in zip(slot.views, fresh, strict=True):
+                    assert view.kv_len() == len(view.cached)
+                    if view.cached:
+                        assert_scores_alike(view, anew, [*view.cached, 13])
+        finally:
+            for model in fresh:
+                model.close()
+    finally:
+        worker.stop()
