@@ -227,12 +227,12 @@ class Model(ABC):
         False where the backend cannot (then nothing changed)."""
         return False
 
-    def save_state(self) -> bytes | None:
+    def save_state(self) -> bytearray | None:
         """The cache's state (what it holds of `cached`), for `load_state` to put back
         later; None where the backend cannot (a recurrent state)."""
         return None
 
-    def load_state(self, tokens: Sequence[int], state: bytes) -> bool:
+    def load_state(self, tokens: Sequence[int], state: bytearray) -> bool:
         """Make the cache hold `tokens` again, from their `save_state`; False where it
         could not (the cache is then empty)."""
         return False

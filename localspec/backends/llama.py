@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -110,6 +111,11 @@ def check_gguf(path: Path) -> None:
             raise ModelError(f"not a GGUF model file: {path}")
 
 
+def c_bytes(buf: bytearray) -> ctypes.Array[ctypes.c_uint8]:
+    """`buf` as llama.cpp's uint8_t array, not copied."""
+    return (ctypes.c_uint8 * len(buf)).from_buffer(buf)
+
+
 class LlamaModel(Model):
     """A GGUF model loaded by llama.cpp, with one context. The Model interface runs its
     sequence 0; `decode_parts` runs several sequences in one pass (serve's slots)."""
@@ -180,6 +186,10 @@ class LlamaModel(Model):
         self.on_close: list[Callable[[], None]] = []  # contexts of this model to free first
         # sequence -> (position, its recurrent state there): see `checkpoint`
         self._checkpoints: dict[int, tuple[int, ctypes.Array[ctypes.c_uint8]]] = {}
+        # the slots' threads change their sequences' entries between passes, maybe at
+        # once: llama.cpp's cache bookkeeping (one for all in a unified cache) is not
+        # for two threads
+        self._mem_lock = threading.RLock()
 
     # --- the cache ------------------------------------------------------------------
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
@@ -242,66 +252,71 @@ class LlamaModel(Model):
         """Drop sequence `seq`'s cache entries at positions >= pos. A recurrent state
         rolls back to a snapshot only: once between passes, to a token of the last pass
         (a snapshot older than that pass says nothing; llama.cpp would still accept it)."""
-        if self._recurrent and pos > 0:
-            drop = self.seq_len(seq) - pos
-            if drop <= 0:
-                return True
-            if drop > self._snapshots or drop >= self._last_pass.get(seq, 0):
-                return False
-            self._last_pass[seq] = 0  # a snapshot is used once
-        return bool(ll.llama_memory_seq_rm(self._mem, seq, pos, -1))
+        with self._mem_lock:
+            if self._recurrent and pos > 0:
+                drop = self.seq_len(seq) - pos
+                if drop <= 0:
+                    return True
+                if drop > self._snapshots or drop >= self._last_pass.get(seq, 0):
+                    return False
+                self._last_pass[seq] = 0  # a snapshot is used once
+            return bool(ll.llama_memory_seq_rm(self._mem, seq, pos, -1))
 
     def keep_state(self, seq: int) -> None:
         """A copy of sequence `seq`'s recurrent state as it is now (its attention
         entries stay in the cache): a draft model's, before it drafts a token a pass,
         whose state no snapshot can take back more than one token."""
-        if not self._recurrent:
-            return
-        flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part only
-        size = ll.llama_state_seq_get_size_ext(self._ctx, seq, flags)
-        kept = self._checkpoints.get(seq)
-        buf = kept[1] if kept is not None and len(kept[1]) == size else (ctypes.c_uint8 * size)()
-        ll.llama_state_seq_get_data_ext(self._ctx, buf, size, seq, flags)
-        self._checkpoints[seq] = (self.seq_len(seq), buf)
+        with self._mem_lock:
+            if not self._recurrent:
+                return
+            flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part only
+            size = ll.llama_state_seq_get_size_ext(self._ctx, seq, flags)
+            kept = self._checkpoints.get(seq)
+            fits = kept is not None and len(kept[1]) == size
+            buf = kept[1] if kept is not None and fits else (ctypes.c_uint8 * size)()
+            ll.llama_state_seq_get_data_ext(self._ctx, buf, size, seq, flags)
+            self._checkpoints[seq] = (self.seq_len(seq), buf)
 
     def back_to_state(self, seq: int, pos: int) -> int | None:
         """Restore the copy `keep_state` took, where it lies at or before `pos`, and drop
         the entries after it; its position, or None."""
-        kept = self._checkpoints.get(seq)
-        if kept is None or kept[0] > pos:
-            return None
-        held, buf = kept
-        flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        if not ll.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), seq, flags):
-            return None
-        ll.llama_memory_seq_rm(self._mem, seq, held, -1)  # the attention layers' entries
-        self._last_pass[seq] = 0
-        return held
+        with self._mem_lock:
+            kept = self._checkpoints.get(seq)
+            if kept is None or kept[0] > pos:
+                return None
+            held, buf = kept
+            flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+            if not ll.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), seq, flags):
+                return None
+            ll.llama_memory_seq_rm(self._mem, seq, held, -1)  # the attention layers' entries
+            self._last_pass[seq] = 0
+            return held
 
-    def save_seq(self, seq: int) -> bytes | None:
-        """Sequence `seq`'s cache entries as bytes (llama.cpp's sequence state); None for
-        a recurrent model, whose snapshots would not come back with it."""
-        if self._recurrent:
-            return None
-        size = ll.llama_state_seq_get_size(self._ctx, seq)
-        buf = (ctypes.c_uint8 * size)()
-        got = ll.llama_state_seq_get_data(self._ctx, buf, size, seq)
-        return ctypes.string_at(buf, got) if got else None
+    def save_seq(self, seq: int) -> bytearray | None:
+        """Sequence `seq`'s cache entries (llama.cpp's sequence state), copied once; None
+        for a recurrent model, whose snapshots would not come back with it."""
+        with self._mem_lock:
+            if self._recurrent:
+                return None
+            size = ll.llama_state_seq_get_size(self._ctx, seq)
+            state = bytearray(size)
+            got = ll.llama_state_seq_get_data(self._ctx, c_bytes(state), size, seq)
+            return state if got == size else None
 
-    def load_seq(self, seq: int, state: bytes) -> bool:
+    def load_seq(self, seq: int, state: bytearray) -> bool:
         """Sequence `seq`'s cache as `save_seq` saw it; False (and the sequence empty)
         where llama.cpp could not (no room in a shared cache)."""
-        ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
-        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        if ll.llama_state_seq_set_data(self._ctx, buf, len(state), seq):
-            return True
-        ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
-        return False
+        with self._mem_lock:
+            ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            if ll.llama_state_seq_set_data(self._ctx, c_bytes(state), len(state), seq):
+                return True
+            ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            return False
 
-    def save_state(self) -> bytes | None:
+    def save_state(self) -> bytearray | None:
         return self.save_seq(0)
 
-    def load_state(self, tokens: Sequence[int], state: bytes) -> bool:
+    def load_state(self, tokens: Sequence[int], state: bytearray) -> bool:
         loaded = self.load_seq(0, state)
         self.cached = list(tokens) if loaded else []
         return loaded
@@ -313,18 +328,20 @@ class LlamaModel(Model):
         return self.back_to_state(0, pos)
 
     def seq_len(self, seq: int) -> int:
-        return ll.llama_memory_seq_pos_max(self._mem, seq) + 1
+        with self._mem_lock:
+            return ll.llama_memory_seq_pos_max(self._mem, seq) + 1
 
     def move(self, seq: int, gap: tuple[int, int], chunk: tuple[int, int]) -> bool:
         """Drop sequence `seq`'s entries at positions [gap) and move those at [chunk)
         back by the gap's width (RoPE re-applied by llama.cpp); False where the cache
         cannot shift (a recurrent model, M-RoPE)."""
-        if self._recurrent or not ll.llama_memory_can_shift(self._mem):
-            return False
-        if not ll.llama_memory_seq_rm(self._mem, seq, *gap):
-            return False
-        ll.llama_memory_seq_add(self._mem, seq, *chunk, gap[0] - gap[1])
-        return True
+        with self._mem_lock:
+            if self._recurrent or not ll.llama_memory_can_shift(self._mem):
+                return False
+            if not ll.llama_memory_seq_rm(self._mem, seq, *gap):
+                return False
+            ll.llama_memory_seq_add(self._mem, seq, *chunk, gap[0] - gap[1])
+            return True
 
     def _move(self, gap: tuple[int, int], chunk: tuple[int, int]) -> bool:
         return self.move(0, gap, chunk)

@@ -84,10 +84,10 @@ class ToyModel(Model):
         del self.state[pos:]
         return True
 
-    def save_state(self) -> bytes | None:
-        return None if self.recurrent else bytes(json.dumps(self.state), "ascii")
+    def save_state(self) -> bytearray | None:
+        return None if self.recurrent else bytearray(json.dumps(self.state), "ascii")
 
-    def load_state(self, tokens: Sequence[int], state: bytes) -> bool:
+    def load_state(self, tokens: Sequence[int], state: bytearray) -> bool:
         self.state = json.loads(state)
         self.cached = list(tokens)
         return True

@@ -231,10 +231,10 @@ class SlotModel(Model):
     def _move(self, gap: tuple[int, int], chunk: tuple[int, int]) -> bool:
         return self.shared.move(self.seq, gap, chunk)
 
-    def save_state(self) -> bytes | None:
+    def save_state(self) -> bytearray | None:
         return self.shared.save_seq(self.seq)
 
-    def load_state(self, tokens: Sequence[int], state: bytes) -> bool:
+    def load_state(self, tokens: Sequence[int], state: bytearray) -> bool:
         loaded = self.shared.load_seq(self.seq, state)
         self.cached = list(tokens) if loaded else []
         return loaded

@@ -18,7 +18,7 @@ class Saved:
     """One slot's cache: the target's tokens, and each model's (tokens, state)."""
 
     tokens: tuple[int, ...]
-    states: tuple[tuple[tuple[int, ...], bytes], ...]
+    states: tuple[tuple[tuple[int, ...], bytearray], ...]
 
     @property
     def size(self) -> int:

@@ -101,7 +101,7 @@ def test_ram_keeps_the_latest_prompts_within_its_budget():
     from localspec.server.prompt_cache import PromptCache, Saved
 
     def saved(tokens: list[int], size: int) -> Saved:
-        return Saved(tuple(tokens), ((tuple(tokens), bytes(size)),))
+        return Saved(tuple(tokens), ((tuple(tokens), bytearray(size)),))
 
     cache = PromptCache(budget=100)
     a, b = saved([1, 2], 40), saved([3, 4], 40)
