@@ -51,6 +51,13 @@ class Metrics:
             buckets=RATE_BUCKETS,
             registry=r,
         )
+        # prompts the slots gave up, in RAM (--cache-ram): the worker says how much
+        self.kept_prompts = Gauge(
+            "localspec_prompt_cache_bytes", "Bytes of prompts kept in RAM", registry=r
+        )
+        self.prompts_back = Counter(
+            "localspec_prompt_cache_tokens", "Prompt tokens loaded back from RAM", registry=r
+        )
         self._drafted = self._accepted = 0
 
     def acceptance_rate(self) -> float:

@@ -138,8 +138,10 @@ class Worker:
         self.cache_reuse = cache_reuse  # llama-server's --cache-reuse (0: off, exact)
         # llama-server's --cache-ram, in bytes (an MTP head's state would not come back)
         keeps = cache_ram > 0 and session.head is None
-        self.prompt_cache = PromptCache(cache_ram) if keeps else None
+        self.prompt_cache = cache = PromptCache(cache_ram) if keeps else None
         self.metrics = Metrics(self.depth)
+        if cache is not None:
+            self.metrics.kept_prompts.set_function(lambda: cache.size)
         self.batcher = Batcher()
         self.slots = self._make_slots(parallel)
         self._waiting: list[Job] = []  # submitted, no slot yet; the oldest first
@@ -304,6 +306,7 @@ class Worker:
         saved = self.prompt_cache.use(entries[swap.restore])
         if all(m.load_state(t, s) for m, (t, s) in zip(slot.models, saved.states, strict=True)):
             log.info("%s: %d tokens of its prompt back from RAM", job.label, len(saved.tokens))
+            self.metrics.prompts_back.inc(len(saved.tokens))
         else:  # no room in a shared cache: read it as if nothing were kept
             for model in slot.models:
                 model.reset()

@@ -176,6 +176,13 @@ def test_a_conversation_after_another_in_its_slot_comes_back_from_ram(cache_ram:
                 continue
             cached = usage["prompt_tokens_details"]["cached_tokens"]
             assert (cached >= first[who]) == bool(cache_ram), (who, cached, first[who])
+        figures = {
+            s.name: s.value
+            for f in text_string_to_metric_families(c.get("/metrics").text)
+            for s in f.samples
+        }
+    assert (figures["localspec_prompt_cache_tokens_total"] >= sum(first)) == bool(cache_ram)
+    assert (figures["localspec_prompt_cache_bytes"] > 0) == bool(cache_ram)
 
 
 def test_plain_completions(client: TestClient):
