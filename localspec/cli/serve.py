@@ -303,6 +303,8 @@ def serve(args: argparse.Namespace) -> int:
             level=logging.INFO, format="localspec serve: %(message)s", stream=sys.stderr
         )
         slots = f"{parallel} slot{'s' if parallel > 1 else ''} of {session.target.n_ctx} tokens"
+        if options.cache_ram and session.head is None:
+            slots += f", prompts kept in up to {options.cache_ram / 2**30:.1f} GiB of RAM"
         if described := sampling.describe():
             if recommendation := recommended.describe():
                 described += f" (the model's GGUF recommends {recommendation})"
