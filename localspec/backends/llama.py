@@ -272,8 +272,10 @@ class LlamaModel(Model):
             flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part only
             size = ll.llama_state_seq_get_size_ext(self._ctx, seq, flags)
             kept = self._checkpoints.get(seq)
-            fits = kept is not None and len(kept[1]) == size
-            buf = kept[1] if kept is not None and fits else (ctypes.c_uint8 * size)()
+            if kept is not None and len(kept[1]) == size:
+                buf = kept[1]
+            else:
+                buf = (ctypes.c_uint8 * size)()
             ll.llama_state_seq_get_data_ext(self._ctx, buf, size, seq, flags)
             self._checkpoints[seq] = (self.seq_len(seq), buf)
 

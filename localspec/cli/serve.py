@@ -302,9 +302,10 @@ def serve(args: argparse.Namespace) -> int:
         logging.basicConfig(
             level=logging.INFO, format="localspec serve: %(message)s", stream=sys.stderr
         )
+        app = create_app(session, options)
         slots = f"{parallel} slot{'s' if parallel > 1 else ''} of {session.target.n_ctx} tokens"
-        if options.cache_ram and session.head is None:
-            slots += f", prompts kept in up to {options.cache_ram / 2**30:.1f} GiB of RAM"
+        if kept := app.state.worker.prompt_cache:  # none for an MTP head
+            slots += f", prompts kept in up to {kept.budget / 2**30:.1f} GiB of RAM"
         if described := sampling.describe():
             if recommendation := recommended.describe():
                 described += f" (the model's GGUF recommends {recommendation})"
@@ -317,7 +318,7 @@ def serve(args: argparse.Namespace) -> int:
         )
         server = uvicorn.Server(
             uvicorn.Config(
-                create_app(session, options),
+                app,
                 log_level="warning",
                 access_log=False,
                 # uvloop and httptools where installed (our dependencies): each streamed
