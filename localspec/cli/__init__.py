@@ -30,11 +30,23 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
+EXAMPLES = """examples:
+  localspec                         the chat, with the pair that fits this machine
+  localspec run "Explain a B-tree"  stream one answer (stats on stderr)
+  localspec serve                   the OpenAI API on 127.0.0.1:8080, for editors
+  localspec plan                    what fits this machine, and why
+  localspec pull coder-fim          the base models an editor's completion wants
+
+Each command says more with --help, e.g. localspec serve --help."""
+
+
 def build_parser() -> Parser:
     parser = Parser(
         prog="localspec",
         description="Faster local LLM answers with speculative decoding. "
         "Without a command, opens the chat.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", "-V", action="version", version=version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

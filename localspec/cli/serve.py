@@ -89,6 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--allowed-host",
         action="append",
+        type=host_header,
         default=[],
         metavar="NAME",
         help="a Host header to answer besides the loopback and the bound address "
@@ -135,6 +136,20 @@ def cache_ram_bytes(mib: int | None) -> int:
     import psutil
 
     return min(CACHE_RAM_MIB << 20, psutil.virtual_memory().available // 4)
+
+
+def host_header(text: str) -> str:
+    """The name in a `Host` header, as --allowed-host takes it: "mybox.local:8080" is
+    "mybox.local" (the guard compares names, not ports)."""
+    from localspec.server.guard import host_name
+
+    name = host_name(text)
+    if "://" in text or not name or any(c in name for c in "/ @"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a host name: write it as in a URL's host part "
+            "(e.g. mybox.local or 192.168.1.20)"
+        )
+    return name
 
 
 def web_origin(text: str) -> str:
@@ -255,31 +270,30 @@ def serve(args: argparse.Namespace) -> int:
     from localspec.server.app import ServerOptions, create_app
     from localspec.server.guard import Guard
     from localspec.server.schemas import SamplingDefaults
+    from localspec.server.shutdown import Server
     from localspec.session import open_session
 
     config = session_config(args)
-    sockets = listen(args.host, args.port)
-    key = args.api_key or os.environ.get("LOCALSPEC_API_KEY") or None
-    if key is None and not is_loopback(args.host):
-        warn(
-            f"serving on {args.host} without an API key: anyone who can reach this "
-            "machine can use it (set --api-key or LOCALSPEC_API_KEY)"
+    with contextlib.ExitStack() as stack:  # the sockets and the models, however it ends
+        sockets = listen(args.host, args.port)
+        for sock in sockets:  # uvicorn closes them where it ran: again is harmless
+            stack.callback(sock.close)
+        key = args.api_key or os.environ.get("LOCALSPEC_API_KEY") or None
+        if key is None and not is_loopback(args.host):
+            warn(
+                f"serving on {args.host} without an API key: anyone who can reach this "
+                "machine can use it (set --api-key or LOCALSPEC_API_KEY)"
+            )
+        parallel = args.parallel or default_slots(config)
+        unified = parallel > 1 and drafts_under_load(config)
+        config = replace(
+            config,
+            target_load=replace(config.target_load, n_seq=parallel, kv_unified=unified),
+            draft_load=replace(config.draft_load, n_seq=parallel, kv_unified=unified),
         )
-    parallel = args.parallel or default_slots(config)
-    unified = parallel > 1 and drafts_under_load(config)
-    config = replace(
-        config,
-        target_load=replace(config.target_load, n_seq=parallel, kv_unified=unified),
-        draft_load=replace(config.draft_load, n_seq=parallel, kv_unified=unified),
-    )
-    try:
         session = open_session(config, say=warn)
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
-    session.template_kwargs = args.chat_template_kwargs
-    try:
+        stack.callback(session.close)
+        session.template_kwargs = args.chat_template_kwargs
         asked = SamplingDefaults(args.temperature, args.top_p, args.top_k, args.min_p)
         recommended = SamplingDefaults.of_model(session.target.metadata)
         sampling = asked.over(recommended)
@@ -316,7 +330,7 @@ def serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        server = uvicorn.Server(
+        server = Server(
             uvicorn.Config(
                 app,
                 log_level="warning",
@@ -325,10 +339,9 @@ def serve(args: argparse.Namespace) -> int:
                 # token's chunk costs Python time on the cores llama.cpp decodes with
                 loop="auto",
                 http="auto",
-            )
+            ),
+            app.state.worker,
         )
-        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: shut down gracefully, as asked
-            server.run(sockets=sockets)  # closes them
-    finally:
-        session.close()
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn raises the Ctrl-C it handled
+            server.run(sockets=sockets)
     return 0

@@ -22,7 +22,7 @@ from localspec.server.calls import rewriter
 from localspec.server.chat import ToolCall, ToolCallDeltas, ToolCallStream
 from localspec.server.errors import ApiError
 from localspec.server.prepare import Prepared
-from localspec.server.worker import Failed, Job
+from localspec.server.worker import SHUTTING_DOWN, Failed, Job
 from localspec.thinking import Split
 
 FINISH_REASONS: dict[StopReason, str] = {
@@ -321,6 +321,8 @@ def stats_object(s: Stats) -> dict[str, Any]:
 
 
 def failure(event: Failed) -> ApiError:
+    if event == SHUTTING_DOWN:
+        return ApiError(503, event.message, code="shutting_down")
     return ApiError(500, f"generation failed: {event.message}", code="generation_failed")
 
 

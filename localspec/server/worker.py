@@ -9,7 +9,8 @@ one to free. Events reach the request's handler on the server's event loop in ba
 one per round (and the first piece at once: that is the TTFT).
 
 A request whose client has gone is cancelled: waiting, it leaves the queue at once;
-decoding, its slot stops within the round (a prompt between chunks) and is free.
+decoding, its slot stops within the round (a prompt between chunks) and is free. When
+the server stops (Ctrl-C), every request is cancelled so, and its client told why.
 
 A slot about to give up most of its cache for a new prompt keeps it in RAM first
 (`--cache-ram`, prompt_cache.py), and a request that continues a prompt kept there gets
@@ -58,6 +59,8 @@ class Failed:
     message: str
 
 
+CANCELLED = Failed("cancelled")  # its client left: nobody reads why
+SHUTTING_DOWN = Failed("the server is shutting down")
 Delivery = list[Event | Failed]
 
 
@@ -146,6 +149,7 @@ class Worker:
         self.slots = self._make_slots(parallel)
         self._waiting: list[Job] = []  # submitted, no slot yet; the oldest first
         self._lock = threading.Lock()
+        self.stopping = False  # the server is shutting down: every job ends now
         self._mean_s = 1.0  # moving average of a request's decoding time, for Retry-After
         self._threads = [
             threading.Thread(target=self._serve, args=(slot,), name=f"localspec-slot{i}")
@@ -197,6 +201,24 @@ class Worker:
             thread.join(timeout=30)
         self.batcher.stop()
 
+    def stop_answers(self) -> None:
+        """The server is shutting down: waiting jobs leave the queue and running ones stop
+        within the round, each with SHUTTING_DOWN for its client; none start after."""
+        with self._lock:
+            self.stopping = True
+            waiting, self._waiting = self._waiting, []
+            running = [s.job for s in self.slots if s.job is not None]
+        for job in [*waiting, *running]:
+            job.cancel.set()
+        for job in waiting:
+            self._end(job, [], " while waiting")
+
+    def _end(self, job: Job, batch: Delivery, where: str = "") -> None:
+        """`job` was cancelled: its last events, then why, to its client and the log."""
+        job.deliver([*batch, SHUTTING_DOWN if self.stopping else CANCELLED])
+        why = "the server is shutting down" if self.stopping else "the client left"
+        log.info("%s cancelled%s: %s", job.label, where, why)
+
     def depth(self) -> int:
         """Requests waiting or being decoded."""
         with self._lock:
@@ -204,8 +226,10 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         """Start `job` in an idle slot, or queue it; a 429 where `max_queue` requests
-        already wait (0: no waiting at all)."""
+        already wait (0: no waiting at all), a 503 once the server is shutting down."""
         with self._lock:
+            if self.stopping:
+                raise ApiError(503, SHUTTING_DOWN.message, code="shutting_down")
             idle = any(s.job is None for s in self.slots)
             if not idle and len(self._waiting) >= self.max_queue:
                 waiting = len(self._waiting)
@@ -228,8 +252,7 @@ class Worker:
             if job not in self._waiting:
                 return
             self._waiting.remove(job)
-        job.deliver([Failed("cancelled")])
-        log.info("%s cancelled while waiting: the client left", job.label)
+        self._end(job, [], " while waiting")
 
     def _dispatch(self) -> None:
         """Waiting jobs to idle slots, the oldest first, each to the slot whose cache
@@ -253,9 +276,8 @@ class Worker:
         while (job := self._next_job(slot)) is not None:
             started = time.perf_counter()
             try:
-                if job.cancel.is_set():  # its client left as it got the slot
-                    job.deliver([Failed("cancelled")])
-                    log.info("%s cancelled: the client left", job.label)
+                if job.cancel.is_set() or self.stopping:  # as it got the slot
+                    self._end(job, [])
                     continue
                 slot.take(job)
                 with self.batcher.active():
@@ -346,8 +368,7 @@ class Worker:
             if isinstance(slot.engine.drafter, AdaptiveDrafter):
                 slot.engine.drafter.predict(None)
         if not finished:
-            job.deliver([*batch, Failed("cancelled")])
-            log.info("%s cancelled: the client left", job.label)
+            self._end(job, batch)
 
     def _engine_for(self, engine: Engine, job: Job) -> Engine:
         """The slot's engine; with a prediction, told of it (or, for a fixed γ, one

@@ -87,3 +87,19 @@ def test_a_cors_origin_is_written_as_browsers_send_it(capsys):
         assert exit_.value.code == 2
         err = capsys.readouterr().err.strip()
         assert "is not a web origin" in err and len(err.splitlines()) == 1, err
+
+
+def test_an_allowed_host_is_a_name_the_guard_can_match(capsys):
+    """The guard compares a Host header's name, not its port: 'mybox.local:8080' is taken
+    as 'mybox.local' (it would never match otherwise); a URL or nothing is refused."""
+    from localspec.cli import main
+    from localspec.cli.serve import host_header
+
+    assert host_header("MyBox.local:8080") == "mybox.local"
+    assert host_header("[fe80::1]") == "fe80::1"
+    for host in ("", "http://mybox.local", "mybox.local/v1"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["serve", "--allowed-host", host])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert "is not a host name" in err and len(err.splitlines()) == 1, err

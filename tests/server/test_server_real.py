@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -640,3 +641,48 @@ def test_codexs_requests_through_the_responses_api(client: openai.OpenAI):
         response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
     )
     assert structured.output_text == as_chat.choices[0].message.content
+
+
+def test_ctrl_c_ends_the_answers_in_flight_and_exits_cleanly(real_paths, tmp_path):
+    """A server of its own (one slot): Ctrl-C while a stream decodes and a request waits
+    tells both clients why (the stream's error event, a 503) and exits at once, without
+    a traceback, where uvicorn alone would wait minutes for the story to end."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    args = [*model_args(real_paths), "--port", str(port), "--parallel", "1", "--draft", "none"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "localspec", "serve", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(base, proc, 300, log.read_text)
+        story = {"messages": [{"role": "user", "content": STORY}], "max_tokens": 1500}
+        waited: list[httpx.Response] = []
+        with httpx.stream(
+            "POST", f"{base}/v1/chat/completions", json={**story, "stream": True}, timeout=60
+        ) as stream:
+            lines = stream.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            waiter = threading.Thread(
+                target=lambda: waited.append(
+                    httpx.post(f"{base}/v1/chat/completions", json=story, timeout=60)
+                )
+            )
+            waiter.start()
+            while httpx.get(f"{base}/health").json()["queue_depth"] < 2:  # it waits
+                assert waiter.is_alive(), waited
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            last = [line for line in lines if line.startswith("data:")][-1]
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    waiter.join(timeout=30)
+    said = log.read_text()
+    assert "Traceback" not in said, said
+    assert json.loads(last.removeprefix("data:"))["error"]["code"] == "shutting_down"
+    assert waited[0].status_code == 503, waited[0].text
+    assert "cancelled while waiting: the server is shutting down" in said, said
