@@ -261,6 +261,21 @@ def test_an_image_gets_a_one_line_400_that_says_the_model_takes_text(client: Tes
     assert client.post("/v1/chat/completions", json=text_parts, headers=AUTH).status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("field", "param", "message"),
+    [
+        ({"stop": [1, 2]}, "stop.0", "Input should be a valid string"),
+        ({"stop": 5}, "stop", "Input should be a valid string, or a valid array"),
+        ({"tool_choice": "maybe"}, "tool_choice", "'none', 'auto' or 'required', or an object"),
+    ],
+)
+def test_a_field_of_several_shapes_says_what_it_takes(client: TestClient, field, param, message):
+    """Not pydantic's path through its union ("stop.str", "stop.list[str].0")."""
+    r = client.post("/v1/chat/completions", json=chat(**field), headers=AUTH)
+    error = assert_error(r, 400, param)
+    assert error["message"].startswith(f"{param}: ") and error["message"].endswith(message)
+
+
 def test_another_model_name_is_served_by_the_loaded_one(client: TestClient):
     body = client.post("/v1/chat/completions", json=chat(model="gpt-4o-mini"), headers=AUTH)
     assert body.status_code == 200 and body.json()["model"] == "toy"
