@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from textual.css.query import NoMatches
 
 from localspec.backends.base import LoadFailed
 from localspec.backends.toy import THINKING_TEMPLATE
@@ -39,12 +40,20 @@ def make_app(
 
 
 async def until(pilot, condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    """Let the app run until `condition` holds."""
+    """Let the app run until `condition` holds; a widget it queries that is not mounted
+    yet (Textual composes a widget's children after the widget itself) is a "not yet"."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    while not holds(condition):
         if time.monotonic() > deadline:
             raise AssertionError("timed out waiting for the app")
         await pilot.pause(0.02)
+
+
+def holds(condition: Callable[[], bool]) -> bool:
+    try:
+        return condition()
+    except NoMatches:
+        return False
 
 
 async def ready(pilot) -> ChatApp:
@@ -235,6 +244,7 @@ async def test_a_thinking_models_reasoning_folds_above_its_answer(home: Path):
         await until(pilot, lambda: len(answers(app)) == 2)
         answer = answers(app)[0]
         await until(pilot, lambda: answer.query_one("Markdown").source != "")
+        await until(pilot, lambda: bool(answer.query(".answer-reasoning-text")))
         block = answer.query_one("Collapsible")
         assert block.display and block.collapsed
         assert plain(block.query_one(".answer-reasoning-text")).strip() == THOUGHT
