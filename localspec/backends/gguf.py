@@ -99,6 +99,7 @@ _ARRAY_KEEP = 64  # keep small arrays (per-layer head counts); count the big one
 class _Header:
     kv: dict[str, Any] = field(default_factory=dict)
     tensors: dict[str, int] = field(default_factory=dict)  # name -> bytes
+    shapes: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # dims, type
 
 
 def gguf_info(paths: Path | Iterable[Path]) -> GgufInfo:
@@ -193,13 +194,14 @@ def _read_header(path: Path) -> _Header:
                 name = f.string()
                 n_dims = f.u32()
                 dims = struct.unpack(f"<{n_dims}Q", f.read(8 * n_dims))
-                ggml_type = f.u32()
+                ggml_type = GGMLQuantizationType(f.u32())
                 f.read(8)  # offset
-                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+                block, type_size = GGML_QUANT_SIZES[ggml_type]
                 count = 1
                 for d in dims:
                     count *= d
                 header.tensors[name] = count // block * type_size
+                header.shapes[name] = (dims, ggml_type.name)
             return header
     except (struct.error, ValueError, KeyError, UnicodeDecodeError) as e:
         raise GgufError(f"{path.name}: unreadable GGUF header ({e})") from None
@@ -280,6 +282,12 @@ class _Buffered:
         else:
             for _ in range(count):
                 self.value(item)
+
+
+def tensor_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each tensor's dimensions (ggml's order, as `gguf.GGUFReader` gives them) and type
+    name ("Q4_K"), without the reader's seconds over the vocabulary."""
+    return _read_header(path).shapes
 
 
 def gguf_info_or_none(paths: Iterable[Path]) -> GgufInfo | None:

@@ -12,15 +12,14 @@ import numpy as np
 import pytest
 from conftest import DRAFT_ID, TARGET_ID, installed
 from helpers import load_script
+from test_tiny_gguf import vocab_reader
+
+from localspec.backends.gguf import tensor_shapes
 
 pytestmark = pytest.mark.real
 
 
-Table = dict[str, tuple[tuple[int, ...], str]]
-
-
-def tensors(reader) -> Table:  # a gguf.GGUFReader
-    return {t.name: (tuple(int(x) for x in t.shape), t.tensor_type.name) for t in reader.tensors}
+Table = dict[str, tuple[tuple[int, ...], str]]  # a tensor's dimensions and type
 
 
 def kinds(table: Table) -> Counter:
@@ -29,29 +28,24 @@ def kinds(table: Table) -> Counter:
 
 
 @pytest.fixture(scope="module")
-def twins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Path, Table]]]:
-    """The real pair's random twins, written once (1.6 GB, removed after), each with its
-    real file's tensors (a Qwen vocabulary takes gguf's reader seconds: read once)."""
-    import gguf
-
+def twins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """The real pair's random twins, written once (1.6 GB, removed after), both with the
+    vocabulary they share, read once (as the script takes one --vocab for both)."""
     profile, out = load_script("gpu_profile"), tmp_path_factory.mktemp("twins")
-    made = {}
-    for m in (DRAFT_ID, TARGET_ID):
-        reader = gguf.GGUFReader(str(installed(m)))
-        made[m] = (profile.write_shaped(m, reader, out / f"{m}.gguf"), tensors(reader))
+    made = {
+        m: profile.write_shaped(m, vocab_reader(), out / f"{m}.gguf") for m in (DRAFT_ID, TARGET_ID)
+    }
     yield made
-    for path, _ in made.values():
+    for path in made.values():
         path.unlink()
 
 
 @pytest.mark.parametrize("model_id", [DRAFT_ID, TARGET_ID])
 def test_a_random_twin_has_the_real_files_tensors_and_size(
-    model_id: str, twins: dict[str, tuple[Path, Table]]
+    model_id: str, twins: dict[str, Path]
 ) -> None:
-    import gguf
-
-    real, (twin, theirs) = installed(model_id), twins[model_id]
-    ours = tensors(gguf.GGUFReader(str(twin)))
+    real, twin = installed(model_id), twins[model_id]
+    ours, theirs = tensor_shapes(twin), tensor_shapes(real)
     assert {n: s for n, (s, _) in ours.items()} == {n: s for n, (s, _) in theirs.items()}
     # llama.cpp's Q4_K_M rule puts Q6_K in as many layers as the published file does
     # (which layers differs: the files were made by an older llama.cpp)
@@ -59,10 +53,10 @@ def test_a_random_twin_has_the_real_files_tensors_and_size(
     assert abs(twin.stat().st_size - real.stat().st_size) < 8192
 
 
-def test_llama_cpp_runs_a_random_twin(twins: dict[str, tuple[Path, Table]]) -> None:
+def test_llama_cpp_runs_a_random_twin(twins: dict[str, Path]) -> None:
     from localspec.backends.llama import LlamaModel, LoadOptions
 
-    model = LlamaModel(twins[DRAFT_ID][0], LoadOptions(n_ctx=256, n_threads=2))
+    model = LlamaModel(twins[DRAFT_ID], LoadOptions(n_ctx=256, n_threads=2))
     try:
         logits = model.evaluate(model.tokenize("def add(a, b):"), 2)
         assert logits.shape == (2, model.n_vocab) and np.isfinite(logits).all()

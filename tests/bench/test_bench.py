@@ -486,9 +486,9 @@ def test_command_errors_are_one_line(tmp_path, args, words):
 def test_real_pair_short_bench(real_models, tmp_path):
     target, draft = real_models
     prompts = suite.select_prompts(suite.load_prompts(), "code-binary-search,edit-fix-bug")
-    report = runner.run_bench(
-        target, draft, prompts, modes.parse_modes("draft"), BenchConfig(max_tokens=16), threads=2
-    )
+    # no warm-up or T(k): test_rpc.py's bench runs both on the real target
+    fast = BenchConfig(max_tokens=16, warmup=False, costs=False)
+    report = runner.run_bench(target, draft, prompts, modes.parse_modes("draft"), fast, threads=2)
     for r in report.results:
         assert r.tokens > 0 and r.tokens_per_s > 0 and r.ttft_s > 0
         # greedy speculation reproduces plain decoding, up to proven kernel numerics

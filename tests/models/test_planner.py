@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hub_server import make_gguf
 
-from localspec.backends.gguf import GgufInfo, gguf_info
+from localspec.backends.gguf import GgufInfo, gguf_info, tensor_shapes
 from localspec.models import planner, store
 from localspec.models.catalog_file import default_catalog, parse_catalog
 from localspec.models.explain import plan_json, reasons
@@ -531,6 +531,17 @@ def test_weights_from_a_gguf_header(tmp_path: Path):
     assert len(w.layers) == 4 and all(b == 64 * 64 * 4 + 128 * 64 * 4 for b in w.layers)
     assert w.embd > 0 and w.output == 64 * 64 * 4 and w.vocab == 500
     assert w.kv_per_token_layer == 2 * 2 * 16 * 2  # 2 KV heads of 64/4 = 16, f16
+
+
+def test_tensor_shapes_read_as_ggufs_own_reader_reads_them(tmp_path: Path):
+    import gguf
+
+    path = make_gguf(tmp_path / "t.gguf", layers=2, embedding=64, vocab=500)
+    want = {
+        t.name: (tuple(int(d) for d in t.shape), t.tensor_type.name)
+        for t in gguf.GGUFReader(path).tensors
+    }
+    assert tensor_shapes(path) == want and ("output.weight", ((64, 64), "F32")) in want.items()
 
 
 # --- installed models and the default pair --------------------------------------------

@@ -12,6 +12,7 @@ from server.test_slots_real import Loop, assert_scores_alike
 
 from localspec.backends.llama import LlamaModel, LoadOptions
 from localspec.decoding.events import Finished
+from localspec.server.scheduling import KEEP_TOKENS
 from localspec.server.worker import Worker
 from localspec.session import Session, SessionConfig, open_session
 
@@ -60,7 +61,9 @@ def test_three_conversations_in_two_slots_come_back_from_ram(session, loop):
     worker.start()
     roles = ["You review Python code.", "You write shell commands.", "You write pytest tests."]
     rule = " Answer in one short sentence, and never repeat the question back."
-    talks = [[{"role": "system", "content": role + rule * 25}] for role in roles]
+    # just long enough that a slot's cache is worth keeping (no more: each is read twice)
+    repeats = KEEP_TOKENS // len(session.target.tokenize(rule)) + 2
+    talks = [[{"role": "system", "content": role + rule * repeats}] for role in roles]
     first: list[int] = []
     try:
         for turn in range(2):

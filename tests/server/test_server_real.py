@@ -330,7 +330,8 @@ def test_plain_completions(client: openai.OpenAI, server):
         "temperature": 0,
     }
     headers = {"Authorization": f"Bearer {KEY}"}
-    with httpx.stream("POST", f"{server[0]}/completion", json=continue_body, headers=headers) as r:
+    completion = f"{server[0]}/completion"  # httpx waits 5 s by default: a busy machine needs more
+    with httpx.stream("POST", completion, json=continue_body, headers=headers, timeout=300) as r:
         assert r.status_code == 200
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert "".join(e["content"] for e in events) == answer.choices[0].text.split("\n\n")[0]
@@ -344,7 +345,7 @@ def test_plain_completions(client: openai.OpenAI, server):
     # llama-server's json_schema on /completion: the answer follows it
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     ask = {"prompt": "A JSON object with a number: ", "json_schema": schema, "n_predict": 24}
-    shaped = httpx.post(f"{url}/completion", json=ask | {"temperature": 0}, headers=headers)
+    shaped = httpx.post(completion, json=ask | {"temperature": 0}, headers=headers, timeout=300)
     assert isinstance(json.loads(shaped.json()["content"])["a"], int)
     bad = httpx.post(
         f"{url}/completion", json=ask | {"json_schema": {"type": "x"}}, headers=headers
@@ -466,7 +467,10 @@ def test_web_pages_cannot_drive_the_server(server):
     assert page.status_code == 403
     port = base.rsplit(":", 1)[1]
     local = httpx.post(
-        f"{base}/v1/chat/completions", json=body, headers={**auth, "Host": f"localhost:{port}"}
+        f"{base}/v1/chat/completions",
+        json=body,
+        headers={**auth, "Host": f"localhost:{port}"},
+        timeout=300,
     )
     assert local.status_code == 200
 
