@@ -201,11 +201,11 @@ def test_the_cpu_draft_copy_speculates_losslessly(
     fast = LlamaModel(copy, LoadOptions(n_ctx=2048, n_threads=2))
     try:
         check_compatible(target, fast)
-        engine = Engine(target, DraftModel(fast), 4)
-        for name, (tokens, plain) in plain_runs.items():
-            spec = runner.run_once(engine, target, fast, tokens, MAX_TOKENS)
-            assert_audited(target, plain, spec)
-            if name == "code":
-                assert spec.figures.acceptance_rate > 0.6
+        tokens, plain = plain_runs["code"]  # the other prompts: the tests above
+        spec = runner.run_once(
+            Engine(target, DraftModel(fast), 4), target, fast, tokens, MAX_TOKENS
+        )
+        assert_audited(target, plain, spec)
+        assert spec.figures.acceptance_rate > 0.6
     finally:
         fast.close()
