@@ -12,8 +12,7 @@ from localspec.backends import load_llama_library
 
 load_llama_library()  # before numpy, as the CLI does (docs/gpu-overhead.md)
 
-TARGET_ID = "qwen2.5-coder-1.5b-instruct"
-DRAFT_ID = "qwen2.5-coder-0.5b-instruct"
+from helpers import DRAFT_ID, TARGET_ID, installed  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -28,15 +27,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.mkdir()
     monkeypatch.setenv("LOCALSPEC_HOME", str(path))
     return path
-
-
-def installed(model_id: str) -> Path:
-    from localspec.models.resolve import resolve_installed
-
-    try:
-        return resolve_installed(model_id)
-    except Exception as e:
-        pytest.fail(f"{model_id} is not installed ({e}); run ./scripts/setup.sh")
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,22 @@ from types import ModuleType
 import httpx
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+# the real pair scripts/setup.sh installs
+TARGET_ID = "qwen2.5-coder-1.5b-instruct"
+DRAFT_ID = "qwen2.5-coder-0.5b-instruct"
+
+
+def installed(model_id: str) -> Path:
+    """An installed model's file; a missing one fails the test (a set-up step was
+    skipped), it never skips it."""
+    import pytest
+
+    from localspec.models.resolve import resolve_installed
+
+    try:
+        return resolve_installed(model_id)
+    except Exception as e:
+        pytest.fail(f"{model_id} is not installed ({e}); run ./scripts/setup.sh")
 
 
 def load_script(name: str) -> ModuleType:

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DRAFT_ID, TARGET_ID, installed
-from helpers import load_script
+from helpers import DRAFT_ID, TARGET_ID, installed, load_script
 from test_tiny_gguf import vocab_reader
 
 from localspec.backends.gguf import tensor_shapes

@@ -35,7 +35,7 @@ def vocab_source() -> Path:
     path = models_dir() / VOCAB_FILE
     if path.exists():
         return path
-    from conftest import installed
+    from helpers import installed
 
     return installed(VOCAB_SOURCE)
 
