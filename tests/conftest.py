@@ -7,12 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import DRAFT_ID, TARGET_ID, installed
 
 from localspec.backends import load_llama_library
 
 load_llama_library()  # before numpy, as the CLI does (docs/gpu-overhead.md)
-
-from helpers import DRAFT_ID, TARGET_ID, installed  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

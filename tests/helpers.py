@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import httpx
+import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 # the real pair scripts/setup.sh installs
@@ -24,8 +25,6 @@ DRAFT_ID = "qwen2.5-coder-0.5b-instruct"
 def installed(model_id: str) -> Path:
     """An installed model's file; a missing one fails the test (a set-up step was
     skipped), it never skips it."""
-    import pytest
-
     from localspec.models.resolve import resolve_installed
 
     try:

@@ -347,9 +347,7 @@ def test_plain_completions(client: openai.OpenAI, server):
     ask = {"prompt": "A JSON object with a number: ", "json_schema": schema, "n_predict": 24}
     shaped = httpx.post(completion, json=ask | {"temperature": 0}, headers=headers, timeout=300)
     assert isinstance(json.loads(shaped.json()["content"])["a"], int)
-    bad = httpx.post(
-        f"{url}/completion", json=ask | {"json_schema": {"type": "x"}}, headers=headers
-    )
+    bad = httpx.post(completion, json=ask | {"json_schema": {"type": "x"}}, headers=headers)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "json_schema"
 
 
