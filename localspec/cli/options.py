@@ -158,7 +158,10 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=0.95)
     g.add_argument("--top-k", type=int, default=40)
     g.add_argument("--min-p", type=float, default=0.05)
-    g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off (default)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="per repeat (OpenAI's)")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="once seen (OpenAI's)")
+    g.add_argument("--repeat-last-n", type=int, default=64, help="the penalties' window (-1: all)")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--max-tokens", "-n", type=int, default=512)
 
@@ -175,6 +178,9 @@ def sampling_params(args: argparse.Namespace):  # -> SamplingParams
             top_p=args.top_p,
             min_p=args.min_p,
             repeat_penalty=args.repeat_penalty,
+            frequency_penalty=args.frequency_penalty,
+            presence_penalty=args.presence_penalty,
+            repeat_last_n=args.repeat_last_n,
             seed=args.seed,
         )
     except ValueError as e:

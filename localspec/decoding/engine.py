@@ -256,7 +256,7 @@ class Engine:
         if state is not None:
             return self._verify_constrained(draft, logits, params, tokens, rng, state)
         if params.greedy:
-            if params.repeat_penalty == 1.0:
+            if not params.reshapes_logits:
                 argmax = np.argmax(logits, axis=1).tolist()
             else:
                 argmax = [

@@ -2,8 +2,9 @@
 
 The same transform is applied to the target's logits (giving p) and the draft's (giving
 q), with the same history, so that rejection sampling reproduces exactly the target's
-sampling distribution. Order, as in Hugging Face's samplers: repetition penalty,
-temperature, top-k, top-p, min-p. Temperature 0 means greedy (argmax).
+sampling distribution. Order, as in llama.cpp's chain: logit bias, penalties (repeat,
+frequency, presence), temperature, top-k, top-p, min-p. Temperature 0 means greedy
+(argmax of the biased and penalized row).
 """
 
 from __future__ import annotations
@@ -24,12 +25,24 @@ class SamplingParams:
     top_p: float = 0.95
     min_p: float = 0.05
     repeat_penalty: float = 1.0  # 1 = off
-    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0  # OpenAI's: minus this per occurrence in the window
+    presence_penalty: float = 0.0  # OpenAI's: minus this once for a token in the window
+    repeat_last_n: int = 64  # the penalties' window; -1: the whole history
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit)
     seed: int | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return (self.repeat_penalty, self.frequency_penalty, self.presence_penalty) != (1, 0, 0)
+
+    @property
+    def reshapes_logits(self) -> bool:
+        """Whether `penalize` changes a row (else a greedy choice is the raw argmax)."""
+        return bool(self.logit_bias) or (self.penalized and self.repeat_last_n != 0)
 
     def __post_init__(self) -> None:
         if not 0 <= self.temperature < math.inf:  # also refuses nan
@@ -42,20 +55,37 @@ class SamplingParams:
             raise ValueError("top-k must be >= 0")
         if not 0 < self.repeat_penalty < math.inf:
             raise ValueError("repeat penalty must be a number > 0")
-        if self.repeat_last_n < 0:
-            raise ValueError("repeat-last-n must be >= 0")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -math.inf < getattr(self, name) < math.inf:
+                raise ValueError(f"{name.replace('_', ' ')} must be a number")
+        if self.repeat_last_n < -1:
+            raise ValueError("repeat-last-n must be >= -1 (-1: the whole history)")
+        if not all(math.isfinite(bias) for _, bias in self.logit_bias):
+            raise ValueError("a logit bias must be a finite number")
         if self.seed is not None and self.seed < 0:
             raise ValueError("seed must be >= 0")
 
 
 def penalize(logits: np.ndarray, params: SamplingParams, history: Sequence[int]) -> np.ndarray:
-    """CTRL-style repetition penalty over the last `repeat_last_n` tokens (llama.cpp's rule)."""
-    if params.repeat_penalty == 1.0 or params.repeat_last_n == 0 or not history:
+    """llama.cpp's first samplers: the logit bias, then the penalties over the last
+    `repeat_last_n` tokens of the history (the prompt's too, as llama-server's): the
+    CTRL-style repeat penalty, then OpenAI's frequency and presence penalties."""
+    if not params.reshapes_logits:
         return logits
-    recent = np.unique(np.asarray(history[-params.repeat_last_n :], dtype=np.int64))
     out = logits.copy()
+    if params.logit_bias:
+        ids, bias = np.array(params.logit_bias).T
+        mine = ids < len(out)  # a draft's vocabulary may be a little shorter
+        out[ids[mine].astype(np.int64)] += bias[mine]
+    n = params.repeat_last_n
+    window = history if n == -1 else history[-n:] if n else ()
+    if not params.penalized or not window:
+        return out
+    recent, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
     vals = out[recent]
-    out[recent] = np.where(vals > 0, vals / params.repeat_penalty, vals * params.repeat_penalty)
+    r = params.repeat_penalty
+    vals = np.where(vals > 0, vals / r, vals * r)
+    out[recent] = vals - counts * params.frequency_penalty - params.presence_penalty
     return out
 
 

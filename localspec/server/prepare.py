@@ -164,10 +164,13 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
 
 def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
     body.refuse_unsupported()
+    text = body.one_prompt()
     if body.suffix:  # OpenAI's fill-in-the-middle: the prompt before the cursor
+        if not isinstance(text, str):
+            raise ApiError(400, "a prompt with a suffix must be text, not token ids", "prompt")
         built = infill_prompt(
             session.target,
-            body.prompt_text(),
+            text,
             body.suffix,
             [],
             "",
@@ -176,7 +179,10 @@ def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
         )
         config = generation_config(body, built.tokens, session, COMPLETION_DEFAULT_TOKENS)
         return Prepared.infill(built, config, InfillLines(body.suffix))
-    prompt = session.tokenize_raw(body.prompt_text())
+    if isinstance(text, str):
+        prompt = session.tokenize_raw(text)
+    else:
+        prompt = token_ids(session.target, text, "prompt")
     if not prompt:
         raise ApiError(400, "the prompt is empty", "prompt")
     return Prepared(prompt, generation_config(body, prompt, session, COMPLETION_DEFAULT_TOKENS))
@@ -243,6 +249,11 @@ def generation_config(
         sampling = body.sampling()
     except ValueError as e:
         raise ApiError(400, str(e)) from None
+    n_vocab = session.target.n_vocab
+    if any(token >= n_vocab for token, _ in sampling.logit_bias):
+        raise ApiError(
+            400, f"logit_bias names a token beyond the vocabulary of {n_vocab}", "logit_bias"
+        )
     return GenerationConfig(
         max_tokens=limit,
         sampling=sampling,

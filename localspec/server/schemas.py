@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
@@ -198,11 +198,12 @@ class GenerationBody(Body):
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0, lt=1)
     repeat_penalty: float | None = Field(None, gt=0)
+    repeat_last_n: int | None = Field(None, ge=-1)  # the penalties' window (-1: all)
     seed: int | None = Field(None, ge=0)
     stop: str | list[str] | None = None
     n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logprobs: bool | int | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     logit_bias: dict[str, float] | None = None
@@ -230,8 +231,26 @@ class GenerationBody(Body):
             top_k=defaults.top_k if self.top_k is None else self.top_k,
             min_p=defaults.min_p if self.min_p is None else self.min_p,
             repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            repeat_last_n=defaults.repeat_last_n
+            if self.repeat_last_n is None
+            else self.repeat_last_n,
+            logit_bias=self.token_biases(),
             seed=self.seed,
         )
+
+    def token_biases(self) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` as (token id, bias) pairs; a 400 for a key that is not a token
+        id or a bias outside OpenAI's [-100, 100] (-100 bans a token, 100 all but forces it)."""
+        pairs = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise ApiError(400, f"logit_bias keys are token ids, not {key!r}", "logit_bias")
+            if not -100 <= bias <= 100:
+                raise ApiError(400, f"logit_bias[{key}] must be in [-100, 100]", "logit_bias")
+            pairs.append((int(key), bias))
+        return tuple(pairs)
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -243,13 +262,6 @@ class GenerationBody(Body):
         """A 400 for each field the server cannot honour."""
         if self.n not in (None, 1):
             raise ApiError(400, "n must be 1: one answer per request", "n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise ApiError(
-                    400, f"{name} is not supported; use repeat_penalty (llama.cpp's)", name
-                )
-        if self.logit_bias:
-            raise ApiError(400, "logit_bias is not supported", "logit_bias")
 
 
 class ChatRequest(GenerationBody):
@@ -293,7 +305,9 @@ class ChatRequest(GenerationBody):
 
 
 class CompletionRequest(GenerationBody):
-    prompt: str | list[str]
+    # OpenAI's four shapes: text, token ids, and a batch of one of either (lm-eval's
+    # local-completions sends [[ids]])
+    prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
@@ -306,12 +320,14 @@ class CompletionRequest(GenerationBody):
             raise ApiError(400, "logprobs must be between 0 and 20", "logprobs")
         return int(self.logprobs)
 
-    def prompt_text(self) -> str:
-        if isinstance(self.prompt, str):
-            return self.prompt
-        if len(self.prompt) != 1:
-            raise ApiError(400, "prompt must be one string: one answer per request", "prompt")
-        return self.prompt[0]
+    def one_prompt(self) -> str | list[int]:
+        """The prompt's text or token ids; a 400 for a batch of several."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or all(isinstance(t, int) for t in prompt):
+            return cast(str | list[int], prompt)
+        if len(prompt) != 1:
+            raise ApiError(400, "prompt must be one prompt: one answer per request", "prompt")
+        return cast(str | list[int], prompt[0])
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from localspec.backends.base import ContextFull
-from localspec.backends.toy import ToyModel, scripted
+from localspec.backends.toy import ToyModel, markov, scripted
 from localspec.decoding.drafters import DraftModel, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished, Piece, RoundEnd, StatsRecorder
@@ -74,6 +74,26 @@ def test_every_drafter_gives_the_same_greedy_answer(drafter):
     target = ToyModel(scripted(REPLY))
     session = Session(Engine(target, drafter, 0 if isinstance(drafter, NoDrafter) else 3))
     assert list(session.chat(USER))[-1].text == REPLY
+
+
+def test_each_reshaped_greedy_row_sees_the_drafted_tokens_before_it():
+    """Penalties and a bias: row i of a verify pass is penalized with the context plus
+    draft[:i], so speculation answers as plain decoding (toys: no numerics part them)."""
+    fn = markov(8, seed=1)
+    params = SamplingParams(
+        frequency_penalty=1.0, presence_penalty=0.5, repeat_last_n=6, logit_bias=((3, -2.0),)
+    )
+    config = GenerationConfig(max_tokens=40, sampling=params)
+
+    def answer(drafter, gamma: int) -> Finished:
+        return list(Engine(ToyModel(fn, n_vocab=8), drafter, gamma).generate([1, 2], config))[-1]
+
+    plain = answer(NoDrafter(), 0)
+    spec = answer(DraftModel(ToyModel(fn, n_vocab=8), p_min=0.0), 4)
+    unshaped = list(Engine(ToyModel(fn, n_vocab=8), NoDrafter(), 0).generate([1, 2]))[-1]
+    assert plain.tokens != unshaped.tokens[: len(plain.tokens)]
+    assert spec.tokens == plain.tokens
+    assert spec.stats.accepted == spec.stats.drafted > 0  # the same model drafts: all right
 
 
 def test_provenance_marks_accepted_draft_tokens():

@@ -201,15 +201,24 @@ def exact_laws(fn, params: SamplingParams, prompt: list[int], positions: int) ->
     return laws
 
 
-def test_a_repetition_penalty_keeps_the_target_law():
+@pytest.mark.parametrize(
+    "reshaping",
+    [
+        {"repeat_penalty": 1.8, "repeat_last_n": 3},
+        {"frequency_penalty": 1.5, "presence_penalty": 1.0, "repeat_last_n": 3},
+        {"logit_bias": ((2, 1.5), (5, -3.0))},
+    ],
+    ids=["repeat", "frequency-presence", "logit-bias"],
+)
+def test_a_penalty_or_bias_keeps_the_target_law(reshaping):
     target_fn, draft_fn = markov(V, seed=1), markov(V, seed=2)
     target = ToyModel(target_fn, n_vocab=V, name="target")
     drafter = DraftModel(ToyModel(draft_fn, n_vocab=V, name="draft"), p_min=0.0)
-    params = SamplingParams(**PARAMS, repeat_penalty=1.8, repeat_last_n=3)
+    params = SamplingParams(**PARAMS, **reshaping)
     prompt = [3, 1, 4]
     laws = exact_laws(target_fn, params, prompt, positions=4)
     no_penalty = exact_laws(target_fn, SamplingParams(**PARAMS), prompt, positions=4)
-    assert np.abs(laws - no_penalty).sum(axis=1).min() > 0.2  # the penalty matters here
+    assert np.abs(laws - no_penalty).sum(axis=1).min() > 0.2  # the reshaping matters here
     counts, drafted, accepted = run_many(drafter, target, prompt, 3000, 4, params)
 
     assert 0 < accepted < drafted

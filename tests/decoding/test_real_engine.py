@@ -12,6 +12,7 @@ top-2 margin there was under NEAR_TIE and speculation took its runner-up.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from localspec.backends.base import Model, ModelError, check_compatible, common_prefix
@@ -183,6 +184,38 @@ def test_seeded_sampling_is_reproducible_with_the_real_pair(real_models):
     first = run(5)
     assert first.stats.drafted > 0 and first.text
     assert run(5).tokens == first.tokens
+
+
+def test_penalties_and_a_logit_bias_speculate_as_plain_decoding(real_models):
+    """Each row of a verify pass is biased and penalized with its own history (the
+    drafted tokens before it included), as plain decoding's one row per token is."""
+    from localspec.decoding.sampling import SamplingParams, penalize
+
+    target, draft = real_models
+    prompt = Session(Engine(target, NoDrafter(), 0)).render(user(PROMPTS["code"]))
+
+    def run(drafter, gamma: int, params: SamplingParams) -> Finished:
+        config = GenerationConfig(max_tokens=24, sampling=params)
+        return list(Engine(target, drafter, gamma).generate(prompt, config))[-1]
+
+    unbiased = run(NoDrafter(), 0, SamplingParams())
+    banned = unbiased.tokens[1]
+    params = SamplingParams(
+        frequency_penalty=1.0, presence_penalty=1.5, logit_bias=((banned, -100.0),)
+    )
+    plain = run(NoDrafter(), 0, params)
+    spec = run(DraftModel(draft), 4, params)
+    assert banned not in plain.tokens and plain.tokens != unbiased.tokens
+    assert spec.stats.drafted > 0
+    for i, (got, want) in enumerate(zip(spec.tokens, plain.tokens, strict=True)):
+        if got != want:  # only a near-tie of the reshaped row may part them
+            history = [*prompt, *plain.tokens[:i]]
+            target.reset()
+            row = penalize(target.evaluate(history, 1)[0], params, history)
+            top, runner_up = (int(t) for t in np.argsort(row)[::-1][:2])
+            assert (want, got) == (top, runner_up), f"token {i}: not plain decoding's top two"
+            assert row[top] - row[runner_up] < NEAR_TIE, f"token {i}: a clear margin"
+            return
 
 
 def test_the_cpu_draft_copy_speculates_losslessly(

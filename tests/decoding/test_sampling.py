@@ -56,6 +56,30 @@ def test_repetition_penalty_follows_llama_cpp_sign_rule():
     np.testing.assert_allclose(out, [1.0, -4.0, 1.0])
 
 
+def test_frequency_and_presence_penalties_follow_openai_and_llama_cpp():
+    """logit - count * frequency - (count > 0) * presence, over the window, after the
+    repeat penalty (llama.cpp's penalties sampler)."""
+    logits = np.array([2.0, -2.0, 1.0, 0.5])
+    params = SamplingParams(
+        repeat_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25, repeat_last_n=4
+    )
+    out = penalize(logits, params, [3, 0, 0, 1, 0])  # the window: 0, 0, 1, 0
+    np.testing.assert_allclose(out, [1.0 - 1.5 - 0.25, -4.0 - 0.5 - 0.25, 1.0, 0.5])
+    whole = SamplingParams(presence_penalty=1.0, repeat_last_n=-1)
+    np.testing.assert_allclose(penalize(logits, whole, [3, 0]), [1.0, -2.0, 1.0, -0.5])
+    off = SamplingParams(presence_penalty=1.0, repeat_last_n=0)
+    assert penalize(logits, off, [3, 0]) is logits
+
+
+def test_a_logit_bias_is_added_first_and_a_shorter_row_keeps_its_own_tokens():
+    logits = np.array([2.0, -2.0, 1.0], dtype=np.float32)
+    params = SamplingParams(logit_bias=((1, 5.0), (2, -100.0), (3, 9.0)))
+    out = penalize(logits, params, [])  # token 3: beyond this (draft's) vocabulary
+    np.testing.assert_allclose(out, [2.0, 3.0, -99.0])
+    np.testing.assert_array_equal(logits, [2.0, -2.0, 1.0])  # left as it was
+    assert params.reshapes_logits and not SamplingParams(repeat_penalty=1.0).reshapes_logits
+
+
 def test_top2_gives_the_argmax_and_its_share_of_the_top_two():
     logits = LOGITS.astype(np.float32)
     token, confidence = top2(logits)
@@ -85,6 +109,10 @@ def test_sample_follows_probs():
         {"repeat_penalty": 0},
         {"repeat_penalty": float("nan")},
         {"repeat_penalty": float("inf")},
+        {"frequency_penalty": float("nan")},
+        {"presence_penalty": float("inf")},
+        {"repeat_last_n": -2},
+        {"logit_bias": ((1, float("nan")),)},
         {"seed": -1},
     ],
 )

@@ -192,6 +192,25 @@ def test_plain_completions(client: TestClient):
     assert body["object"] == "text_completion" and body["choices"][0]["text"] == REPLY[:5]
 
 
+@pytest.mark.parametrize(
+    ("prompt", "error"),
+    [
+        (list(b"<|assistant|>"), None),  # token ids (the toy's tokens are its bytes)
+        ([list(b"<|assistant|>")], None),  # a batch of one, as lm-eval's local-completions
+        (["<|assistant|>"], None),
+        ([], "the prompt is empty"),
+        ([[1], [2]], "prompt must be one prompt: one answer per request"),
+        ([1, 258], "prompt: token ids must be in [0, 258)"),
+    ],
+)
+def test_a_completions_prompt_takes_openais_four_shapes(client: TestClient, prompt, error):
+    r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 5}, headers=AUTH)
+    if error is None:
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == REPLY[:5]
+    else:
+        assert assert_error(r, 400, "prompt")["message"] == error
+
+
 def test_llama_servers_own_completion_endpoint(client: TestClient):
     """/completion as Continue's `llama.cpp` provider and llama-server's scripts send it:
     text or token ids, n_predict (max_tokens where it is not given), streamed pieces of
@@ -229,8 +248,12 @@ def test_llama_servers_own_completion_endpoint(client: TestClient):
         (json.dumps(chat(max_tokens=-2)).encode(), 400, "max_tokens"),
         (json.dumps(chat(temperature="hot")).encode(), 400, "temperature"),
         (json.dumps(chat(n=2)).encode(), 400, "n"),
-        (json.dumps(chat(presence_penalty=0.5)).encode(), 400, "presence_penalty"),
-        (json.dumps(chat(frequency_penalty=1)).encode(), 400, "frequency_penalty"),
+        (json.dumps(chat(presence_penalty=2.5)).encode(), 400, "presence_penalty"),
+        (json.dumps(chat(frequency_penalty="x")).encode(), 400, "frequency_penalty"),
+        (json.dumps(chat(logit_bias={"hello": 1})).encode(), 400, "logit_bias"),
+        (json.dumps(chat(logit_bias={"5": 101})).encode(), 400, "logit_bias"),
+        (json.dumps(chat(logit_bias={"258": -100})).encode(), 400, "logit_bias"),
+        (json.dumps(chat(repeat_last_n=-2)).encode(), 400, "repeat_last_n"),
         (json.dumps(chat(stop=[1, 2])).encode(), 400, None),
         (json.dumps(chat(stop=[f"s{i}" for i in range(65)])).encode(), 400, "stop"),
         (json.dumps(chat(messages=[{"role": "user", "content": "x" * 600}])).encode(), 400, None),

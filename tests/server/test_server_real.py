@@ -351,6 +351,20 @@ def test_plain_completions(client: openai.OpenAI, server):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "json_schema"
 
 
+def test_a_logit_bias_and_penalties_shape_the_answer(client: openai.OpenAI, server):
+    """OpenAI's logit_bias bans a token (-100), its penalties are applied, as llama-server's."""
+    ask = {"model": MODEL, "messages": ASK, "temperature": 0, "max_tokens": 3}
+    tokenize, auth = f"{server[0]}/tokenize", {"Authorization": f"Bearer {KEY}"}
+
+    def first_token(**shaping) -> int:
+        text = client.chat.completions.create(**ask, **shaping).choices[0].message.content
+        return httpx.post(tokenize, json={"content": text}, headers=auth).json()["tokens"][0]
+
+    plain = first_token()
+    banned = {str(plain): -100}
+    assert first_token(logit_bias=banned, presence_penalty=1.0, frequency_penalty=0.5) != plain
+
+
 def test_beyond_the_queue_a_429_with_retry_after(client: openai.OpenAI, server):
     story = [{"role": "user", "content": "Write a very long story about a lighthouse."}]
     busy = [
