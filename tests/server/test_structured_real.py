@@ -309,3 +309,69 @@ def test_a_forced_calls_arguments_follow_its_own_functions_schema(session) -> No
                     break
                 state.accept(token)
             assert went and state.allows(target.special_ids[1]) if ok else not went, (fmt, args)
+
+
+def test_schemas_with_refs_as_pydantic_writes_them(session) -> None:
+    """`$defs` and `$ref`s (pydantic's, zod's): a recursive model at the root, and two
+    tools each with a definition of the same name, in a forced call of either."""
+    from localspec.server.chat import CALL_STYLE, HERMES, LLAMA3, tool_grammar
+    from localspec.server.schemas import Tool
+
+    target = session.target
+
+    def goes_through(grammar: LlamaGrammar, text: str) -> bool:
+        state = grammar.start()
+        for token in target.tokenize(text, special=False):
+            if not state.allows(token):
+                return False
+            state.accept(token)
+        return state.allows(target.special_ids[1])
+
+    def uses_addr(fields: dict) -> dict:
+        addr = {"type": "object", "properties": fields, "required": list(fields)}
+        return {
+            "$defs": {"Addr": addr},
+            "type": "object",
+            "properties": {"at": {"$ref": "#/$defs/Addr"}},
+            "required": ["at"],
+        }
+
+    tree = {  # pydantic's schema of `class Tree(BaseModel): label: str; kids: list["Tree"]`
+        "$defs": {
+            "Tree": {
+                "type": "object",
+                "properties": {
+                    "label": {"type": "string"},
+                    "kids": {"type": "array", "items": {"$ref": "#/$defs/Tree"}},
+                },
+                "required": ["label", "kids"],
+            }
+        },
+        "$ref": "#/$defs/Tree",
+    }
+    answer = LlamaGrammar(target, schema_grammar(tree))
+    assert goes_through(answer, '{"label": "a", "kids": [{"label": "b", "kids": []}]}')
+    assert not goes_through(answer, '{"label": "a", "kids": [{"name": "b"}]}')
+
+    def tool(name: str, schema: dict) -> Tool:
+        return Tool.model_validate(
+            {"type": "function", "function": {"name": name, "parameters": schema}}
+        )
+
+    tools = [
+        tool("visit", uses_addr({"city": {"type": "string"}})),
+        tool("post", uses_addr({"street": {"type": "integer"}})),
+        tool("plant", tree),
+    ]
+    calls = {
+        HERMES: lambda name, args: (
+            f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+        ),
+        LLAMA3: lambda name, args: f'{{"name": "{name}", "parameters": {args}}}',
+    }
+    for fmt, call in calls.items():
+        grammar = LlamaGrammar(target, tool_grammar(tools, fmt), style=CALL_STYLE)
+        assert goes_through(grammar, call("visit", '{"at": {"city": "Oslo"}}')), fmt
+        assert goes_through(grammar, call("post", '{"at": {"street": 5}}')), fmt
+        assert not goes_through(grammar, call("post", '{"at": {"city": "Oslo"}}')), fmt
+        assert goes_through(grammar, call("plant", '{"label": "a", "kids": []}')), fmt
