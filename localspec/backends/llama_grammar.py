@@ -15,6 +15,7 @@ import numpy as np
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from localspec.backends.llama import LlamaModel
+from localspec.decoding.schema_refs import flat_refs
 from localspec.errors import LocalspecError
 
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
@@ -123,65 +124,6 @@ def schema_grammar(schema: Any) -> str:
     except Exception as e:  # the converter raises bare Exceptions and ValueErrors
         raise GrammarError(f"the JSON schema cannot be turned into a grammar: {e}") from None
     return gbnf.replace(PORT_CHAR, CPP_CHAR).replace(PORT_SPACE, CPP_SPACE)
-
-
-def flat_refs(schema: Any) -> Any:
-    """`schema` with each local `$ref` pointing at an entry of the root's `$defs` of a
-    name of its own, and the root not a `$ref` itself: the converter's port neither
-    looks beside a `$ref` (pydantic's recursive model, `{"$defs": .., "$ref": ..}`, was
-    "'#/$defs/Tree'") nor tells apart two definitions of one name (two tools' `Addr`)."""
-    if not isinstance(schema, dict) or not has_local_refs(schema):
-        return schema
-    names: dict[str, str] = {}  # pointer -> its name in the new $defs
-    defs: dict[str, Any] = {}
-
-    def target(ref: str) -> Any:
-        node: Any = schema
-        for part in ref[1:].split("/")[1:]:
-            key = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, list) and key.isdigit() and int(key) < len(node):
-                node = node[int(key)]
-            elif isinstance(node, dict) and key in node:
-                node = node[key]
-            else:
-                raise GrammarError(f"$ref {ref!r} points nowhere in it")
-        return node
-
-    def name_of(ref: str) -> str:
-        if ref not in names:
-            stem = re.sub(r"[^A-Za-z0-9-]+", "-", ref.rsplit("/", 1)[-1]).strip("-") or "def"
-            taken = set(names.values())
-            names[ref] = next(
-                n for i in range(len(taken) + 1) if (n := f"{stem}{i or ''}") not in taken
-            )
-            defs[names[ref]] = rewrite(target(ref))
-        return names[ref]
-
-    def rewrite(node: Any) -> Any:
-        if isinstance(node, list):
-            return [rewrite(v) for v in node]
-        if not isinstance(node, dict):
-            return node
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
-            return {**node, "$ref": f"#/$defs/{name_of(ref)}"}
-        return {k: rewrite(v) for k, v in node.items()}
-
-    root = schema
-    while isinstance(root.get("$ref"), str) and root["$ref"].startswith("#"):
-        root = target(root["$ref"])  # the root's own definition, inlined
-    return {**rewrite(root), "$defs": defs}
-
-
-def has_local_refs(node: Any) -> bool:
-    if isinstance(node, list):
-        return any(has_local_refs(v) for v in node)
-    if not isinstance(node, dict):
-        return False
-    ref = node.get("$ref")
-    return (isinstance(ref, str) and ref.startswith("#")) or any(
-        has_local_refs(v) for v in node.values()
-    )
 
 
 def json_object_grammar() -> str:

@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from localspec.decoding.schema_refs import has_local_refs, rebased
 from localspec.server.errors import ApiError
 from localspec.server.schemas import ChatMessageIn, ChatRequest, Tool, content_text
 from localspec.thinking import CALL_CLOSE, CALL_OPEN, held_prefix
@@ -134,7 +135,7 @@ def call_schema(tools: list[Tool], fmt: str) -> dict[str, Any]:
     calls, homes = [], {}
     for i, tool in enumerate(tools):
         params = tool.function.parameters or {"type": "object"}
-        if has_refs(params):  # "#/$defs/X" meant its own root: it gets one of its own
+        if has_local_refs(params):  # "#/$defs/X" meant its own root: it gets one of its own
             home = f"tool-{i}-parameters"
             homes[home] = rebased(params, f"#/$defs/{home}")
             params = {"$ref": f"#/$defs/{home}"}
@@ -148,26 +149,6 @@ def call_schema(tools: list[Tool], fmt: str) -> dict[str, Any]:
         )
     schema = calls[0] if len(calls) == 1 else {"oneOf": calls}
     return {**schema, "$defs": homes} if homes else schema
-
-
-def has_refs(schema: Any) -> bool:
-    if isinstance(schema, dict):
-        return "$ref" in schema or any(has_refs(v) for v in schema.values())
-    return isinstance(schema, list) and any(has_refs(v) for v in schema)
-
-
-def rebased(schema: Any, root: str) -> Any:
-    """`schema` with its local `$ref`s ("#", "#/$defs/Addr": pydantic's, zod's) made to
-    point under `root`, where it will live in a schema of several."""
-    if isinstance(schema, list):
-        return [rebased(v, root) for v in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: rebased(v, root) for k, v in schema.items()}
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#"):
-        out["$ref"] = root + ref[1:]
-    return out
 
 
 def tool_grammar(tools: list[Tool], fmt: str) -> str:

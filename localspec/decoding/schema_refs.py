@@ -1,0 +1,89 @@
+"""Local `$ref`s of JSON schemas, made plain for llama.cpp's schema-to-grammar converter
+(its Python port): what pydantic and zod write (`$defs`, `definitions`, a recursive model
+at the root) and what a schema of several tools' schemas needs."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, TypeGuard
+
+from localspec.errors import LocalspecError
+
+
+class SchemaRefError(LocalspecError):
+    """A `$ref` that points nowhere in its schema."""
+
+
+def flat_refs(schema: Any) -> Any:
+    """`schema` with each local `$ref` pointing at an entry of the root's `$defs` of a
+    name of its own, and the root not a `$ref` itself: the converter's port neither
+    looks beside a `$ref` (pydantic's recursive model, `{"$defs": .., "$ref": ..}`, was
+    "'#/$defs/Tree'") nor tells apart two definitions of one name (two tools' `Addr`)."""
+    if not isinstance(schema, dict) or not has_local_refs(schema):
+        return schema
+    names: dict[str, str] = {}  # pointer -> its name in the new $defs
+    defs: dict[str, Any] = {}
+
+    def target(ref: str) -> Any:
+        node: Any = schema
+        for part in ref[1:].split("/")[1:]:
+            key = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, list) and key.isdigit() and int(key) < len(node):
+                node = node[int(key)]
+            elif isinstance(node, dict) and key in node:
+                node = node[key]
+            else:
+                raise SchemaRefError(f"$ref {ref!r} points nowhere in it")
+        return node
+
+    def name_of(ref: str) -> str:
+        if ref not in names:
+            stem = re.sub(r"[^A-Za-z0-9-]+", "-", ref.rsplit("/", 1)[-1]).strip("-") or "def"
+            taken = set(names.values())
+            names[ref] = next(
+                n for i in range(len(taken) + 1) if (n := f"{stem}{i or ''}") not in taken
+            )
+            defs[names[ref]] = rewrite(target(ref))
+        return names[ref]
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, list):
+            return [rewrite(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if is_pointer(ref):
+            return {**node, "$ref": f"#/$defs/{name_of(ref)}"}
+        return {k: rewrite(v) for k, v in node.items()}
+
+    root = schema
+    while is_pointer(root.get("$ref")):
+        root = target(root["$ref"])  # the root's own definition, inlined
+    return {**rewrite(root), "$defs": defs}
+
+
+def has_local_refs(node: Any) -> bool:
+    if isinstance(node, list):
+        return any(has_local_refs(v) for v in node)
+    if not isinstance(node, dict):
+        return False
+    return is_pointer(node.get("$ref")) or any(has_local_refs(v) for v in node.values())
+
+
+def is_pointer(ref: object) -> TypeGuard[str]:
+    """A JSON pointer into this schema ("#", "#/$defs/X"; not an anchor, "#x", or a URL)."""
+    return isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
+
+
+def rebased(schema: Any, root: str) -> Any:
+    """`schema` with its local `$ref`s ("#", "#/$defs/Addr": pydantic's, zod's) made to
+    point under `root`, where it will live in a schema of several."""
+    if isinstance(schema, list):
+        return [rebased(v, root) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: rebased(v, root) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if is_pointer(ref):
+        out["$ref"] = root + ref[1:]
+    return out

@@ -1,0 +1,51 @@
+"""Local `$ref`s made plain for llama.cpp's schema converter (fast: no model)."""
+
+import pytest
+
+from localspec.decoding.schema_refs import SchemaRefError, flat_refs, rebased
+
+TREE = {  # pydantic's schema of a recursive model
+    "$defs": {
+        "Tree": {
+            "type": "object",
+            "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/Tree"}}},
+        }
+    },
+    "$ref": "#/$defs/Tree",
+}
+
+
+def test_a_recursive_model_at_the_root_is_inlined_and_refers_to_its_definition():
+    flat = flat_refs(TREE)
+    assert flat["type"] == "object" and "$ref" not in flat
+    assert flat["properties"]["kids"]["items"] == {"$ref": "#/$defs/Tree"}
+    assert flat["$defs"]["Tree"]["properties"]["kids"]["items"] == {"$ref": "#/$defs/Tree"}
+
+
+def test_two_definitions_of_one_name_keep_names_of_their_own():
+    both = {
+        "oneOf": [
+            {"properties": {"a": {"$ref": "#/oneOf/0/$defs/Addr"}}, "$defs": {"Addr": {"x": 1}}},
+            {"properties": {"b": {"$ref": "#/oneOf/1/$defs/Addr"}}, "$defs": {"Addr": {"y": 2}}},
+        ]
+    }
+    flat = flat_refs(both)
+    assert flat["$defs"] == {"Addr": {"x": 1}, "Addr1": {"y": 2}}
+    assert flat["oneOf"][1]["properties"]["b"] == {"$ref": "#/$defs/Addr1"}
+
+
+def test_what_is_not_a_pointer_is_left_alone_and_a_dangling_one_is_named():
+    plain = {"type": "object", "properties": {"a": {"type": "string"}}}
+    assert flat_refs(plain) is plain
+    anchored = {"properties": {"a": {"$ref": "#node"}}}
+    assert flat_refs(anchored) is anchored  # the converter says what it cannot take
+    with pytest.raises(SchemaRefError, match="'#/definitions/X' points nowhere"):
+        flat_refs({"properties": {"a": {"$ref": "#/definitions/X"}}})
+
+
+def test_a_schema_moved_under_another_root_takes_its_pointers_along():
+    moved = rebased(TREE, "#/$defs/tool-0-parameters")
+    assert moved["$ref"] == "#/$defs/tool-0-parameters/$defs/Tree"
+    kids = moved["$defs"]["Tree"]["properties"]["kids"]
+    assert kids["items"] == {"$ref": "#/$defs/tool-0-parameters/$defs/Tree"}
+    assert rebased({"$ref": "#"}, "#/x") == {"$ref": "#/x"}
