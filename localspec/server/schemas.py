@@ -1,15 +1,16 @@
 """The request bodies the server reads, as OpenAI defines them, and what they ask of the
 engine. Unknown fields are ignored (clients send many); fields the server cannot honour
-(n > 1, penalties, logprobs, ...) are refused with a 400 that names them, never ignored.
+(n > 1, echo, best_of, mirostat) are refused with a 400 that names them, never ignored.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from localspec.decoding.sampling import SamplingParams
@@ -124,6 +125,12 @@ class FunctionCall(Body):
     name: str
     arguments: str = "{}"  # JSON, as the model wrote it
 
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def as_json_text(cls, value: Any) -> Any:
+        """An object, as Ollama's clients send a past call's arguments, as its JSON text."""
+        return json.dumps(value) if isinstance(value, dict) else value
+
 
 class ToolCallIn(Body):
     id: str | None = None
@@ -199,7 +206,7 @@ class GenerationBody(Body):
     min_p: float | None = Field(None, ge=0, lt=1)
     repeat_penalty: float | None = Field(None, gt=0)
     repeat_last_n: int | None = Field(None, ge=-1)  # the penalties' window (-1: all)
-    seed: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=-1)  # -1: llama-server's "random", as none
     stop: str | list[str] | None = None
     n: int | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
@@ -225,6 +232,7 @@ class GenerationBody(Body):
     def sampling(self) -> SamplingParams:
         """The request's sampling, DEFAULTS where it says nothing."""
         defaults = self.DEFAULTS
+        window = defaults.repeat_last_n if self.repeat_last_n is None else self.repeat_last_n
         return SamplingParams(
             temperature=defaults.temperature if self.temperature is None else self.temperature,
             top_p=defaults.top_p if self.top_p is None else self.top_p,
@@ -233,11 +241,9 @@ class GenerationBody(Body):
             repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
             frequency_penalty=self.frequency_penalty or 0.0,
             presence_penalty=self.presence_penalty or 0.0,
-            repeat_last_n=defaults.repeat_last_n
-            if self.repeat_last_n is None
-            else self.repeat_last_n,
+            repeat_last_n=window,
             logit_bias=self.token_biases(),
-            seed=self.seed,
+            seed=None if self.seed == -1 else self.seed,
         )
 
     def token_biases(self) -> tuple[tuple[int, float], ...]:

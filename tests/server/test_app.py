@@ -254,6 +254,7 @@ def test_llama_servers_own_completion_endpoint(client: TestClient):
         (json.dumps(chat(logit_bias={"5": 101})).encode(), 400, "logit_bias"),
         (json.dumps(chat(logit_bias={"258": -100})).encode(), 400, "logit_bias"),
         (json.dumps(chat(repeat_last_n=-2)).encode(), 400, "repeat_last_n"),
+        (json.dumps(chat(seed=-2)).encode(), 400, "seed"),
         (json.dumps(chat(stop=[1, 2])).encode(), 400, None),
         (json.dumps(chat(stop=[f"s{i}" for i in range(65)])).encode(), 400, "stop"),
         (json.dumps(chat(messages=[{"role": "user", "content": "x" * 600}])).encode(), 400, None),
@@ -865,6 +866,30 @@ def test_llama_3_builtin_tools_reach_its_template_and_round_trip():
     tools = [WEATHER, SEARCH]
     text = session.prompt_text(messages, tools, {"builtin_tools": ["brave_search"]})
     assert '<|python_tag|>brave_search.call(query="weather in Paris")<|eom_id|>' in text
+
+
+def test_llama_servers_seed_minus_one_is_a_random_one():
+    """What clients made for llama-server send (its default), not a 400."""
+    from localspec.server.infill import InfillRequest
+    from localspec.server.schemas import ChatRequest
+
+    assert ChatRequest.model_validate(chat(seed=-1)).sampling().seed is None
+    assert ChatRequest.model_validate(chat(seed=7)).sampling().seed == 7
+    infill = {"input_prefix": "a", "input_suffix": "b", "seed": -1}
+    assert InfillRequest.model_validate(infill).sampling().seed is None
+
+
+def test_a_past_calls_arguments_may_be_an_object():
+    """OpenAI sends them as JSON text; Ollama's clients as the object: both read alike."""
+    from localspec.server.schemas import ChatRequest
+
+    def past(arguments) -> str:
+        call = {"id": "c1", "function": {"name": "get_weather", "arguments": arguments}}
+        history = [{"role": "assistant", "content": None, "tool_calls": [call]}]
+        [message] = ChatRequest.model_validate(chat(messages=history)).messages
+        return message.tool_calls[0].function.arguments  # type: ignore[index]
+
+    assert json.loads(past({"city": "Paris"})) == json.loads(past('{"city": "Paris"}'))
 
 
 def test_a_forced_call_is_a_grammar_in_the_models_own_format():
