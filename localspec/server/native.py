@@ -65,7 +65,9 @@ def props(
     `fill`, `serve`'s sampling flags or the GGUF's, makes them)."""
     d = fill(LlamaCompletionRequest.model_validate({"prompt": ""})).sampling()
     defaults = {"n_predict": -1, "temperature": d.temperature, "top_k": d.top_k}
-    defaults |= {"top_p": d.top_p, "min_p": d.min_p}
+    defaults |= {"top_p": d.top_p, "min_p": d.min_p, "repeat_last_n": d.repeat_last_n}
+    defaults |= {"repeat_penalty": d.repeat_penalty, "presence_penalty": d.presence_penalty}
+    defaults |= {"frequency_penalty": d.frequency_penalty}
     return {
         "default_generation_settings": {"n_ctx": model.n_ctx, "params": defaults},
         "total_slots": slots,

@@ -100,6 +100,7 @@ def test_the_servers_sampling_fills_what_a_request_leaves_out():
         assert hot["choices"][0]["message"]["content"] != REPLY  # near-uniform rows, sampled
         params = c.get("/props").json()["default_generation_settings"]["params"]
         assert (params["temperature"], params["top_k"]) == (0.0, 40)  # as /completion samples
+        assert (params["repeat_last_n"], params["presence_penalty"]) == (64, 0.0)
 
 
 def test_a_stream_is_sse_chunks_then_done(client: TestClient):
