@@ -164,13 +164,13 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
 
 def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
     body.refuse_unsupported()
-    text = body.one_prompt()
+    given = body.one_prompt()
     if body.suffix:  # OpenAI's fill-in-the-middle: the prompt before the cursor
-        if not isinstance(text, str):
+        if not isinstance(given, str):
             raise ApiError(400, "a prompt with a suffix must be text, not token ids", "prompt")
         built = infill_prompt(
             session.target,
-            text,
+            given,
             body.suffix,
             [],
             "",
@@ -179,10 +179,10 @@ def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
         )
         config = generation_config(body, built.tokens, session, COMPLETION_DEFAULT_TOKENS)
         return Prepared.infill(built, config, InfillLines(body.suffix))
-    if isinstance(text, str):
-        prompt = session.tokenize_raw(text)
+    if isinstance(given, str):
+        prompt = session.tokenize_raw(given)
     else:
-        prompt = token_ids(session.target, text, "prompt")
+        prompt = token_ids(session.target, given, "prompt")
     if not prompt:
         raise ApiError(400, "the prompt is empty", "prompt")
     return Prepared(prompt, generation_config(body, prompt, session, COMPLETION_DEFAULT_TOKENS))
