@@ -116,7 +116,9 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     async def on_http_error(request: Request, e: HTTPException) -> Response:
         message = str(e.detail)
         if e.status_code == 404:  # say what is served (an embeddings client, a typo)
-            paths = sorted({route.path for route in app.routes if isinstance(route, APIRoute)})
+            paths = sorted(
+                {r.path.replace(":path}", "}") for r in app.routes if isinstance(r, APIRoute)}
+            )
             message = f"no {request.method} {request.url.path} here; served: {', '.join(paths)}"
         elif e.status_code == 405:
             message = f"{request.url.path} does not take {request.method}"
@@ -160,23 +162,32 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             "slots": len(worker.slots),
         }
 
+    entry = {
+        "id": options.model_id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "localspec",
+        "draft": options.draft_id,
+        # what Anthropic's SDKs read of a model
+        "type": "model",
+        "display_name": options.model_id,
+        "created_at": "1970-01-01T00:00:00Z",
+    }
+
     @app.get("/v1/models", dependencies=guarded)
     @app.get("/models", dependencies=guarded)  # the paths without /v1, as llama-server's
     async def models() -> dict[str, Any]:
         metrics.observe_request("/v1/models", 200)
-        entry = {
-            "id": options.model_id,
-            "object": "model",
-            "created": 0,
-            "owned_by": "localspec",
-            "draft": options.draft_id,
-            # what Anthropic's SDKs read of a model
-            "type": "model",
-            "display_name": options.model_id,
-            "created_at": "1970-01-01T00:00:00Z",
-        }
         ends = {"first_id": options.model_id, "last_id": options.model_id, "has_more": False}
         return {"object": "list", "data": [entry], **ends}
+
+    @app.get("/v1/models/{name:path}", dependencies=guarded)
+    @app.get("/models/{name:path}", dependencies=guarded)
+    async def model(name: str) -> dict[str, Any]:
+        """The SDKs' `models.retrieve`: the loaded model, by whatever name, as a request
+        that names another model is answered by it."""
+        metrics.observe_request("/v1/models/{model}", 200)
+        return entry
 
     @app.post("/tokenize", dependencies=guarded)
     async def tokenize(request: Request) -> dict[str, Any]:

@@ -336,6 +336,18 @@ def test_the_api_key_is_enforced(client: TestClient):
     assert models["data"][0]["id"] == "toy" and models["data"][0]["draft"] == "ngram"
 
 
+def test_the_sdks_retrieve_the_loaded_model_by_any_name(client: TestClient):
+    """`client.models.retrieve(name)` (OpenAI's and Anthropic's SDKs): the loaded model,
+    as a request naming another model is served by it; behind the key like the list."""
+    import openai
+
+    assert_error(client.get("/v1/models/toy"), 401)
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key=KEY, http_client=client)
+    assert sdk.models.retrieve("toy").id == "toy"
+    assert sdk.models.retrieve("Qwen/gpt-4o-mini").id == "toy"  # a name with a slash too
+    assert client.get("/models/x", headers=AUTH).json()["draft"] == "ngram"
+
+
 def test_the_paths_without_v1_are_served_as_llama_servers_are(client: TestClient):
     """Clients given the bare address (Codex with base_url http://host:port) leave it out."""
     body = client.post("/chat/completions", json=chat(temperature=0), headers=AUTH).json()
@@ -350,6 +362,7 @@ def test_unknown_routes_use_the_error_shape_and_say_what_is_served(client: TestC
     error = assert_error(client.post("/v1/embeddings", json={"input": "x"}, headers=AUTH), 404)
     assert error["message"].startswith("no POST /v1/embeddings here; served: ")
     assert "/v1/chat/completions" in error["message"] and "/infill" in error["message"]
+    assert "/v1/models/{name}," in error["message"]  # not starlette's {name:path}
     error = assert_error(client.get("/v1/chat/completions", headers=AUTH), 405)
     assert error["message"] == "/v1/chat/completions does not take GET"
 
