@@ -1,7 +1,7 @@
 """The HTTP routes, shaped as OpenAI's so its SDKs and the editors that use them work
 unmodified: chat and plain completions (streamed as server-sent events or not),
 models, health and Prometheus metrics; llama-server's own (/infill, /completion,
-/tokenize, /props); and the APIs agents speak that become a chat on the way in,
+/tokenize, /apply-template, /props); and the APIs agents speak that become a chat on the way in,
 Anthropic's Messages API (localspec.server.anthropic, Claude Code) and OpenAI's
 Responses API (localspec.server.responses, Codex CLI).
 
@@ -40,6 +40,7 @@ from localspec.server.infill import (
     pick_fields,
 )
 from localspec.server.prepare import (
+    ChatPrompt,
     Prepared,
     prepare_chat,
     prepare_completion,
@@ -289,13 +290,21 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
 
         return JSONResponse(await message.collect(request, build))
 
-    async def count_prompt(request: Request, kind: type[ChatSource]) -> int:
-        """The prompt's tokens, as the request would be answered."""
+    async def rendered(request: Request, kind: type[ChatSource]) -> ChatPrompt:
+        """The prompt the request would be answered from."""
         body = parse(kind, await read_body(request, options.max_body_bytes))
         chat = body if isinstance(body, ChatRequest) else body.chat()
-        prompt = await run_in_threadpool(lambda: render_chat(chat, session).tokens)
+        prompt = await run_in_threadpool(render_chat, chat, session)
         metrics.observe_request(endpoint(request), 200)
-        return len(prompt)
+        return prompt
+
+    async def count_prompt(request: Request, kind: type[ChatSource]) -> int:
+        return len((await rendered(request, kind)).tokens)
+
+    @app.post("/apply-template", dependencies=guarded)
+    async def apply_template(request: Request) -> dict[str, Any]:
+        """llama-server's: a chat request's messages and tools through the template."""
+        return {"prompt": (await rendered(request, ChatRequest)).text}
 
     @app.post("/v1/messages/count_tokens", dependencies=guarded)
     async def count_tokens(request: Request) -> dict[str, Any]:

@@ -348,6 +348,17 @@ def test_the_sdks_retrieve_the_loaded_model_by_any_name(client: TestClient):
     assert client.get("/models/x", headers=AUTH).json()["draft"] == "ngram"
 
 
+def test_apply_template_gives_the_prompt_a_chat_is_answered_from(client: TestClient):
+    """llama-server's /apply-template: the messages through the chat template, as text."""
+    messages = [{"role": "user", "content": "hi"}]
+    prompt = client.post("/apply-template", json={"messages": messages}, headers=AUTH).json()
+    counted = client.post(
+        "/v1/chat/completions/input_tokens", json={"messages": messages}, headers=AUTH
+    ).json()["input_tokens"]
+    assert "hi" in prompt["prompt"] and len(prompt["prompt"].encode()) == counted  # bytes
+    assert_error(client.post("/apply-template", json={"messages": []}, headers=AUTH), 400)
+
+
 def test_the_paths_without_v1_are_served_as_llama_servers_are(client: TestClient):
     """Clients given the bare address (Codex with base_url http://host:port) leave it out."""
     body = client.post("/chat/completions", json=chat(temperature=0), headers=AUTH).json()
