@@ -14,11 +14,12 @@ class SchemaRefError(LocalspecError):
     """A `$ref` that points nowhere in its schema."""
 
 
-def flat_refs(schema: Any) -> Any:
+def flat_refs(schema: Any, reserved: frozenset[str] = frozenset()) -> Any:
     """`schema` with each local `$ref` pointing at an entry of the root's `$defs` of a
-    name of its own, and the root not a `$ref` itself: the converter's port neither
-    looks beside a `$ref` (pydantic's recursive model, `{"$defs": .., "$ref": ..}`, was
-    "'#/$defs/Tree'") nor tells apart two definitions of one name (two tools' `Addr`)."""
+    name of its own (none of `reserved`: the converter's own rules), and the root not a
+    `$ref` itself: the converter's port neither looks beside a `$ref` (pydantic's
+    recursive model, `{"$defs": .., "$ref": ..}`, was "'#/$defs/Tree'") nor tells apart
+    two definitions of one name (two tools' `Addr`, or a `string` and its own rule)."""
     if not isinstance(schema, dict) or not has_local_refs(schema):
         return schema
     names: dict[str, str] = {}  # pointer -> its name in the new $defs
@@ -39,7 +40,7 @@ def flat_refs(schema: Any) -> Any:
     def name_of(ref: str) -> str:
         if ref not in names:
             stem = re.sub(r"[^A-Za-z0-9-]+", "-", ref.rsplit("/", 1)[-1]).strip("-") or "def"
-            taken = set(names.values())
+            taken = {*names.values(), *reserved}
             names[ref] = next(
                 n for i in range(len(taken) + 1) if (n := f"{stem}{i or ''}") not in taken
             )
@@ -56,9 +57,14 @@ def flat_refs(schema: Any) -> Any:
             return {**node, "$ref": f"#/$defs/{name_of(ref)}"}
         return {k: rewrite(v) for k, v in node.items()}
 
-    root = schema
-    while is_pointer(root.get("$ref")):
-        root = target(root["$ref"])  # the root's own definition, inlined
+    root, seen = schema, set()
+    while isinstance(root, dict) and is_pointer(ref := root.get("$ref")):
+        if ref in seen:
+            raise SchemaRefError(f"$ref {ref!r} refers only to itself")
+        seen.add(ref)
+        root = target(ref)  # the root's own definition, inlined
+    if not isinstance(root, dict):
+        raise SchemaRefError(f"the root's $ref points at {root!r}, not a schema")
     return {**rewrite(root), "$defs": defs}
 
 

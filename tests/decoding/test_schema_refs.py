@@ -49,3 +49,23 @@ def test_a_schema_moved_under_another_root_takes_its_pointers_along():
     kids = moved["$defs"]["Tree"]["properties"]["kids"]
     assert kids["items"] == {"$ref": "#/$defs/tool-0-parameters/$defs/Tree"}
     assert rebased({"$ref": "#"}, "#/x") == {"$ref": "#/x"}
+
+
+@pytest.mark.parametrize(
+    ("schema", "says"),
+    [
+        ({"$ref": "#"}, "'#' refers only to itself"),
+        ({"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#"}}}, "refers only to itself"),
+        ({"$ref": "#/x", "x": [1]}, "not a schema"),
+    ],
+)
+def test_a_root_that_never_reaches_a_schema_is_named_not_looped_on(schema, says):
+    with pytest.raises(SchemaRefError, match=says):
+        flat_refs(schema)
+
+
+def test_a_definition_never_takes_the_name_of_one_of_the_converters_rules():
+    """A definition named `string` would be read as the converter's string rule."""
+    schema = {"$defs": {"string": {"type": "integer"}}, "items": {"$ref": "#/$defs/string"}}
+    flat = flat_refs(schema, reserved=frozenset({"string", "root"}))
+    assert flat["items"] == {"$ref": "#/$defs/string1"} and "string" not in flat["$defs"]
