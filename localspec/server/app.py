@@ -1,8 +1,8 @@
 """The HTTP routes, shaped as OpenAI's so its SDKs and the editors that use them work
 unmodified: chat and plain completions (streamed as server-sent events or not),
 models, health and Prometheus metrics; llama-server's own (/infill, /completion,
-/tokenize, /apply-template, /props); and the APIs agents speak that become a chat on the way in,
-Anthropic's Messages API (localspec.server.anthropic, Claude Code) and OpenAI's
+/tokenize, /apply-template, /props); and the APIs agents speak that become a chat on the
+way in, Anthropic's Messages API (localspec.server.anthropic, Claude Code) and OpenAI's
 Responses API (localspec.server.responses, Codex CLI).
 
 A request is read, checked and tokenized (localspec.server.prepare), then queued for

@@ -25,7 +25,7 @@ from localspec.decoding.events import Finished, StopReason
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.text import Verdict
 from localspec.server.errors import ApiError
-from localspec.server.schemas import LLAMA_SERVER_DEFAULTS, Body
+from localspec.server.schemas import LLAMA_SERVER_DEFAULTS, Body, Seed
 
 INFILL_BATCH = 2048  # llama-server's default -b: its prefix and suffix budgets come from it
 REPO_NAME = "myproject\n"  # llama-server's names in the repository layout
@@ -56,7 +56,7 @@ class InfillRequest(Body):
     top_k: int | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     min_p: float | None = Field(None, ge=0, lt=1)
-    seed: int | None = Field(None, ge=-1)  # -1: llama-server's "random", as none
+    seed: Seed = None
     stop: str | list[str] | None = None
     response_fields: list[str] | None = None  # only these ("timings/prompt_n": a path)
     return_tokens: bool = False  # the middle's token ids too
@@ -69,7 +69,7 @@ class InfillRequest(Body):
             top_k=d.top_k if self.top_k is None else self.top_k,
             top_p=d.top_p if self.top_p is None else self.top_p,
             min_p=d.min_p if self.min_p is None else self.min_p,
-            seed=None if self.seed == -1 else self.seed,
+            seed=self.seed,
         )
 
     def stops(self) -> tuple[str, ...]:

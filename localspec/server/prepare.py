@@ -179,25 +179,26 @@ def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
         )
         config = generation_config(body, built.tokens, session, COMPLETION_DEFAULT_TOKENS)
         return Prepared.infill(built, config, InfillLines(body.suffix))
-    if isinstance(given, str):
-        prompt = session.tokenize_raw(given)
-    else:
-        prompt = token_ids(session.target, given, "prompt")
-    if not prompt:
-        raise ApiError(400, "the prompt is empty", "prompt")
+    prompt = prompt_tokens(given, session)
     return Prepared(prompt, generation_config(body, prompt, session, COMPLETION_DEFAULT_TOKENS))
 
 
 def prepare_llama_completion(body: LlamaCompletionRequest, session: Session) -> Prepared:
     """llama-server's /completion: the prompt as given (text, or token ids)."""
     body.refuse_unsupported()
-    if isinstance(body.prompt, str):
-        prompt = session.tokenize_raw(body.prompt)
+    prompt = prompt_tokens(body.prompt, session)
+    return Prepared(prompt, generation_config(body, prompt, session, None))
+
+
+def prompt_tokens(given: str | list[int], session: Session) -> list[int]:
+    """A raw prompt's tokens: its text's, or its token ids as given; a 400 for none."""
+    if isinstance(given, str):
+        prompt = session.tokenize_raw(given)
     else:
-        prompt = token_ids(session.target, body.prompt, "prompt")
+        prompt = token_ids(session.target, given, "prompt")
     if not prompt:
         raise ApiError(400, "the prompt is empty", "prompt")
-    return Prepared(prompt, generation_config(body, prompt, session, None))
+    return prompt
 
 
 def prepare_infill(body: InfillRequest, session: Session) -> Prepared:

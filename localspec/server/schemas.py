@@ -32,6 +32,8 @@ def no_limit_or_positive(n: int) -> int:
 
 # a token limit: llama-server (and llama.vscode, which sends it) reads -1 as "no limit"
 TokenLimit = Annotated[int, AfterValidator(no_limit_or_positive)]
+# llama-server's -1 (its default, which clients made for it send): a random seed, as none
+Seed = Annotated[int | None, Field(ge=-1), AfterValidator(lambda s: None if s == -1 else s)]
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,7 @@ class GenerationBody(Body):
     min_p: float | None = Field(None, ge=0, lt=1)
     repeat_penalty: float | None = Field(None, gt=0)
     repeat_last_n: int | None = Field(None, ge=-1)  # the penalties' window (-1: all)
-    seed: int | None = Field(None, ge=-1)  # -1: llama-server's "random", as none
+    seed: Seed = None
     stop: str | list[str] | None = None
     n: int | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
@@ -243,7 +245,7 @@ class GenerationBody(Body):
             presence_penalty=self.presence_penalty or 0.0,
             repeat_last_n=window,
             logit_bias=self.token_biases(),
-            seed=None if self.seed == -1 else self.seed,
+            seed=self.seed,
         )
 
     def token_biases(self) -> tuple[tuple[int, float], ...]:
