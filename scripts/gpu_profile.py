@@ -53,7 +53,7 @@ from localspec.models.catalog_file import default_catalog
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_overhead import gpu_name
-from make_tiny_gguf import TinySpec, finish_gguf, start_gguf
+from make_tiny_gguf import TinySpec, Vocab, finish_gguf, read_vocab, start_gguf
 
 Q = gguf.GGMLQuantizationType
 # Qwen2.5's feed-forward widths (not in the catalog's shape, which holds what memory needs)
@@ -124,7 +124,7 @@ def shape_of(model_id: str) -> TinySpec:
     )
 
 
-def write_shaped(model_id: str, vocab: gguf.GGUFReader, path: Path, seed: int = 0) -> Path:
+def write_shaped(model_id: str, vocab: Vocab, path: Path, seed: int = 0) -> Path:
     """A random-weight GGUF with the tensors of `model_id` at Q4_K_M."""
     s, pool = shape_of(model_id), BlockPool(seed)
     kv = s.n_head_kv * s.head_dim
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--vocab and --out are needed to profile")
 
     args.dir.mkdir(parents=True, exist_ok=True)
-    vocab = gguf.GGUFReader(str(args.vocab))
+    vocab = read_vocab(args.vocab)
     profile: dict = {
         "gpu": gpu_name(),
         "cpu": platform.processor() or platform.machine(),

@@ -42,8 +42,6 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-import gguf
-
 from localspec.backends.gguf import gguf_info
 from localspec.backends.llama import LlamaModel, LoadOptions
 from localspec.bench.costs import time_head_step, time_pass
@@ -102,7 +100,7 @@ def profile(model: LlamaModel, reps: int) -> dict[int, float]:
 
 def write(kind: str, vocab: Path, out_dir: Path, layers: int | None) -> Path:
     """One twin, in a process of its own (writing 15-17 GB of random blocks is CPU-bound)."""
-    return twin.build(kind, gguf.GGUFReader(str(vocab)), out_dir, layers, fast=True)
+    return twin.build(kind, twin.read_vocab(vocab), out_dir, layers, fast=True)
 
 
 def moe(args: argparse.Namespace, path: Path, hw: Hardware) -> dict:

@@ -41,12 +41,9 @@ def vocab_source() -> Path:
 
 
 @functools.cache
-def vocab_reader():  # -> gguf.GGUFReader
-    """The vocabulary file, read once for every test that builds a model from it (a
-    read parses the whole header: ~15 s on 2 cores)."""
-    import gguf
-
-    return gguf.GGUFReader(str(vocab_source()))
+def vocab_reader():  # -> make_tiny_gguf.Vocab
+    """The vocabulary file's tokenizer, read once for every test that builds a model."""
+    return load_script("make_tiny_gguf").read_vocab(vocab_source())
 
 
 @pytest.fixture(scope="module")
