@@ -326,6 +326,35 @@ def failure(event: Failed) -> ApiError:
     return ApiError(500, f"generation failed: {event.message}", code="generation_failed")
 
 
+def as_function_call(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat answer in the shape of OpenAI's deprecated `functions` API: its first tool
+    call as `message.function_call`, finished by "function_call"."""
+    for choice in body["choices"]:
+        message = choice["message"]
+        if calls := message.pop("tool_calls", None):
+            message["function_call"] = calls[0]["function"]
+            choice["finish_reason"] = "function_call"
+    return body
+
+
+async def as_function_call_chunks(
+    chunks: AsyncIterator[dict[str, Any]],
+) -> AsyncIterator[dict[str, Any]]:
+    """A streamed chat answer in that shape: the first call's name, then its arguments
+    in pieces, as `delta.function_call`; any further calls are left out, as the API has
+    room for one."""
+    async for chunk in chunks:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            firsts = [c["function"] for c in delta.pop("tool_calls", ()) if c["index"] == 0]
+            if firsts:
+                delta["function_call"] = firsts[0]
+            if choice["finish_reason"] == "tool_calls":
+                choice["finish_reason"] = "function_call"
+        if not chunk["choices"] or any(c["delta"] or c["finish_reason"] for c in chunk["choices"]):
+            yield chunk
+
+
 def sse(
     chunks: AsyncIterator[dict[str, Any]],
     done_line: bool = True,

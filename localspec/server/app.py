@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from localspec import version
 from localspec.decoding.events import Event, Finished
 from localspec.server import anthropic, native, responses
-from localspec.server.answer import Answer, short_id, sse
+from localspec.server.answer import Answer, as_function_call, as_function_call_chunks, short_id, sse
 from localspec.server.errors import ApiError, error_body
 from localspec.server.guard import Guard, GuardMiddleware
 from localspec.server.infill import (
@@ -241,8 +241,10 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         )
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(chat.stream_chat(usage))
-        return JSONResponse(await chat.collect(request, chat.chat_body))
+            chunks = chat.stream_chat(usage)
+            return sse(as_function_call_chunks(chunks) if body.answers_functions else chunks)
+        reply = await chat.collect(request, chat.chat_body)
+        return JSONResponse(as_function_call(reply) if body.answers_functions else reply)
 
     @app.post("/v1/completions", dependencies=guarded)
     async def completions(request: Request) -> Response:

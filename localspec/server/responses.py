@@ -35,8 +35,6 @@ from localspec.server.schemas import (
     validated,
 )
 
-# the Responses API's efforts, as the chat's reasoning_effort (gpt-oss's) takes them
-EFFORTS = {"none": "low", "minimal": "low", "xhigh": "high"}
 PARTS = {"thinking": "reasoning_text", "text": "output_text"}  # a block's content part
 
 
@@ -158,7 +156,7 @@ class ResponsesRequest(Body):
                 "tools": self.chat_tools(),
                 "tool_choice": self.chat_tool_choice(),
                 "response_format": self.chat_format(),
-                "reasoning_effort": EFFORTS.get(effort or "", effort),
+                "reasoning_effort": effort,
             },
         )
 

@@ -10,7 +10,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from localspec.decoding.sampling import SamplingParams
@@ -141,11 +149,13 @@ class ToolCallIn(Body):
 
 
 class ChatMessageIn(Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # "function": OpenAI's deprecated tool message (ChatRequest.functions)
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Content = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    function_call: FunctionCall | None = None  # the deprecated form of one tool call
 
 
 class FunctionDef(Body):
@@ -180,6 +190,10 @@ class NamedToolChoice(Body):
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+# the Responses API's and newer models' reasoning efforts, as a template's reasoning_effort
+# takes them (gpt-oss's: low, medium, high)
+EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high"}
+EFFORTS |= {"xhigh": "high"}
 
 
 class PredictionIn(Body):
@@ -277,12 +291,16 @@ class ChatRequest(GenerationBody):
     max_completion_tokens: TokenLimit | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    # OpenAI's deprecated tools (older LangChain and scripts): read as tools, answered in
+    # their own shape (message.function_call; answer.as_function_call)
+    functions: list[FunctionDef] | None = None
+    function_call: Literal["none", "auto"] | NamedFunction | None = None
     prediction: PredictionIn | None = None
     response_format: dict[str, Any] | None = None
     # the chat template's own variables (llama-server's and vLLM's): Qwen3's
     # enable_thinking, gpt-oss's reasoning_effort (OpenAI's field sets that one too)
     chat_template_kwargs: dict[str, Any] | None = None
-    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     # llama-server's: "none" leaves the reasoning in the content, as written
     reasoning_format: str | None = None
 
@@ -295,8 +313,42 @@ class ChatRequest(GenerationBody):
         """The chat template's variables this request sets."""
         kwargs = dict(self.chat_template_kwargs or {})
         if self.reasoning_effort is not None:
-            kwargs.setdefault("reasoning_effort", self.reasoning_effort)
+            kwargs.setdefault("reasoning_effort", EFFORTS[self.reasoning_effort])
         return kwargs
+
+    @property
+    def answers_functions(self) -> bool:
+        """Whether the answer takes the deprecated `functions` API's shape."""
+        return self.functions is not None or self.function_call is not None
+
+    @model_validator(mode="after")
+    def functions_as_tools(self) -> ChatRequest:
+        """`functions`, `function_call` and the messages of that API, as the tools, tool
+        choice and tool messages they became (a past call gets an id its result takes)."""
+        if self.functions is None and self.function_call is None:
+            return self
+        if self.tools is not None or self.tool_choice is not None:
+            raise ValueError(
+                "send tools and tool_choice, or the deprecated functions and "
+                "function_call: not both"
+            )
+        self.tools = [Tool(type="function", function=f) for f in self.functions or []]
+        choice = self.function_call
+        self.tool_choice = (
+            NamedToolChoice.of(choice.name) if isinstance(choice, NamedFunction) else choice
+        )
+        return self
+
+    @model_validator(mode="after")
+    def function_messages_as_tool_messages(self) -> ChatRequest:
+        last_id = None
+        for i, message in enumerate(self.messages):
+            if message.function_call is not None and not message.tool_calls:
+                last_id = f"call_{i}"
+                message.tool_calls = [ToolCallIn(id=last_id, function=message.function_call)]
+            elif message.role == "function":
+                message.role, message.tool_call_id = "tool", message.tool_call_id or last_id
+        return self
 
     def logprob_count(self) -> int | None:
         """How many top log-probabilities each token carries (None: no logprobs)."""

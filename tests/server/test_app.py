@@ -778,6 +778,52 @@ def test_a_llama_3_tool_call_is_read_from_its_own_format(llama: TestClient):
     assert not "".join(d.get("content") or "" for d in deltas)  # none of it shown as text
 
 
+def test_the_deprecated_functions_api_is_answered_in_its_own_shape(llama: TestClient):
+    """`functions` and `function_call` (older LangChain, scripts of 2023): the call comes
+    back as `message.function_call`, whole and streamed, and a past call with its
+    `function` result reaches the template as a tool call and its result."""
+    ask = chat(temperature=0, functions=[WEATHER["function"]], function_call="auto")
+    choice = llama.post("/v1/chat/completions", json=ask).json()["choices"][0]
+    assert choice["finish_reason"] == "function_call" and "tool_calls" not in choice["message"]
+    call = choice["message"]["function_call"]
+    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+
+    r = llama.post("/v1/chat/completions", json={**ask, "stream": True})
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert not any("tool_calls" in d for d in deltas)
+    pieces = [d["function_call"] for d in deltas if d.get("function_call")]
+    assert pieces[0] == {"name": "get_weather", "arguments": ""} and len(pieces) > 2
+    assert json.loads("".join(p["arguments"] for p in pieces)) == {"city": "Paris"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "function_call"
+
+    from localspec.server.schemas import ChatRequest, NamedToolChoice
+
+    named = ChatRequest.model_validate({**ask, "function_call": {"name": "get_weather"}})
+    assert named.tool_choice == NamedToolChoice.of("get_weather")  # forced, as tool_choice is
+
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "function_call": call},
+        {"role": "function", "name": "get_weather", "content": "sunny, 21 C"},
+    ]
+    prompt = llama.post("/apply-template", json={**ask, "messages": history}).json()["prompt"]
+    assert '"city": "Paris"' in prompt
+    assert "<|start_header_id|>ipython<|end_header_id|>\n\n\"sunny, 21 C\"" in prompt
+
+    both = llama.post("/v1/chat/completions", json={**ask, "tools": [WEATHER]})
+    assert "not both" in assert_error(both, 400)["message"]
+
+
+def test_every_openai_reasoning_effort_reaches_the_template_as_it_takes_them():
+    from localspec.server.schemas import ChatRequest
+
+    efforts = ("none", "minimal", "low", "medium", "high", "xhigh")
+    given = [ChatRequest.model_validate(chat(reasoning_effort=e)) for e in efforts]
+    taken = [r.template_variables()["reasoning_effort"] for r in given]
+    assert taken == ["low", "low", "low", "medium", "high", "high"]  # gpt-oss's three
+
+
 def test_a_llama_3_answer_in_text_stays_text():
     from localspec.server.calls import BareCall
 
