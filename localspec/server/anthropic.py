@@ -55,6 +55,40 @@ class TextBlock(Body):
     text: str
 
 
+class TextSource(Body):
+    type: Literal["text"]
+    data: str
+
+
+class ContentSource(Body):
+    type: Literal["content"]
+    content: str | list[TextBlock]
+
+
+class DocumentBlock(Body):
+    """A document given as text (a plain-text or a content source), read as its text;
+    a PDF or an image stays a 400 (this model takes text only)."""
+
+    type: Literal["document"]
+    source: TextSource | ContentSource
+    title: str | None = None
+    context: str | None = None
+
+    @property
+    def text(self) -> str:
+        source = self.source
+        if isinstance(source, TextSource):
+            body = source.data
+        elif isinstance(source.content, str):
+            body = source.content
+        else:
+            body = "\n\n".join(b.text for b in source.content)
+        return "\n\n".join(part for part in (self.title, self.context, body) if part)
+
+
+Texts = TextBlock | DocumentBlock  # what reaches the model as text
+
+
 class ToolUseBlock(Body):
     type: Literal["tool_use"]
     id: str
@@ -65,7 +99,7 @@ class ToolUseBlock(Body):
 class ToolResultBlock(Body):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[TextBlock | OtherPart] | None = None
+    content: str | list[TextBlock | DocumentBlock | OtherPart] | None = None
 
 
 class ThinkingBlock(Body):
@@ -74,7 +108,7 @@ class ThinkingBlock(Body):
     type: Literal["thinking", "redacted_thinking"]
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | OtherPart
+Block = TextBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | OtherPart
 
 
 class MessageIn(Body):
@@ -202,7 +236,7 @@ def chat_turn(message: MessageIn, where: str) -> list[ChatMessageIn]:
     if isinstance(message.content, str):
         return [ChatMessageIn(role=message.role, content=message.content)]
     refuse_parts([b for b in message.content if isinstance(b, OtherPart)], where)
-    text = "\n\n".join(b.text for b in message.content if isinstance(b, TextBlock))
+    text = "\n\n".join(b.text for b in message.content if isinstance(b, Texts))
     if message.role == "system":
         return [ChatMessageIn(role="system", content=text)] if text else []
     if message.role == "assistant":
@@ -239,7 +273,7 @@ def result_text(block: ToolResultBlock, where: str) -> str:
     if block.content is None or isinstance(block.content, str):
         return block.content or ""
     refuse_parts([b for b in block.content if isinstance(b, OtherPart)], where)
-    return "\n\n".join(b.text for b in block.content if isinstance(b, TextBlock))
+    return "\n\n".join(b.text for b in block.content if isinstance(b, Texts))
 
 
 # --- the answer, as Anthropic shapes it ----------------------------------------------

@@ -52,6 +52,8 @@ def answers(prompt: bytes) -> str:
         return "in the user's turn"
     if b"<|user|>who are you?" in prompt:
         return prompt.split(b"<|system|>")[1].split(b"\n")[0].decode()
+    if b"<|user|>Notes\n\nThe sky is green.\n\nWhat colour is the sky?" in prompt:
+        return "green, says the document"
     if b"<|user|>think" in prompt:
         return "<think>\nThe user greets me.\n</think>\n\nHello!"
     return CALL if b"<|tools|>" in prompt else REPLY
@@ -259,6 +261,29 @@ def test_thinking_comes_first_in_its_own_block(sdk: anthropic.Anthropic, client:
     assert "".join(d.get("thinking", "") for d in deltas) == "\nThe user greets me.\n"
     assert next(d["type"] for d in deltas if d["type"] != "thinking_delta") == "signature_delta"
     assert "".join(d.get("text", "") for d in deltas) == "Hello!"
+
+
+def test_a_text_document_is_read_as_text_and_a_pdf_is_refused(sdk: anthropic.Anthropic):
+    """A document block with a plain-text or a content source (what the API's citations
+    take) reaches the model as its title and text, before the question; a PDF, a 400."""
+    plain = {"type": "text", "media_type": "text/plain", "data": "The sky is green."}
+    blocks = {"type": "content", "content": [{"type": "text", "text": "The sky is green."}]}
+    for source in (plain, blocks):
+        content = [
+            {"type": "document", "source": source, "title": "Notes"},
+            {"type": "text", "text": "What colour is the sky?"},
+        ]
+        message = sdk.messages.create(
+            model="toy", max_tokens=64, messages=[{"role": "user", "content": content}]
+        )
+        assert message.content[0].text == "green, says the document"
+    pdf = {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0x"}
+    with pytest.raises(anthropic.BadRequestError, match="'document' part: this model takes text"):
+        sdk.messages.create(
+            model="toy",
+            max_tokens=5,
+            messages=[{"role": "user", "content": [{"type": "document", "source": pdf}]}],
+        )
 
 
 def test_errors_come_in_anthropics_shape(sdk: anthropic.Anthropic, client: TestClient):
