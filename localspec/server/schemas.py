@@ -1,6 +1,7 @@
 """The request bodies the server reads, as OpenAI defines them, and what they ask of the
 engine. Unknown fields are ignored (clients send many); fields the server cannot honour
-(n > 1, echo, best_of, mirostat) are refused with a 400 that names them, never ignored.
+(n > 1, echo, best_of, DRY or mirostat switched on) are refused with a 400 that names
+them, never ignored.
 """
 
 from __future__ import annotations
@@ -28,6 +29,16 @@ T = TypeVar("T", bound=BaseModel)
 # llama-server's sampling where its own endpoints' requests say nothing (/completion, /infill)
 LLAMA_SERVER_DEFAULTS = SamplingParams(temperature=0.8)
 MAX_STOPS = 64  # OpenAI allows 4; Continue sends 14 for Qwen-Coder, and users add theirs
+# llama.cpp's other samplers, by the values that turn each off (what llama.vscode's chat
+# sends): taken so, refused otherwise, as the speculative sampler does not apply them
+SAMPLERS_OFF: dict[str, Callable[[float], bool]] = {
+    "typical_p": lambda v: v >= 1,
+    "dry_multiplier": lambda v: v == 0,
+    "xtc_probability": lambda v: v == 0,
+    "dynatemp_range": lambda v: v <= 0,
+    "top_n_sigma": lambda v: v <= 0,
+    "mirostat": lambda v: v == 0,
+}
 
 
 def no_limit_or_positive(n: int) -> int:
@@ -231,6 +242,12 @@ class GenerationBody(Body):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     logit_bias: dict[str, float] | None = None
     grammar: str | None = None  # llama-server's: a GBNF grammar the answer follows
+    typical_p: float | None = None  # these: SAMPLERS_OFF
+    dry_multiplier: float | None = None
+    xtc_probability: float | None = None
+    dynatemp_range: float | None = None
+    top_n_sigma: float | None = None
+    mirostat: int | None = None
 
     # what a field the request leaves out takes: OpenAI's temperature and top_p, and
     # localspec's own sampler's top_k and min_p
@@ -284,6 +301,14 @@ class GenerationBody(Body):
         """A 400 for each field the server cannot honour."""
         if self.n not in (None, 1):
             raise ApiError(400, "n must be 1: one answer per request", "n")
+        for name, off in SAMPLERS_OFF.items():
+            if (value := getattr(self, name)) is not None and not off(value):
+                raise ApiError(
+                    400,
+                    f"{name} {value} is not supported: the samplers here are temperature, "
+                    "top_k, top_p, min_p and the repeat, presence and frequency penalties",
+                    name,
+                )
 
 
 class ChatRequest(GenerationBody):
@@ -406,7 +431,6 @@ class LlamaCompletionRequest(GenerationBody):
     SCHEMA_PARAM: ClassVar[str] = "json_schema"
     prompt: str | list[int]
     json_schema: dict[str, Any] | None = None
-    mirostat: int = 0
     response_fields: list[str] | None = None  # only these ("timings/prompt_n": a path)
     return_tokens: bool = False
 
@@ -415,11 +439,6 @@ class LlamaCompletionRequest(GenerationBody):
         if self.json_schema is None:
             return None
         return {"type": "json_schema", "json_schema": {"schema": self.json_schema}}
-
-    def refuse_unsupported(self) -> None:
-        super().refuse_unsupported()
-        if self.mirostat:
-            raise ApiError(400, "mirostat is not supported", "mirostat")
 
 
 def parse(kind: type[T], body: bytes) -> T:

@@ -239,6 +239,21 @@ def test_llama_servers_own_completion_endpoint(client: TestClient):
         assert_error(client.post("/completion", json=bad, headers=AUTH), 400, param)
 
 
+def test_llama_cpps_other_samplers_are_taken_off_and_refused_on(client: TestClient):
+    """llama.vscode's chat sends DRY, XTC, typical-p and dynamic temperature switched off:
+    served; a preset that switches one on gets a 400 naming it, not an answer without it."""
+    off = {"typical_p": 1, "dry_multiplier": 0, "xtc_probability": 0, "dynatemp_range": 0}
+    off |= {"top_n_sigma": -1, "mirostat": 0, "samplers": "edkypmxt"}
+    r = client.post("/v1/chat/completions", json=chat(temperature=0, **off), headers=AUTH)
+    assert r.json()["choices"][0]["message"]["content"] == REPLY
+    on = {"typical_p": 0.9, "dry_multiplier": 0.8, "xtc_probability": 0.5}
+    on |= {"dynatemp_range": 0.5, "top_n_sigma": 1.0, "mirostat": 2}
+    for name, value in on.items():
+        for path, body in (("/v1/chat/completions", chat()), ("/completion", {"prompt": "x"})):
+            r = client.post(path, json={**body, name: value}, headers=AUTH)
+            assert "not supported" in assert_error(r, 400, name)["message"]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [
