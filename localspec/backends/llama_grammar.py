@@ -15,7 +15,7 @@ import numpy as np
 from llama_cpp.llama_grammar import JSON_GBNF, RESERVED_NAMES, json_schema_to_gbnf
 
 from localspec.backends.llama import LlamaModel
-from localspec.decoding.schema_refs import flat_refs
+from localspec.decoding.schema_refs import flat_refs, plain_subschemas
 from localspec.errors import LocalspecError
 
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
@@ -120,7 +120,8 @@ def schema_grammar(schema: Any) -> str:
     one's string characters and spaces: llama-server's grammar); a GrammarError naming
     what it could not convert."""
     try:
-        gbnf = json_schema_to_gbnf(json.dumps(flat_refs(schema, frozenset(RESERVED_NAMES))))
+        plain = flat_refs(plain_subschemas(schema), frozenset(RESERVED_NAMES))
+        gbnf = json_schema_to_gbnf(json.dumps(plain))
     except Exception as e:  # the converter raises bare Exceptions and ValueErrors
         raise GrammarError(f"the JSON schema cannot be turned into a grammar: {e}") from None
     return gbnf.replace(PORT_CHAR, CPP_CHAR).replace(PORT_SPACE, CPP_SPACE)

@@ -1,6 +1,7 @@
-"""Local `$ref`s of JSON schemas, made plain for llama.cpp's schema-to-grammar converter
-(its Python port): what pydantic and zod write (`$defs`, `definitions`, a recursive model
-at the root) and what a schema of several tools' schemas needs."""
+"""JSON schemas made plain for llama.cpp's schema-to-grammar converter (its Python port):
+local `$ref`s as pydantic and zod write them (`$defs`, `definitions`, a recursive model
+at the root) and as a schema of several tools' schemas needs them, and boolean
+subschemas (`true`: any value), which the converter cannot read."""
 
 from __future__ import annotations
 
@@ -92,4 +93,41 @@ def rebased(schema: Any, root: str) -> Any:
     ref = schema.get("$ref")
     if is_pointer(ref):
         out["$ref"] = root + ref[1:]
+    return out
+
+
+# the keywords whose values are subschemas: maps of them, lists of them, or one
+SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+SUBSCHEMA_ONE = ("items", "additionalProperties", "contains", "not", "propertyNames")
+
+
+def plain_subschemas(schema: Any, where: str = "schema") -> Any:
+    """`schema` with each subschema as the converter reads it: a boolean one, `true` (any
+    value), as `{}`, and a `false` property (it never appears) left out, where a required
+    one is a SchemaRefError (no answer could follow the schema); an array's `items: {}`
+    (pydantic's `list[Any]`) left out, as the converter takes an empty one for none and
+    looks for `prefixItems`. `items: false` and a boolean `additionalProperties` stay."""
+    if schema is True:
+        return {}
+    if schema is False:
+        raise SchemaRefError(f"{where} is false: no value follows it")
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in SUBSCHEMA_MAPS:
+        if isinstance(entries := out.get(key), dict):
+            kept = {n: v for n, v in entries.items() if not (key == "properties" and v is False)}
+            if gone := set(entries) - set(kept) & set(out.get("required") or ()):
+                raise SchemaRefError(f"{where}.properties.{min(gone)} is false but required")
+            out[key] = {n: plain_subschemas(v, f"{where}.{key}.{n}") for n, v in kept.items()}
+    for key in SUBSCHEMA_LISTS:
+        if isinstance(items := out.get(key), list):
+            out[key] = [plain_subschemas(v, f"{where}.{key}[{i}]") for i, v in enumerate(items)]
+    for key in SUBSCHEMA_ONE:
+        value = out.get(key)
+        if isinstance(value, dict) or (value is True and key != "additionalProperties"):
+            out[key] = plain_subschemas(value, f"{where}.{key}")
+    if out.get("items") == {}:
+        del out["items"]
     return out

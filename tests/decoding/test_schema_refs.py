@@ -1,8 +1,9 @@
-"""Local `$ref`s made plain for llama.cpp's schema converter (fast: no model)."""
+"""Local `$ref`s and boolean subschemas made plain for llama.cpp's schema converter
+(fast: no model)."""
 
 import pytest
 
-from localspec.decoding.schema_refs import SchemaRefError, flat_refs, rebased
+from localspec.decoding.schema_refs import SchemaRefError, flat_refs, plain_subschemas, rebased
 
 TREE = {  # pydantic's schema of a recursive model
     "$defs": {
@@ -69,3 +70,35 @@ def test_a_definition_never_takes_the_name_of_one_of_the_converters_rules():
     schema = {"$defs": {"string": {"type": "integer"}}, "items": {"$ref": "#/$defs/string"}}
     flat = flat_refs(schema, reserved=frozenset({"string", "root"}))
     assert flat["items"] == {"$ref": "#/$defs/string1"} and "string" not in flat["$defs"]
+
+
+def test_boolean_subschemas_and_an_empty_items_become_what_the_converter_reads():
+    schema = {
+        "type": "object",
+        "properties": {
+            "any": True,
+            "never": False,
+            "list": {"type": "array", "items": True},
+            "tags": {"type": "array", "items": {}},  # pydantic's list[Any]
+            "pair": {"type": "array", "prefixItems": [True, {"type": "integer"}], "items": False},
+            "map": {"type": "object", "additionalProperties": True},
+        },
+        "required": ["any", "list"],
+    }
+    plain = plain_subschemas(schema)
+    props = plain["properties"]
+    assert props["any"] == {} and "never" not in props
+    assert props["list"] == props["tags"] == {"type": "array"}
+    assert props["pair"] == {
+        "type": "array",
+        "prefixItems": [{}, {"type": "integer"}],
+        "items": False,
+    }
+    assert props["map"] == schema["properties"]["map"]  # the converter reads this one
+    assert plain_subschemas(True) == {} and plain_subschemas({"type": "string"}) == {
+        "type": "string"
+    }
+    with pytest.raises(SchemaRefError, match=r"schema.properties.never is false but required"):
+        plain_subschemas({**schema, "required": ["never"]})
+    with pytest.raises(SchemaRefError, match=r"schema.anyOf\[1\] is false"):
+        plain_subschemas({"anyOf": [{"type": "string"}, False]})

@@ -824,7 +824,7 @@ def test_the_deprecated_functions_api_is_answered_in_its_own_shape(llama: TestCl
     ]
     prompt = llama.post("/apply-template", json={**ask, "messages": history}).json()["prompt"]
     assert '"city": "Paris"' in prompt
-    assert "<|start_header_id|>ipython<|end_header_id|>\n\n\"sunny, 21 C\"" in prompt
+    assert '<|start_header_id|>ipython<|end_header_id|>\n\n"sunny, 21 C"' in prompt
 
     both = llama.post("/v1/chat/completions", json={**ask, "tools": [WEATHER]})
     assert "not both" in assert_error(both, 400)["message"]

@@ -348,6 +348,15 @@ def test_schemas_with_refs_as_pydantic_writes_them(session) -> None:
     answer = LlamaGrammar(target, schema_grammar(tree))
     assert goes_through(answer, target, '{"label": "a", "kids": [{"label": "b", "kids": []}]}')
     assert not goes_through(answer, target, '{"label": "a", "kids": [{"name": "b"}]}')
+    # pydantic's `list[Any]` and `Any` (the converter read `items: {}` as no items at all)
+    loose = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {}}, "extra": True},
+        "required": ["tags", "extra"],
+    }
+    answer = LlamaGrammar(target, schema_grammar(loose))
+    assert goes_through(answer, target, '{"tags": [1, "a", null], "extra": {"x": [true]}}')
+    assert not goes_through(answer, target, '{"tags": 1, "extra": 2}')
 
     def tool(name: str, schema: dict) -> Tool:
         return Tool.model_validate(
