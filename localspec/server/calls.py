@@ -52,8 +52,23 @@ def rewriter(fmt: str | None, tools: Iterable[str] = ()) -> Rewriter | None:
     if fmt == GEMMA4:
         return GemmaCall()
     if fmt == HERMES:
-        return WrappedCall(tuple(tools))
+        names = tuple(tools)
+        return Chain(Chain(WrappedCall(names), DoubledCall(names)), SplitCalls())
     return None
+
+
+@dataclass
+class Chain:
+    """Two rewriters, the second reading what the first writes."""
+
+    first: Rewriter
+    second: Rewriter
+
+    def push(self, text: str) -> str:
+        return self.second.push(self.first.push(text))
+
+    def flush(self) -> str:
+        return self.second.push(self.first.flush()) + self.second.flush()
 
 
 def shown_markers(template: str | None, fmt: str | None = None) -> list[str]:
@@ -319,6 +334,138 @@ class WrappedCall:
     def flush(self) -> str:
         held, self._held = self._held, ""
         return held + CLOSE if self._mode == "call" else held
+
+
+@dataclass
+class DoubledCall:
+    """A whole answer that is a call in doubled braces, `{{"name": ..., "arguments":
+    ...}}`, read as the call inside them. Qwen2.5's template shows the model its call
+    format so (a format string's escaped braces, kept in the rendered prompt), and
+    Qwen2.5-Coder 1.5B writes it back so, without the tags, where a tool takes no
+    parameters and it samples (5 answers of 5 at temperature 1 here; none at 0, nor
+    of 20 where the tools had parameters). The outer braces become Qwen's tags, found by
+    counting JSON's own braces outside strings; the call streams as it is written. Any
+    other answer passes as it is, held only while it may still start such a call."""
+
+    tools: tuple[str, ...]
+    _held: str = ""
+    _mode: Literal["open", "call", "text"] = "open"
+    _depth: int = 0  # open braces and brackets of the call's JSON
+    _in_string: bool = False
+    _escaped: bool = False
+
+    def push(self, text: str) -> str:
+        if self._mode == "text":
+            return text
+        if self._mode == "call":
+            return self._scan(text)
+        self._held += text
+        held = self._held.lstrip()
+        if held.startswith("{{") and (name := CALL_NAME.match(held[1:])) is not None:
+            if loads_or_text(f'"{name.group(1)}"') not in self.tools:
+                return self._to_text()
+            self._mode, self._held = "call", ""
+            return OPEN + self._scan(held[1:])
+        if len(held) < 64 and '{{"name":"'.startswith(re.sub(r"\s+", "", held)[:10]):
+            return ""
+        return self._to_text()
+
+    def _to_text(self) -> str:
+        held, self._held, self._mode = self._held, "", "text"
+        return held
+
+    def _scan(self, text: str) -> str:
+        """`text` of the call with its end, the outer brace that closes at depth 0, made
+        the tag's; whatever follows it passes as text."""
+        for i, c in enumerate(text):
+            if self._escaped:
+                self._escaped = False
+            elif self._in_string:
+                self._escaped, self._in_string = c == "\\", c != '"'
+            elif c == '"':
+                self._in_string = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]" and self._depth > 0:
+                self._depth -= 1
+            elif c == "}":
+                self._mode = "text"
+                return text[:i] + CLOSE + text[i + 1 :]
+        return text
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return CLOSE if self._mode == "call" else held
+
+
+@dataclass
+class SplitCalls:
+    """Several calls in one block of Qwen's tags, `<tool_call>{...}\n{...}</tool_call>`
+    (Qwen2.5-Coder 1.5B, asked for the weather in two cities, wrote both so), as a
+    block each: where one object ends and another begins, the block closes and a new one
+    opens; the commas and spaces between them go. A block of one object, or of anything
+    but objects, passes as it is."""
+
+    _held: str = ""
+    _mode: Literal["text", "call", "pass"] = "text"  # pass: a body that is not objects
+    _depth: int = 0
+    _in_string: bool = False
+    _escaped: bool = False
+    _objects: int = 0  # the objects of the open block so far
+    _gap: str = ""  # what followed the last object, held until what comes next is known
+
+    def push(self, text: str) -> str:
+        held, out, i = self._held + text, [], 0
+        while i < len(held):
+            if self._mode != "call":
+                mark = OPEN if self._mode == "text" else CLOSE
+                j = held.find(mark, i)
+                if j < 0:
+                    n = len(held) - held_prefix(held[i:], mark)
+                    out.append(held[i:n])
+                    i = n
+                    break
+                out.append(held[i : j + len(mark)])
+                i, self._mode = j + len(mark), "call" if self._mode == "text" else "text"
+                self._depth, self._objects, self._gap = 0, 0, ""
+                continue
+            if self._depth == 0:  # between objects, or before the first
+                if held.startswith(CLOSE, i):
+                    out.append(self._gap + CLOSE)
+                    i, self._mode, self._gap = i + len(CLOSE), "text", ""
+                elif CLOSE.startswith(held[i:]):
+                    break  # may be the close: wait for more
+                elif held[i].isspace() or (held[i] == "," and self._objects):
+                    self._gap += held[i]
+                    i += 1
+                elif held[i] == "{":
+                    out.append(CLOSE + OPEN if self._objects else self._gap)
+                    self._gap, self._depth, i = "", 1, i + 1
+                    out.append("{")
+                else:
+                    out.append(self._gap)
+                    self._gap, self._mode = "", "pass"
+                continue
+            c = held[i]
+            if self._escaped:
+                self._escaped = False
+            elif self._in_string:
+                self._escaped, self._in_string = c == "\\", c != '"'
+            elif c == '"':
+                self._in_string = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                self._objects += self._depth == 0
+            out.append(c)
+            i += 1
+        self._held = held[i:]
+        return "".join(out)
+
+    def flush(self) -> str:
+        held, gap, self._held, self._gap = self._held, self._gap, "", ""
+        return gap + held
 
 
 def after_tag(text: str) -> str | None:

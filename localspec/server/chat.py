@@ -218,7 +218,7 @@ def parse_call(body: str, params: dict[str, Any] | None = None) -> ToolCall | No
         return None
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
-    args = data.get("arguments", data.get("parameters", {}))
+    args = data.get("arguments", data.get("parameters")) or {}  # null and "" as no arguments
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
     return ToolCall(f"call_{uuid.uuid4().hex[:24]}", data["name"], text)
 

@@ -517,6 +517,102 @@ def test_a_small_models_call_in_a_json_block_or_other_tags_is_read_as_a_call(siz
         assert run(text) == (text, [])
 
 
+# Qwen2.5-Coder 1.5B's call as its template shows the format, in doubled braces, no tags
+DOUBLED = '{{"name": "get_weather", "arguments": {"city": "Paris", "note": "a } and {{ \\" x"}}}'
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_a_call_in_qwen_2_5s_doubled_braces_is_read_as_the_call_inside(size: int):
+    from localspec.server.calls import rewriter
+    from localspec.server.chat import HERMES, ToolCallDeltas
+
+    def run(text: str, tools: tuple[str, ...] = ("get_weather", "now")) -> tuple[str, list]:
+        rewrite, stream = rewriter(HERMES, tools), ToolCallStream()
+        assert rewrite is not None
+        content, calls = "", []
+        for piece in [text[i : i + size] for i in range(0, len(text), size)]:
+            shown, done = stream.push(rewrite.push(piece))
+            content, calls = content + shown, calls + done
+        shown, done = stream.push(rewrite.flush())
+        rest, more = stream.flush()
+        return content + shown + rest, calls + done + more
+
+    content, calls = run(DOUBLED)
+    assert content == "" and [c.name for c in calls] == ["get_weather"]
+    assert json.loads(calls[0].arguments) == {"city": "Paris", "note": 'a } and {{ " x'}
+    content, calls = run('\n{{"name": "now"}}\nDone.')  # no arguments; words after it
+    assert content == "\nDone." and [(c.name, c.arguments) for c in calls] == [("now", "{}")]
+    for text in (
+        DOUBLED.replace("get_weather", "delete_all"),  # not offered
+        "{{ name }} is Jinja's",
+        "{{",
+        '{"name": "now"}',  # single braces, no tags: this format's text
+        "Write {{name}} here",
+    ):
+        assert run(text) == (text, [])
+
+    rewrite, stream, out = rewriter(HERMES, ("get_weather",)), ToolCallDeltas(), []
+    assert rewrite is not None
+    for i in range(0, len(DOUBLED), size):
+        out += stream.push(rewrite.push(DOUBLED[i : i + size]))
+    out += stream.push(rewrite.flush()) + stream.flush()
+    assert not any(d.get("content") for d in out)  # streamed as a call, name first
+    first, *pieces = [c for d in out for c in d["tool_calls"]]
+    assert first["function"] == {"name": "get_weather", "arguments": ""}
+    arguments = "".join(p["function"]["arguments"] for p in pieces)
+    assert json.loads(arguments) == {"city": "Paris", "note": 'a } and {{ " x'}
+
+
+# Qwen2.5-Coder 1.5B asked "Check the weather in Oslo and in Rome." (greedy): one block
+TWO_IN_ONE = (
+    '<tool_call>{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Oslo"\n  }\n}\n'
+    '{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Rome"\n  }\n}\n</tool_call>'
+)
+
+
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_several_calls_in_one_block_are_each_a_call(size: int):
+    from localspec.server.calls import rewriter
+    from localspec.server.chat import HERMES, ToolCallDeltas
+
+    def whole(text: str) -> tuple[str, list]:
+        rewrite, stream = rewriter(HERMES, ("get_weather",)), ToolCallStream()
+        assert rewrite is not None
+        content, calls = "", []
+        for piece in [text[i : i + size] for i in range(0, len(text), size)]:
+            shown, done = stream.push(rewrite.push(piece))
+            content, calls = content + shown, calls + done
+        shown, done = stream.push(rewrite.flush())
+        rest, more = stream.flush()
+        return content + shown + rest, calls + done + more
+
+    def cities(calls: list) -> list[str]:
+        return [json.loads(c.arguments)["city"] for c in calls]
+
+    content, calls = whole(f"Checking.{TWO_IN_ONE}")
+    assert content == "Checking." and cities(calls) == ["Oslo", "Rome"]
+    commas = TWO_IN_ONE.replace("}\n{", "},\n{")  # as a list's items, without the brackets
+    assert whole(commas)[1] and cities(whole(commas)[1]) == ["Oslo", "Rome"]
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    assert cities(whole(one)[1]) == ["Oslo"]
+    for text in ("<tool_call>not json</tool_call> and {}", "a } b { c", "<tool_c"):
+        assert whole(text) == (text, [])
+    null = '<tool_call>{"name": "get_weather", "arguments": null}</tool_call>'
+    assert [c.arguments for c in whole(null)[1]] == ["{}"]  # an object, as clients parse it
+
+    rewrite, stream, out = rewriter(HERMES, ("get_weather",)), ToolCallDeltas(), []
+    assert rewrite is not None
+    for i in range(0, len(TWO_IN_ONE), size):
+        out += stream.push(rewrite.push(TWO_IN_ONE[i : i + size]))
+    out += stream.push(rewrite.flush()) + stream.flush()
+    pieces = [c for d in out for c in d.get("tool_calls", [])]
+    assert not "".join(d.get("content", "") for d in out).strip()
+    assert [p["index"] for p in pieces if "id" in p] == [0, 1]
+    for index, city in enumerate(("Oslo", "Rome")):
+        text = "".join(p["function"]["arguments"] for p in pieces if p["index"] == index)
+        assert json.loads(text) == {"city": city}
+
+
 # --- browser safety -------------------------------------------------------------------
 @pytest.fixture
 def guarded() -> Iterator[TestClient]:
