@@ -18,7 +18,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from localspec.decoding.events import Event, Finished, Piece, Stats, StopReason
-from localspec.server.calls import rewriter
+from localspec.server.calls import Rewriter, rewriter
 from localspec.server.chat import ToolCall, ToolCallDeltas, ToolCallStream
 from localspec.server.errors import ApiError
 from localspec.server.prepare import Prepared
@@ -139,18 +139,21 @@ class Answer:
         """The whole answer's content and tool calls."""
         if not self.tools:
             return text, []
-        if (native := rewriter(self.tools, self.tool_params)) is not None:
+        if (native := self.rewriter()) is not None:
             text = native.push(text) + native.flush()
         calls = ToolCallStream(self.tool_params)
         content, found = calls.push(text)
         rest, more = calls.flush()
         return content + rest, found + more
 
+    def rewriter(self) -> Rewriter | None:
+        return rewriter(self.tools, self.tool_params, self.prepared.after_result)
+
     # --- streamed --------------------------------------------------------------------
     async def stream_chat(self, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
         yield self.chat_chunk({"role": "assistant", "content": ""})
         calls = ToolCallDeltas(self.tool_params) if self.tools else None
-        native = rewriter(self.tools, self.tool_params)  # its calls as Qwen's tags
+        native = self.rewriter()  # its calls as Qwen's tags
         split = self.thinking.split() if self.thinking is not None else None
         scored: list[Event] = []  # pieces whose log-probabilities are not yet sent
         async for event in self.events():

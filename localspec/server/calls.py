@@ -44,16 +44,20 @@ class Rewriter(Protocol):
     def flush(self) -> str: ...
 
 
-def rewriter(fmt: str | None, tools: Iterable[str] = ()) -> Rewriter | None:
+def rewriter(
+    fmt: str | None, tools: Iterable[str] = (), after_result: bool = False
+) -> Rewriter | None:
     """What turns `fmt`'s calls of the request's `tools` (their names) into Qwen's tags
-    (None: they are written so)."""
+    (None: they are written so). `after_result`: the answer follows a tool's result,
+    where a call in doubled braces is the 1.5B echoing the call it made (DoubledCall)."""
     if fmt == LLAMA3:
         return BareCall.for_tools(tools)
     if fmt == GEMMA4:
         return GemmaCall()
     if fmt == HERMES:
         names = tuple(tools)
-        return Chain(Chain(WrappedCall(names), DoubledCall(names)), SplitCalls())
+        wrapped = WrappedCall(names)
+        return Chain(wrapped if after_result else Chain(wrapped, DoubledCall(names)), SplitCalls())
     return None
 
 
@@ -345,7 +349,10 @@ class DoubledCall:
     parameters and it samples (5 answers of 5 at temperature 1 here; none at 0, nor
     of 20 where the tools had parameters). The outer braces become Qwen's tags, found by
     counting JSON's own braces outside strings; the call streams as it is written. Any
-    other answer passes as it is, held only while it may still start such a call."""
+    other answer passes as it is, held only while it may still start such a call. Not
+    after a tool's result: there the 1.5B writes the call it made again so, as an echo
+    (greedy, in both round trips of tests/server/test_server_real.py), and an agent
+    would call it again and again."""
 
     tools: tuple[str, ...]
     _held: str = ""

@@ -68,6 +68,7 @@ class Prepared:
     truncated: bool = False  # the FIM prompt was cut to fit
     lines: InfillLines | None = None  # a middle's line rule (FIM)
     thinking: Thinking | None = None  # how the model writes its reasoning (None: it does not)
+    after_result: bool = False  # the answer follows a tool's result (calls.rewriter)
 
     @classmethod
     def infill(cls, built: InfillPrompt, config: GenerationConfig, lines: InfillLines) -> Prepared:
@@ -158,6 +159,7 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
         prediction,
         tools=chat.tools,
         tool_params=chat.tool_params,
+        after_result=body.messages[-1].role == "tool",
         thinking=thinking,
     )
 

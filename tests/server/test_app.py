@@ -551,6 +551,9 @@ def test_a_call_in_qwen_2_5s_doubled_braces_is_read_as_the_call_inside(size: int
     ):
         assert run(text) == (text, [])
 
+    echo = rewriter(HERMES, ("get_weather",), after_result=True)  # the call made, again
+    assert echo is not None and echo.push(DOUBLED) + echo.flush() == DOUBLED
+
     rewrite, stream, out = rewriter(HERMES, ("get_weather",)), ToolCallDeltas(), []
     assert rewrite is not None
     for i in range(0, len(DOUBLED), size):
