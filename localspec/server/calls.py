@@ -25,6 +25,7 @@ from localspec.server.chat import (
     HERMES,
     LLAMA3,
     OPEN,
+    JsonDepth,
     loads_or_text,
 )
 from localspec.server.schemas import Tool
@@ -357,9 +358,7 @@ class DoubledCall:
     tools: tuple[str, ...]
     _held: str = ""
     _mode: Literal["open", "call", "text"] = "open"
-    _depth: int = 0  # open braces and brackets of the call's JSON
-    _in_string: bool = False
-    _escaped: bool = False
+    _json: JsonDepth = field(default_factory=JsonDepth)  # of the call inside
 
     def push(self, text: str) -> str:
         if self._mode == "text":
@@ -385,17 +384,7 @@ class DoubledCall:
         """`text` of the call with its end, the outer brace that closes at depth 0, made
         the tag's; whatever follows it passes as text."""
         for i, c in enumerate(text):
-            if self._escaped:
-                self._escaped = False
-            elif self._in_string:
-                self._escaped, self._in_string = c == "\\", c != '"'
-            elif c == '"':
-                self._in_string = True
-            elif c in "{[":
-                self._depth += 1
-            elif c in "}]" and self._depth > 0:
-                self._depth -= 1
-            elif c == "}":
+            if self._json.step(c) < 0:
                 self._mode = "text"
                 return text[:i] + CLOSE + text[i + 1 :]
         return text
@@ -415,9 +404,7 @@ class SplitCalls:
 
     _held: str = ""
     _mode: Literal["text", "call", "pass"] = "text"  # pass: a body that is not objects
-    _depth: int = 0
-    _in_string: bool = False
-    _escaped: bool = False
+    _json: JsonDepth = field(default_factory=JsonDepth)  # of the object being written
     _objects: int = 0  # the objects of the open block so far
     _gap: str = ""  # what followed the last object, held until what comes next is known
 
@@ -434,9 +421,9 @@ class SplitCalls:
                     break
                 out.append(held[i : j + len(mark)])
                 i, self._mode = j + len(mark), "call" if self._mode == "text" else "text"
-                self._depth, self._objects, self._gap = 0, 0, ""
+                self._json, self._objects, self._gap = JsonDepth(), 0, ""
                 continue
-            if self._depth == 0:  # between objects, or before the first
+            if self._json.depth == 0:  # between objects, or before the first
                 if held.startswith(CLOSE, i):
                     out.append(self._gap + CLOSE)
                     i, self._mode, self._gap = i + len(CLOSE), "text", ""
@@ -447,25 +434,16 @@ class SplitCalls:
                     i += 1
                 elif held[i] == "{":
                     out.append(CLOSE + OPEN if self._objects else self._gap)
-                    self._gap, self._depth, i = "", 1, i + 1
+                    self._gap = ""
+                    self._json.step("{")
                     out.append("{")
+                    i += 1
                 else:
                     out.append(self._gap)
                     self._gap, self._mode = "", "pass"
                 continue
-            c = held[i]
-            if self._escaped:
-                self._escaped = False
-            elif self._in_string:
-                self._escaped, self._in_string = c == "\\", c != '"'
-            elif c == '"':
-                self._in_string = True
-            elif c in "{[":
-                self._depth += 1
-            elif c in "}]":
-                self._depth -= 1
-                self._objects += self._depth == 0
-            out.append(c)
+            self._objects += self._json.step(held[i]) == 0  # back at 0: an object ended
+            out.append(held[i])
             i += 1
         self._held = held[i:]
         return "".join(out)

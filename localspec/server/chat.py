@@ -314,6 +314,30 @@ HEAD = re.compile(
 
 
 @dataclass
+class JsonDepth:
+    """How deep a JSON text is in its objects and arrays, read a character at a time;
+    braces and brackets inside strings do not count."""
+
+    depth: int = 0
+    _in_string: bool = False
+    _escaped: bool = False
+
+    def step(self, c: str) -> int:
+        """The depth after `c` (below 0: `c` closed what the text did not open)."""
+        if self._escaped:
+            self._escaped = False
+        elif self._in_string:
+            self._escaped, self._in_string = c == "\\", c != '"'
+        elif c == '"':
+            self._in_string = True
+        elif c in "{[":
+            self.depth += 1
+        elif c in "}]":
+            self.depth -= 1
+        return self.depth
+
+
+@dataclass
 class ToolCallDeltas:
     """Feed the streamed answer's text; get OpenAI's chunk deltas back: `content`, and
     for each call first `{index, id, type, function: {name, arguments: ""}}` once its
@@ -327,9 +351,7 @@ class ToolCallDeltas:
     _held: str = ""
     _body: str | None = None  # the open call's text so far (None: outside a call)
     _sent: int = 0  # how much of the body's arguments went out
-    _depth: int = 0
-    _in_string: bool = False
-    _escaped: bool = False
+    _json: JsonDepth = field(default_factory=JsonDepth)  # of the arguments
     _started: bool = False
     _done: bool = False  # the arguments object closed
     _xml: bool = False  # the open call is XML: its arguments go at its close
@@ -373,8 +395,8 @@ class ToolCallDeltas:
         return self._advance() + self._close()
 
     def _open(self) -> None:
-        self._body, self._sent, self._depth = "", 0, 0
-        self._in_string = self._escaped = self._started = self._done = self._xml = False
+        self._body, self._sent, self._json = "", 0, JsonDepth()
+        self._started = self._done = self._xml = False
 
     def _advance(self) -> list[dict[str, Any]]:
         assert self._body is not None
@@ -398,18 +420,8 @@ class ToolCallDeltas:
             return out
         end = self._sent
         for i in range(self._sent, len(self._body)):
-            ch = self._body[i]
-            if self._in_string:
-                escaped, self._escaped = self._escaped, not self._escaped and ch == "\\"
-                self._in_string = escaped or ch != '"'
-            elif ch == '"':
-                self._in_string = True
-            elif ch in "{[":
-                self._depth += 1
-            elif ch in "}]":
-                self._depth -= 1
             end = i + 1
-            if self._depth == 0:
+            if self._json.step(self._body[i]) == 0:
                 self._done = True
                 break
         piece, self._sent = self._body[self._sent : end], end

@@ -478,19 +478,33 @@ TAGGED = (
 )
 
 
+def rewritten(rewrite, text: str, size: int) -> tuple[str, list]:
+    """`text`, fed `size` characters at a time through `rewrite` (calls.rewriter's), as
+    the whole answer's content and calls."""
+    stream, content, calls = ToolCallStream(), "", []
+    for piece in [text[i : i + size] for i in range(0, len(text), size)] + [None]:
+        shown, done = stream.push(rewrite.push(piece) if piece is not None else rewrite.flush())
+        content, calls = content + shown, calls + done
+    rest, more = stream.flush()
+    return content + rest, calls + more
+
+
+def rewritten_deltas(rewrite, text: str, size: int) -> list[dict]:
+    """The same, streamed: OpenAI's chunk deltas."""
+    from localspec.server.chat import ToolCallDeltas
+
+    stream, out = ToolCallDeltas(), []
+    for i in range(0, len(text), size):
+        out += stream.push(rewrite.push(text[i : i + size]))
+    return out + stream.push(rewrite.flush()) + stream.flush()
+
+
 @pytest.mark.parametrize("size", [1, 2, 5, 1000])
 def test_a_small_models_call_in_a_json_block_or_other_tags_is_read_as_a_call(size: int):
     from localspec.server.calls import WrappedCall
 
     def run(text: str, tools: tuple[str, ...] = ("Write", "Read")) -> tuple[str, list]:
-        rewrite, stream = WrappedCall(tools), ToolCallStream()
-        content, calls = "", []
-        for piece in [text[i : i + size] for i in range(0, len(text), size)]:
-            shown, done = stream.push(rewrite.push(piece))
-            content, calls = content + shown, calls + done
-        shown, done = stream.push(rewrite.flush())
-        rest, more = stream.flush()
-        return content + shown + rest, calls + done + more
+        return rewritten(WrappedCall(tools), text, size)
 
     content, calls = run(FENCED)
     assert content == "" and [c.name for c in calls] == ["Write"]
@@ -524,18 +538,10 @@ DOUBLED = '{{"name": "get_weather", "arguments": {"city": "Paris", "note": "a } 
 @pytest.mark.parametrize("size", [1, 3, 1000])
 def test_a_call_in_qwen_2_5s_doubled_braces_is_read_as_the_call_inside(size: int):
     from localspec.server.calls import rewriter
-    from localspec.server.chat import HERMES, ToolCallDeltas
+    from localspec.server.chat import HERMES
 
-    def run(text: str, tools: tuple[str, ...] = ("get_weather", "now")) -> tuple[str, list]:
-        rewrite, stream = rewriter(HERMES, tools), ToolCallStream()
-        assert rewrite is not None
-        content, calls = "", []
-        for piece in [text[i : i + size] for i in range(0, len(text), size)]:
-            shown, done = stream.push(rewrite.push(piece))
-            content, calls = content + shown, calls + done
-        shown, done = stream.push(rewrite.flush())
-        rest, more = stream.flush()
-        return content + shown + rest, calls + done + more
+    def run(text: str) -> tuple[str, list]:
+        return rewritten(rewriter(HERMES, ("get_weather", "now")), text, size)
 
     content, calls = run(DOUBLED)
     assert content == "" and [c.name for c in calls] == ["get_weather"]
@@ -554,11 +560,7 @@ def test_a_call_in_qwen_2_5s_doubled_braces_is_read_as_the_call_inside(size: int
     echo = rewriter(HERMES, ("get_weather",), after_result=True)  # the call made, again
     assert echo is not None and echo.push(DOUBLED) + echo.flush() == DOUBLED
 
-    rewrite, stream, out = rewriter(HERMES, ("get_weather",)), ToolCallDeltas(), []
-    assert rewrite is not None
-    for i in range(0, len(DOUBLED), size):
-        out += stream.push(rewrite.push(DOUBLED[i : i + size]))
-    out += stream.push(rewrite.flush()) + stream.flush()
+    out = rewritten_deltas(rewriter(HERMES, ("get_weather",)), DOUBLED, size)
     assert not any(d.get("content") for d in out)  # streamed as a call, name first
     first, *pieces = [c for d in out for c in d["tool_calls"]]
     assert first["function"] == {"name": "get_weather", "arguments": ""}
@@ -576,18 +578,10 @@ TWO_IN_ONE = (
 @pytest.mark.parametrize("size", [1, 4, 1000])
 def test_several_calls_in_one_block_are_each_a_call(size: int):
     from localspec.server.calls import rewriter
-    from localspec.server.chat import HERMES, ToolCallDeltas
+    from localspec.server.chat import HERMES
 
     def whole(text: str) -> tuple[str, list]:
-        rewrite, stream = rewriter(HERMES, ("get_weather",)), ToolCallStream()
-        assert rewrite is not None
-        content, calls = "", []
-        for piece in [text[i : i + size] for i in range(0, len(text), size)]:
-            shown, done = stream.push(rewrite.push(piece))
-            content, calls = content + shown, calls + done
-        shown, done = stream.push(rewrite.flush())
-        rest, more = stream.flush()
-        return content + shown + rest, calls + done + more
+        return rewritten(rewriter(HERMES, ("get_weather",)), text, size)
 
     def cities(calls: list) -> list[str]:
         return [json.loads(c.arguments)["city"] for c in calls]
@@ -603,11 +597,7 @@ def test_several_calls_in_one_block_are_each_a_call(size: int):
     null = '<tool_call>{"name": "get_weather", "arguments": null}</tool_call>'
     assert [c.arguments for c in whole(null)[1]] == ["{}"]  # an object, as clients parse it
 
-    rewrite, stream, out = rewriter(HERMES, ("get_weather",)), ToolCallDeltas(), []
-    assert rewrite is not None
-    for i in range(0, len(TWO_IN_ONE), size):
-        out += stream.push(rewrite.push(TWO_IN_ONE[i : i + size]))
-    out += stream.push(rewrite.flush()) + stream.flush()
+    out = rewritten_deltas(rewriter(HERMES, ("get_weather",)), TWO_IN_ONE, size)
     pieces = [c for d in out for c in d.get("tool_calls", [])]
     assert not "".join(d.get("content", "") for d in out).strip()
     assert [p["index"] for p in pieces if "id" in p] == [0, 1]
