@@ -20,6 +20,7 @@ from localspec.decoding.events import Finished
 from localspec.server.blocks import Blocks, Fill, Open, Step
 from localspec.server.errors import ApiError
 from localspec.server.schemas import (
+    EFFORTS,
     Body,
     ChatMessageIn,
     ChatRequest,
@@ -173,7 +174,7 @@ class MessagesRequest(Body):
         if self.thinking is not None and self.thinking.type in ("enabled", "disabled"):
             kwargs = {"enable_thinking": self.thinking.type == "enabled"}  # Qwen3's switch
         output = self.output_config or OutputConfig()
-        effort = {"xhigh": "high", "max": "high"}.get(output.effort or "", output.effort)
+        effort = EFFORTS.get(output.effort or "", output.effort)
         schema = None
         if output.format is not None:
             schema = {"type": "json_schema", "json_schema": {"schema": output.format.schema_}}

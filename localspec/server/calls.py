@@ -424,8 +424,8 @@ class SplitCalls:
                 self._json, self._objects, self._gap = JsonDepth(), 0, ""
                 continue
             if self._json.depth == 0:  # between objects, or before the first
-                if held.startswith(CLOSE, i):
-                    out.append(self._gap + CLOSE)
+                if held.startswith(CLOSE, i):  # a comma after the last object goes too
+                    out.append(self._gap.replace(",", "") + CLOSE)
                     i, self._mode, self._gap = i + len(CLOSE), "text", ""
                 elif CLOSE.startswith(held[i:]):
                     break  # may be the close: wait for more

@@ -201,10 +201,9 @@ class NamedToolChoice(Body):
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
-# the Responses API's and newer models' reasoning efforts, as a template's reasoning_effort
-# takes them (gpt-oss's: low, medium, high)
-EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high"}
-EFFORTS |= {"xhigh": "high"}
+# OpenAI's and Anthropic's reasoning efforts beyond the three a template's reasoning_effort
+# takes (gpt-oss's: low, medium, high), as the nearest of them
+EFFORTS = {"none": "low", "minimal": "low", "xhigh": "high", "max": "high"}
 
 
 class PredictionIn(Body):
@@ -338,7 +337,8 @@ class ChatRequest(GenerationBody):
         """The chat template's variables this request sets."""
         kwargs = dict(self.chat_template_kwargs or {})
         if self.reasoning_effort is not None:
-            kwargs.setdefault("reasoning_effort", EFFORTS[self.reasoning_effort])
+            effort = self.reasoning_effort
+            kwargs.setdefault("reasoning_effort", EFFORTS.get(effort, effort))
         return kwargs
 
     @property

@@ -589,7 +589,9 @@ def test_several_calls_in_one_block_are_each_a_call(size: int):
     content, calls = whole(f"Checking.{TWO_IN_ONE}")
     assert content == "Checking." and cities(calls) == ["Oslo", "Rome"]
     commas = TWO_IN_ONE.replace("}\n{", "},\n{")  # as a list's items, without the brackets
-    assert whole(commas)[1] and cities(whole(commas)[1]) == ["Oslo", "Rome"]
+    assert cities(whole(commas)[1]) == ["Oslo", "Rome"]
+    trailing = commas.replace("}\n</tool_call>", "},\n</tool_call>")  # and after the last
+    assert cities(whole(trailing)[1]) == ["Oslo", "Rome"]
     one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     assert cities(whole(one)[1]) == ["Oslo"]
     for text in ("<tool_call>not json</tool_call> and {}", "a } b { c", "<tool_c"):
