@@ -203,6 +203,8 @@ def infill(client: httpx.Client, base: str, body: dict[str, Any]) -> dict[str, A
         "prompt_ms": timings.get("prompt_ms", 0.0),
         "predicted_n": timings.get("predicted_n", 0),
         "predicted_ms": timings.get("predicted_ms", 0.0),
+        "draft_n": timings.get("draft_n", 0),  # both servers' speculation counters
+        "draft_n_accepted": timings.get("draft_n_accepted", 0),
     }
 
 

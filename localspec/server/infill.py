@@ -255,6 +255,8 @@ def infill_body(
             "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / n if n else 0.0,
             "predicted_per_second": n / (predicted_ms / 1e3) if predicted_ms else 0.0,
+            # as llama-server: only where speculation drafted (how clients tell it ran)
+            **({"draft_n": s.drafted, "draft_n_accepted": s.accepted} if s.drafted else {}),
         },
     }
 

@@ -165,6 +165,11 @@ def test_a_warm_up_reads_the_extra_context_and_the_next_keystroke_little(
     )
     assert again["timings"]["cache_n"] >= common_prefix(before, after) - 1, again["timings"]
     assert again["timings"]["prompt_n"] <= 0.15 * again["tokens_evaluated"]
+    # the middle mostly repeats the first one's, which the slot's suffix index holds (the
+    # first prompt's departed tail): drafted there, and counted as llama-server counts it
+    timings = again["timings"]
+    assert timings["draft_n"] >= timings["draft_n_accepted"] >= timings["predicted_n"] // 2
+    assert "draft_n" not in read["timings"]  # nothing was drafted: as llama-server, no counts
 
 
 def test_openai_suffix_and_a_client_templated_prompt(client: TestClient):
