@@ -368,7 +368,10 @@ async def test_a_full_context_is_a_notification_not_a_crash(home: Path):
     app = make_app(n_ctx=200)
     async with app.run_test() as pilot:
         await ready(pilot)
-        await send(pilot, "x" * 300)
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        prompt.insert("x" * 300)  # pasted: the pilot takes 20 s to press 300 keys
+        await pilot.press("enter")
         await until(pilot, lambda: done(app))
         assert answers(app)[-1].status == "error"
         notes = [n for n in app._notifications if n.severity == "error"]
