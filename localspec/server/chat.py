@@ -392,7 +392,7 @@ class ToolCallDeltas:
             return [{"content": held}] if held else []
         self._body += self._held
         self._held = ""
-        return self._advance() + self._close()
+        return self._advance() + self._close(closed=False)
 
     def _open(self) -> None:
         self._body, self._sent, self._json = "", 0, JsonDepth()
@@ -431,7 +431,9 @@ class ToolCallDeltas:
             )
         return out
 
-    def _close(self) -> list[dict[str, Any]]:
+    def _close(self, closed: bool = True) -> list[dict[str, Any]]:
+        """The call's end: its close tag, or the answer's end (`closed` False: a call cut
+        by max_tokens, whose text goes out as it was written, with no tag added)."""
         body, self._body = self._body or "", None
         if self._xml:  # its arguments, whole: they are JSON only once typed
             parsed = parse_xml_call(body, self.params)
@@ -443,6 +445,6 @@ class ToolCallDeltas:
             return []
         call = parse_call(body, self.params)
         if call is None:
-            return [{"content": OPEN + body + CLOSE}]
+            return [{"content": OPEN + body + (CLOSE if closed else "")}]
         self.calls += 1
         return [{"tool_calls": [call.as_dict(self.calls - 1)]}]

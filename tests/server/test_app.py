@@ -783,6 +783,17 @@ def test_streamed_calls_are_indexed_and_other_shapes_go_out_whole_or_as_text():
     assert json.loads(starts[1]["function"]["arguments"]) == {"y": 1}  # whole, at its close
 
 
+def test_a_call_cut_before_its_arguments_is_the_text_written_streamed_or_not():
+    """max_tokens ended a forced call (`tool_choice` "required") before its arguments
+    began: both paths show what the model wrote, and no close tag it did not write."""
+    text = '<tool_call>\n{"name": "read_file", "arguments":'
+    assert replay_deltas(text) == (text, [])
+    stream = ToolCallStream()
+    shown, calls = stream.push(text)
+    rest, more = stream.flush()
+    assert (shown + rest, calls + more) == (text, [])
+
+
 # --- thinking models --------------------------------------------------------------------
 THOUGHT = "<think>\nThe user greets me.\nI greet back.\n</think>\n\nHello!"
 
