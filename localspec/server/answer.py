@@ -283,7 +283,11 @@ class Answer:
         }
 
     def finish_reason(self, done: Finished, called: bool) -> str:
-        return "tool_calls" if called else FINISH_REASONS[done.stop_reason]
+        """The answer's finish_reason: "tool_calls" where it called, unless it was cut (a
+        call that max_tokens cut has arguments that do not parse, and clients look for
+        "length" before they run it; a streamed call's name went out before the cut)."""
+        reason = FINISH_REASONS[done.stop_reason]
+        return "tool_calls" if called and reason != "length" else reason
 
     def figures(self, done: Finished, usage: bool = True) -> dict[str, Any]:
         """`usage` (where asked for) and the engine's figures, under `localspec`."""
@@ -336,7 +340,8 @@ def as_function_call(body: dict[str, Any]) -> dict[str, Any]:
         message = choice["message"]
         if calls := message.pop("tool_calls", None):
             message["function_call"] = calls[0]["function"]
-            choice["finish_reason"] = "function_call"
+            if choice["finish_reason"] == "tool_calls":
+                choice["finish_reason"] = "function_call"
     return body
 
 

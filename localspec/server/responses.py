@@ -255,6 +255,10 @@ def output_items(message: dict[str, Any], ids: ItemIds) -> list[dict[str, Any]]:
     return items
 
 
+def was_cut(done: Finished | None) -> bool:
+    return done is not None and done.stop_reason in ("max_tokens", "context_full")
+
+
 def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     content = [{"type": "reasoning_text", "text": text}] if text else []
     return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
@@ -313,9 +317,12 @@ def response_body(
     done: Finished | None,
     chat_usage: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The response object; in progress while `done` is None."""
-    incomplete = done is not None and done.stop_reason in ("max_tokens", "context_full")
+    """The response object; in progress while `done` is None. Where max tokens cut
+    it, the item being written then is incomplete too (a call's arguments do not parse)."""
+    incomplete = was_cut(done)
     status = "in_progress" if done is None else "incomplete" if incomplete else "completed"
+    if incomplete and output:
+        output[-1]["status"] = "incomplete"
     body: dict[str, Any] = {
         "id": ids.response,
         "object": "response",
@@ -369,6 +376,7 @@ class ResponseStream:
         self.output: list[dict[str, Any]] = []  # the items done
         self.item: dict[str, Any] = {}  # the open one
         self.sequence = 0
+        self.closing = "completed"  # the status of items that close as they are done
 
     async def events(
         self, chunks: AsyncIterator[dict[str, Any]], done: Callable[[], Finished | None]
@@ -384,6 +392,7 @@ class ResponseStream:
                 for step in self.blocks.feed(choice["delta"]):
                     for event in self.render(step):
                         yield event
+        self.closing = "incomplete" if was_cut(done()) else "completed"  # the one cut
         for step in self.blocks.close():
             for event in self.render(step):
                 yield event
@@ -421,17 +430,18 @@ class ResponseStream:
         return events
 
     def finish(self, step: Close, at: dict[str, Any]) -> list[dict[str, Any]]:
+        status = self.closing
         if step.kind == "call":
-            item = call_item(self.item["call_id"], self.item["name"], step.text)
+            item = call_item(self.item["call_id"], self.item["name"], step.text, status)
             events = [
                 self.event("response.function_call_arguments.done", arguments=step.text, **at)
             ]
         else:
             part = PARTS[step.kind]
             if step.kind == "thinking":
-                item = reasoning_item(self.ids.reasoning, step.text)
+                item = reasoning_item(self.ids.reasoning, step.text, status)
             else:
-                item = message_item(self.ids.message, step.text)
+                item = message_item(self.ids.message, step.text, status)
             events = [
                 self.event(f"response.{part}.done", text=step.text, **at, **self.text_at(part)),
                 self.event(

@@ -171,6 +171,22 @@ def test_a_limit_beyond_the_context_ends_as_the_context_window():
     assert 0 < body["usage"]["output_tokens"] < 96
 
 
+def test_a_tool_use_cut_by_max_tokens_ends_as_max_tokens(client: TestClient):
+    """Inside the call's input, streamed (the tool_use block was open) or not: the
+    message ends as `max_tokens`, not `tool_use`, whose input would be partial."""
+    body = {"max_tokens": CALL.index("Paris"), "messages": HI, "tools": [WEATHER]}
+    whole = client.post("/v1/messages", json=body, headers={"x-api-key": KEY}).json()
+    assert whole["stop_reason"] == "max_tokens"
+    streamed = events(client, body)
+    assert [b["content_block"]["type"] for n, b in streamed if n == "content_block_start"] == [
+        "text",
+        "tool_use",
+    ]
+    assert [e["delta"]["stop_reason"] for n, e in streamed if n == "message_delta"] == [
+        "max_tokens"
+    ]
+
+
 def test_a_tool_use_and_its_result_round_trip(sdk: anthropic.Anthropic, client: TestClient):
     message = sdk.messages.create(model="toy", max_tokens=200, messages=HI, tools=[WEATHER])
     assert message.stop_reason == "tool_use"

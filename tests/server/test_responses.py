@@ -203,6 +203,31 @@ def test_an_answer_cut_by_max_output_tokens_is_incomplete(sdk: openai.OpenAI):
     with sdk.responses.stream(model="x", input="hi", max_output_tokens=5) as stream:
         names = [event.type for event in stream]
     assert names[-1] == "response.incomplete"
+    assert response.output[-1].status == "incomplete"  # the item being written
+
+
+def test_a_call_cut_by_the_token_limit_says_so_on_both_apis(sdk: openai.OpenAI):
+    """max tokens ended the answer inside the call's arguments (Qwen's format, a byte a
+    token): nothing calls, as agents check before they run a call with partial input."""
+    cut = CALL.index("Paris")  # inside the arguments, once the stream sent the name
+    ask = {"model": "x", "input": "hi", "tools": [WEATHER], "max_output_tokens": cut}
+    response = sdk.responses.create(**ask)
+    assert response.status == "incomplete" and response.output[-1].status == "incomplete"
+    with sdk.responses.stream(**ask) as stream:
+        *_, last = stream  # response.incomplete (the SDK's final response wants completed)
+    final = last.response  # type: ignore[union-attr]
+    call = final.output[-1]
+    assert call.type == "function_call" and call.status == "incomplete", call
+    assert final.status == "incomplete" and call.arguments == '{"city": "'
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    chat = {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": cut}
+    whole = sdk.chat.completions.create(**chat, tools=tools)  # type: ignore[call-overload]
+    assert whole.choices[0].finish_reason == "length"
+    chunks = list(sdk.chat.completions.create(**chat, tools=tools, stream=True))  # type: ignore[call-overload]
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == "length" and "tool_calls" not in reasons
+    assert any(c.choices[0].delta.tool_calls for c in chunks if c.choices)  # name sent first
 
 
 @pytest.mark.parametrize(
