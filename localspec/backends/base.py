@@ -16,6 +16,7 @@ from the start: slow, but the logits stay those of the text.
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -134,6 +135,8 @@ class Model(ABC):
 
     def __init__(self) -> None:
         self.cached: list[int] = []
+        # set when the request being read has gone: a long prompt stops between chunks
+        self.cancel: threading.Event | None = None
         self.busy_s = 0.0  # wall time inside decode calls, for overhead accounting
         self.decoded = 0  # tokens sent through the model so far
         self.restarts = 0  # cuts that failed, so that the cache started over

@@ -206,7 +206,6 @@ class SlotModel(Model):
         self.name = shared.name
         self.n_vocab = shared.n_vocab
         self.n_ctx = shared.n_ctx
-        self.cancel: threading.Event | None = None
         self.short = False
         self._pass_s = 0.0  # the last call's time in passes
 

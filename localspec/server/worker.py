@@ -120,11 +120,14 @@ class Slot:
         return self.engine.target.cached
 
     def take(self, job: Job | None) -> None:
-        """Run `job` next (None: the slot's own reading ahead): its cancel and length
-        reach the views' shared passes."""
+        """Run `job` next (None: the slot's own reading ahead): its cancel reaches the
+        models' reading (the views' shared passes, or the session's own models' chunks
+        where this is the one slot), its length the shared passes."""
         cancel, short = (job.cancel, job.short) if job else (threading.Event(), False)
+        for model in self.models:
+            model.cancel = cancel
         for view in self.views:
-            view.cancel, view.short = cancel, short
+            view.short = short
 
 
 class Worker:

@@ -4,6 +4,7 @@ turns in fewer slots than there are of them read only what is new."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -13,7 +14,7 @@ from server.test_slots_real import Loop, assert_scores_alike
 from localspec.backends.llama import LlamaModel, LoadOptions
 from localspec.decoding.events import Finished
 from localspec.server.scheduling import KEEP_TOKENS
-from localspec.server.worker import Worker
+from localspec.server.worker import Failed, Worker
 from localspec.session import Session, SessionConfig, open_session
 
 pytestmark = pytest.mark.real
@@ -51,6 +52,40 @@ def loop() -> Iterator[Loop]:
     lp = Loop()
     yield lp
     lp.close()
+
+
+def test_one_slot_stops_reading_a_prompt_whose_client_left(session, loop):
+    """`serve --parallel 1` (or a cache with room for one sequence): the session's own
+    models read the prompt, not shared passes. A request withdrawn while its prompt is
+    read stops between chunks there too (a streamed request whose client left kept the
+    one slot reading ~10k tokens for minutes), keeping what it read."""
+    target = session.target
+    for model in (target, session.draft_model):
+        model.reset()
+    worker = Worker(session, max_queue=8, parallel=1)
+    worker.start()
+    try:
+        assert worker.slots[0].views == []  # the session's own engine
+        log = "Summarize this log:\n" + "GET /index.html 200 0.003s\n" * 100
+        long = session.render([{"role": "user", "content": log}])
+        assert len(long) > 2 * target.n_batch  # three chunks or more
+        job = loop.job(long, 16)
+        worker.submit(job)
+        time.sleep(0.5)  # in its first chunk: the whole prompt takes ~20 s on 2 cores
+        worker.withdraw(job)
+        end = loop.wait(job, timeout=60)
+        assert isinstance(end, Failed) and end.message == "cancelled"
+        assert 0 < len(target.cached) < len(long) - 1  # it stopped between chunks
+        assert target.kv_len() == len(target.cached)  # and kept what it read
+        deadline = time.monotonic() + 5
+        while worker.depth():
+            assert time.monotonic() < deadline, "the slot was not freed"
+            time.sleep(0.01)
+        short = loop.job(session.render([{"role": "user", "content": "hi"}]), 4)
+        worker.submit(short)  # and the slot serves on
+        assert isinstance(loop.wait(short), Finished)
+    finally:
+        worker.stop()
 
 
 def test_three_conversations_in_two_slots_come_back_from_ram(session, loop):
