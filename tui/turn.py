@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from textual.message import Message
 
+from localspec.backends.base import Cancelled
 from localspec.conversations import ConversationStore, ConversationWriter
 from localspec.decoding.events import Finished, Piece, RoundEnd, Stats
 from localspec.session import Message as ChatMessage
@@ -137,6 +138,9 @@ def stream(
     if turn.cancel.is_set():  # stopped while waiting for the previous turn to end
         return "cancelled", Stats()
     session = pair.session_for(turn.settings)
+    for model in (session.target, session.draft_model):
+        if model is not None:  # a long prompt stops between its chunks when stopped
+            model.cancel = turn.cancel
     thinking = session.thinking(messages)
     events = session.chat(messages, turn.settings.generation(), turn.cancel)
     last: Stats | None = None
@@ -163,6 +167,8 @@ def stream(
             elif isinstance(event, Finished):
                 pending.end()
                 return event.stop_reason, event.stats
+    except Cancelled:  # stopped while the prompt was read: what was read stays cached
+        pass
     finally:
         close = getattr(events, "close", None)  # a generator: closing stops the engine
         if close is not None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from localspec.backends.base import Model
+from localspec.backends.base import Cancelled, Model
 
 LogitsFn = Callable[[Sequence[int]], np.ndarray]
 
@@ -47,12 +47,15 @@ class ToyModel(Model):
         recurrent: bool = False,
         sleep: bool = True,
         template: str = TEMPLATE,
+        n_batch: int = 512,
     ) -> None:
         """`pass_s` + `token_s` per token: simulated time a pass takes, a sleep, or with
         `sleep=False` only booked on `busy_s` (what adaptive drafting reads): the same
         costs on any machine, so its choices are reproducible.
         `recurrent`: like a Mamba, one state for all it has read; a cut that would keep
-        part of it fails (and a backend that ignored that would read on after it)."""
+        part of it fails (and a backend that ignored that would read on after it).
+        `n_batch`: tokens a pass reads at most, as llama.cpp's; a long prompt is read in
+        passes of it, and stops between them once `cancel` is set."""
         super().__init__()
         self.logits_fn = logits_fn
         self.n_vocab = n_vocab
@@ -63,20 +66,27 @@ class ToyModel(Model):
         self.recurrent = recurrent
         self.sleep = sleep
         self.template = template
+        self.n_batch = n_batch
         self.state: list[int] = []  # what the "backend" has read, as it sees it
 
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
+        for start in range(0, len(tokens), self.n_batch):
+            if start and self.cancel is not None and self.cancel.is_set():
+                raise Cancelled(start)
+            self._pass(tokens[start : start + self.n_batch])
+        context = self.state  # pos is where the caller believes it appends
+        end = len(context)
+        rows = [self.logits_fn(context[: end - n_logits + i + 1]) for i in range(n_logits)]
+        return np.asarray(rows, dtype=np.float32).reshape(n_logits, self.n_vocab)
+
+    def _pass(self, tokens: list[int]) -> None:
         self.decode_calls += 1
         took = self.pass_s + self.token_s * len(tokens)
         if took and self.sleep:
             time.sleep(took)
         elif took:
             self.busy_s += took
-        context = [*self.state, *tokens]  # pos is where the caller believes it appends
-        self.state = context
-        end = len(context)
-        rows = [self.logits_fn(context[: end - n_logits + i + 1]) for i in range(n_logits)]
-        return np.asarray(rows, dtype=np.float32).reshape(n_logits, self.n_vocab)
+        self.state = [*self.state, *tokens]
 
     def _remove_from(self, pos: int) -> bool:
         if self.recurrent and 0 < pos < len(self.state):

@@ -382,6 +382,36 @@ async def test_a_full_context_is_a_notification_not_a_crash(home: Path):
     assert sorted(c.messages[-1].stop_reason for c in saved(home)) == ["eog", "error"]
 
 
+async def test_escape_stops_a_long_prompt_while_it_is_read(home: Path):
+    """A long paste stopped before its answer began: the reading stops between chunks of
+    512 tokens (a long file takes minutes on a CPU), keeps what it read, and the next
+    prompt is answered."""
+    app = make_app("Fine.", token_s=0.2)  # 0.2 s a pass: the paste takes 7 passes
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        target = app.pair.base.target if app.pair else None
+        assert target is not None
+        read = target.decode_calls
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        prompt.insert("x" * 3500)
+        await pilot.press("enter")
+        await until(pilot, lambda: target.decode_calls > read)  # its first chunk is read
+        await pilot.press("escape")
+        passes = target.decode_calls
+        while True:  # until no pass came for three passes' time: the reading stopped
+            await pilot.pause(0.6)
+            if target.decode_calls == passes:
+                break
+            passes = target.decode_calls
+        assert passes - read < 7, "the paste was read to its end"
+        await send(pilot, "ok")
+        await until(pilot, lambda: len(answers(app)) == 2 and done(app))
+        assert [a.status for a in answers(app)] == ["stopped", "done"]
+    stopped = saved(home)[0].messages[1]
+    assert stopped.stop_reason == "cancelled" and stopped.content == ""
+
+
 async def test_stats_panel_shows_speed_acceptance_and_memory():
     # 400 byte tokens: 20 s if auto, timing a loaded machine, settles on plain decoding.
     app = make_app("stream " * 57, token_s=0.05)
