@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Claude Code and Codex CLI, the real ones (from npm), against `localspec serve` with the
-# default pair: each asked to create a file, each turn's figures in the server's log.
-# A check by hand, not a test (it downloads ~500 MB of CLIs and takes minutes on 2 cores):
+# Claude Code and Codex CLI, the real ones (from npm), and Aider (from PyPI, in a venv of
+# its own) against `localspec serve` with the default pair: each asked to create or edit
+# a file, each turn's figures in the server's log.
+# A check by hand, not a test (it downloads ~700 MB of CLIs and takes minutes on 2 cores):
 #   ./scripts/agents_check.sh            # after ./scripts/setup.sh
 #   SERVE_ARGS="--temperature 0.2" CODEX_RUNS=6 ./scripts/agents_check.sh   # a tally
 set -euo pipefail
@@ -12,6 +13,9 @@ KEY=agents-check
 mkdir -p "$AGENTS/work"
 if [ ! -x "$AGENTS/node_modules/.bin/claude" ] || [ ! -x "$AGENTS/node_modules/.bin/codex" ]; then
   (cd "$AGENTS" && npm install --silent --no-audit --no-fund @anthropic-ai/claude-code @openai/codex)
+fi
+if [ ! -x "$AGENTS/aider/bin/aider" ]; then
+  python3 -m venv "$AGENTS/aider" && "$AGENTS/aider/bin/pip" install --quiet aider-chat
 fi
 # shellcheck disable=SC2086 # SERVE_ARGS: flags, split as written
 .venv/bin/localspec serve --ctx 24576 --parallel 1 --port "$PORT" --api-key "$KEY" \
@@ -45,5 +49,15 @@ for run in $(seq "$CODEX_RUNS"); do
 done
 echo "Codex created the file in $created of $CODEX_RUNS run(s)"
 
+echo "== Aider (OpenAI's chat completions, streamed; its whole-file edit format)"
+rm -f hello.py
+for ask in "Create the file hello.py that prints hello" "Add a function add(a, b) that returns a + b to hello.py"; do
+  HOME="$AGENTS/home" timeout 600 "$AGENTS/aider/bin/aider" --model openai/localspec \
+    --openai-api-base "http://127.0.0.1:$PORT/v1" --openai-api-key $KEY --no-git --yes-always \
+    --no-check-update --no-show-model-warnings --no-analytics --message "$ask" hello.py \
+    </dev/null | tail -3 || true
+done
+echo "hello.py: $(cat hello.py 2>/dev/null || echo missing)"
+
 echo "== the server's log (a line a request)"
-grep -E "^localspec serve: (message|response)" "$AGENTS/serve.log" || true
+grep -E "^localspec serve: (message|response|chat)" "$AGENTS/serve.log" || true
