@@ -12,10 +12,13 @@ PORT=${PORT:-8093}
 KEY=agents-check
 mkdir -p "$AGENTS/work"
 if [ ! -x "$AGENTS/node_modules/.bin/claude" ] || [ ! -x "$AGENTS/node_modules/.bin/codex" ]; then
-  (cd "$AGENTS" && npm install --silent --no-audit --no-fund @anthropic-ai/claude-code @openai/codex)
+  # --prefix: in a folder without package.json npm would install into a parent's
+  npm install --prefix "$AGENTS" --silent --no-audit --no-fund @anthropic-ai/claude-code @openai/codex
 fi
 if [ ! -x "$AGENTS/aider/bin/aider" ]; then
-  python3 -m venv "$AGENTS/aider" && "$AGENTS/aider/bin/pip" install --quiet aider-chat
+  python3 -m venv "$AGENTS/aider"
+  "$AGENTS/aider/bin/pip" install --quiet aider-chat >"$AGENTS/aider-install.log" 2>&1 \
+    || { tail -5 "$AGENTS/aider-install.log"; exit 1; }
 fi
 # shellcheck disable=SC2086 # SERVE_ARGS: flags, split as written
 .venv/bin/localspec serve --ctx 24576 --parallel 1 --port "$PORT" --api-key "$KEY" \
