@@ -173,6 +173,9 @@ def stream(
         close = getattr(events, "close", None)  # a generator: closing stops the engine
         if close is not None:
             close()
+        for model in (session.target, session.draft_model):
+            if model is not None:
+                model.cancel = None  # the turn's own: not left for whatever reads next
     pending.end()
     return "cancelled", last or Stats()
 

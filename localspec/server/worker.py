@@ -286,6 +286,7 @@ class Worker:
                 with self.batcher.active():
                     self._decode(slot, job)
             finally:
+                slot.take(None)  # the job's cancel is its own: not left on the models
                 with self._lock:
                     self._mean_s += 0.2 * (time.perf_counter() - started - self._mean_s)
                     slot.job, slot.last_used = None, time.monotonic()
