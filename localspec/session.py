@@ -113,6 +113,13 @@ class Session:
     def tokenize_raw(self, text: str) -> list[int]:
         return self.target.tokenize(text, special=True)
 
+    def stop_reads_on(self, cancel: threading.Event | None) -> None:
+        """The models' long reads (a prompt, a draft model catching up) stop between
+        chunks once `cancel` is set, keeping what they read (None: they never stop)."""
+        for model in (self.target, self.draft_model):
+            if model is not None:
+                model.cancel = cancel
+
     def chat(
         self,
         messages: Sequence[Message],

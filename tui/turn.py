@@ -138,14 +138,12 @@ def stream(
     if turn.cancel.is_set():  # stopped while waiting for the previous turn to end
         return "cancelled", Stats()
     session = pair.session_for(turn.settings)
-    for model in (session.target, session.draft_model):
-        if model is not None:  # a long prompt stops between its chunks when stopped
-            model.cancel = turn.cancel
     thinking = session.thinking(messages)
     events = session.chat(messages, turn.settings.generation(), turn.cancel)
     last: Stats | None = None
     pending = Pending(turn.answer_id, post, ReasoningRuns(thinking.split()) if thinking else None)
     shown_at = -math.inf  # the first round shows at once, however long the machine has been up
+    session.stop_reads_on(turn.cancel)  # a long paste stops between its chunks when stopped
     try:
         for event in events:
             if turn.cancel.is_set():
@@ -173,9 +171,7 @@ def stream(
         close = getattr(events, "close", None)  # a generator: closing stops the engine
         if close is not None:
             close()
-        for model in (session.target, session.draft_model):
-            if model is not None:
-                model.cancel = None  # the turn's own: not left for whatever reads next
+        session.stop_reads_on(None)  # the turn's own: not left for whatever reads next
     pending.end()
     return "cancelled", last or Stats()
 

@@ -119,6 +119,12 @@ class Finished:
     stats: Stats
     stop_string: str | None = None  # which of the request's stop strings ended it
 
+    @property
+    def cut(self) -> bool:
+        """Ended by a limit (max tokens, the context), not where the model ended it: a
+        tool call being written then is partial."""
+        return self.stop_reason in ("max_tokens", "context_full")
+
 
 Event = Piece | RoundEnd | Finished
 

@@ -286,8 +286,7 @@ class Answer:
         """The answer's finish_reason: "tool_calls" where it called, unless it was cut (a
         call that max_tokens cut has arguments that do not parse, and clients look for
         "length" before they run it; a streamed call's name went out before the cut)."""
-        reason = FINISH_REASONS[done.stop_reason]
-        return "tool_calls" if called and reason != "length" else reason
+        return "tool_calls" if called and not done.cut else FINISH_REASONS[done.stop_reason]
 
     def figures(self, done: Finished, usage: bool = True) -> dict[str, Any]:
         """`usage` (where asked for) and the engine's figures, under `localspec`."""

@@ -284,7 +284,7 @@ def ending(
     """Why the message ended, and the stop sequence that ended it: `asked` tokens (None:
     no limit asked) against the `limit` the context left (a limit beyond it was clamped);
     `capped`: the server's own limit was lower still."""
-    if called and done.stop_reason not in ("max_tokens", "context_full"):
+    if called and not done.cut:
         return "tool_use", None  # a call that was cut ends as the cut: its input is partial
     if done.stop_reason == "stop_string" and done.stop_string is not None:
         return "stop_sequence", done.stop_string

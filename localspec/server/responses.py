@@ -255,10 +255,6 @@ def output_items(message: dict[str, Any], ids: ItemIds) -> list[dict[str, Any]]:
     return items
 
 
-def was_cut(done: Finished | None) -> bool:
-    return done is not None and done.stop_reason in ("max_tokens", "context_full")
-
-
 def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     content = [{"type": "reasoning_text", "text": text}] if text else []
     return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
@@ -319,7 +315,7 @@ def response_body(
 ) -> dict[str, Any]:
     """The response object; in progress while `done` is None. Where max tokens cut
     it, the item being written then is incomplete too (a call's arguments do not parse)."""
-    incomplete = was_cut(done)
+    incomplete = done is not None and done.cut
     status = "in_progress" if done is None else "incomplete" if incomplete else "completed"
     if incomplete and output:
         output[-1]["status"] = "incomplete"
@@ -392,7 +388,8 @@ class ResponseStream:
                 for step in self.blocks.feed(choice["delta"]):
                     for event in self.render(step):
                         yield event
-        self.closing = "incomplete" if was_cut(done()) else "completed"  # the one cut
+        ended = done()
+        self.closing = "incomplete" if ended is not None and ended.cut else "completed"
         for step in self.blocks.close():
             for event in self.render(step):
                 yield event

@@ -71,6 +71,10 @@ def test_one_slot_stops_reading_a_prompt_whose_client_left(session, loop):
         assert len(long) > 2 * target.n_batch  # three chunks or more
         job = loop.job(long, 16)
         worker.submit(job)
+        deadline = time.monotonic() + 30
+        while worker.slots[0].job is not job:  # it has the slot (withdrawn before, it
+            assert time.monotonic() < deadline  # would only leave the queue)
+            time.sleep(0.01)
         time.sleep(0.5)  # in its first chunk: the whole prompt takes ~20 s on 2 cores
         worker.withdraw(job)
         end = loop.wait(job, timeout=60)
