@@ -318,7 +318,7 @@ def response_body(
     incomplete = done is not None and done.cut
     status = "in_progress" if done is None else "incomplete" if incomplete else "completed"
     if incomplete and output:
-        output[-1]["status"] = "incomplete"
+        output = [*output[:-1], output[-1] | {"status": "incomplete"}]
     body: dict[str, Any] = {
         "id": ids.response,
         "object": "response",
