@@ -359,11 +359,12 @@ def to_markdown(report: FimReport) -> str:
         "",
         "Exact: the middle is the author's; similar: difflib's ratio of the middle to the "
         "author's, median (1 is the same; writing on past the text after the cursor lowers "
-        "it).",
+        "it). Drafts: tokens accepted of those drafted, over the mode's requests (the "
+        "servers' draft_n_accepted and draft_n; -: none drafted).",
         "",
         f"| mode | p50 s | p95 s | p50 / {ref} | worst case / {ref} | decode p50 ms | exact "
-        "| similar | = plain | keystroke p50 s | keystroke / " + ref + " | re-read p50 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| similar | = plain | keystroke p50 s | keystroke / " + ref + " | re-read p50 | drafts |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ref_p50 = statistics.median(by[ref, c].first["latency_s"] for c in cases)
     ref_key = statistics.median(by[ref, c].keystroke["latency_s"] for c in cases)
@@ -374,6 +375,9 @@ def to_markdown(report: FimReport) -> str:
         worst = max(by[m, c].first["latency_s"] / by[ref, c].first["latency_s"] for c in cases)
         reread = [r.keystroke["prompt_n"] / max(1, r.keystroke["prompt_tokens"]) for r in mine]
         agree = [r.agrees for r in mine if r.agrees is not None]
+        asked = [q for r in mine for q in (r.first, r.keystroke)]
+        drafted = sum(q.get("draft_n", 0) for q in asked)
+        accepted = sum(q.get("draft_n_accepted", 0) for q in asked)
         lines.append(
             f"| {m} | {statistics.median(lat):.2f} | {pct(lat, 0.95):.2f} "
             f"| {statistics.median(lat) / ref_p50:.2f}x | {worst:.2f}x "
@@ -382,7 +386,8 @@ def to_markdown(report: FimReport) -> str:
             f"| {statistics.median(r.similarity for r in mine):.2f} "
             f"| {f'{sum(agree)}/{len(agree)}' if agree else '-'} "
             f"| {statistics.median(key):.2f} | {statistics.median(key) / ref_key:.2f}x "
-            f"| {100 * statistics.median(reread):.0f}% |"
+            f"| {100 * statistics.median(reread):.0f}% "
+            f"| {f'{accepted}/{drafted}' if drafted else '-'} |"
         )
     for kind in KINDS:
         kc = [c["name"] for c in report.cases if c["kind"] == kind]

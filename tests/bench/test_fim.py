@@ -64,6 +64,8 @@ def test_similarity_scores_a_middle_that_writes_on_below_one_that_stops():
 def row(case: str, mode: str, latency: float, agrees: bool | None = None) -> FimRow:
     first = {"latency_s": latency, "predicted_ms": 100.0, "prompt_n": 900, "prompt_tokens": 1000}
     key = {"latency_s": latency / 4, "prompt_n": 100, "prompt_tokens": 1000}
+    if mode == "localspec-auto":  # llama-server's plain rows, and older reports, have none
+        key |= {"draft_n": 8, "draft_n_accepted": 6}
     exact = mode != "llama-server"
     return FimRow(case, "line", mode, first, key, exact, 1.0 if exact else 0.5, agrees)
 
@@ -82,4 +84,7 @@ def test_the_report_gives_ratios_to_llama_server_plain_and_the_worst_case():
     cells = [c.strip() for c in auto.split("|")[1:-1]]
     assert cells[3] == "0.90x" and cells[4] == "1.10x"  # 2.7 / 3.0; b: 4.4 / 4.0
     assert cells[6] == "2/2" and cells[7] == "1.00" and cells[8] == "1/2" and cells[11] == "10%"
+    assert cells[12] == "12/16"  # both keystrokes' drafts
+    plain = next(line for line in md.splitlines() if line.startswith("| llama-server"))
+    assert plain.split("|")[-2].strip() == "-"
     assert "b.py:1 localspec-auto: near-tie" in md
