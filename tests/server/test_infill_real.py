@@ -169,7 +169,7 @@ def test_a_warm_up_reads_the_extra_context_and_the_next_keystroke_little(
     # they may part at a near-tie), and the slot's suffix index holds the first (the first
     # prompt's departed tail): drafted there, and counted as llama-server counts it. Here
     # 43-49 of 64 are accepted with the index, 15 without it; CI's machine accepted 29
-    timings = again["timings"]
+    timings = {"draft_n": 0, "draft_n_accepted": 0} | again["timings"]  # none if none drafted
     shared = common_prefix(
         *(
             session.target.tokenize(c, special=False)
