@@ -141,6 +141,12 @@ class Model(ABC):
         self.decoded = 0  # tokens sent through the model so far
         self.restarts = 0  # cuts that failed, so that the cache started over
 
+    def stop_if_cancelled(self, read: int) -> None:
+        """Between the chunks of a long read: once its request is gone, stop after the
+        `read` tokens already read (they stay cached)."""
+        if read and self.cancel is not None and self.cancel.is_set():
+            raise Cancelled(read)
+
     def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         """Logits of shape (n_logits, n_vocab): row i predicts the token after
         tokens[: len(tokens) - n_logits + i + 1]. Valid until the next call."""

@@ -23,7 +23,7 @@ import llama_cpp as ll
 import numpy as np
 
 from localspec.backends import rpc
-from localspec.backends.base import Cancelled, ContextFull, FimTokens, LoadFailed, Model, ModelError
+from localspec.backends.base import ContextFull, FimTokens, LoadFailed, Model, ModelError
 from localspec.backends.gguf import GGUF_MAGIC
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
@@ -196,8 +196,7 @@ class LlamaModel(Model):
         if pos + len(tokens) > self.n_ctx:
             raise ContextFull(f"context of {self.n_ctx} tokens is full")
         for start in range(0, len(tokens), self.n_batch):
-            if start and self.cancel is not None and self.cancel.is_set():
-                raise Cancelled(start)  # its client left: what was read stays cached
+            self.stop_if_cancelled(start)
             chunk = tokens[start : start + self.n_batch]
             scored = max(0, min(len(chunk), n_logits - (len(tokens) - start - len(chunk))))
             self._run([Part(0, chunk, pos + start, scored)])

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from localspec.backends.base import Cancelled, Model
+from localspec.backends.base import Model
 
 LogitsFn = Callable[[Sequence[int]], np.ndarray]
 
@@ -71,8 +71,7 @@ class ToyModel(Model):
 
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
         for start in range(0, len(tokens), self.n_batch):
-            if start and self.cancel is not None and self.cancel.is_set():
-                raise Cancelled(start)
+            self.stop_if_cancelled(start)
             self._pass(tokens[start : start + self.n_batch])
         context = self.state  # pos is where the caller believes it appends
         end = len(context)
