@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from localspec.bench.fim import NEAR_TIE
 from localspec.bench.servers import MODES, PairSetup, start_pair_servers
 from localspec.errors import LocalspecError
 from localspec.paths import write_atomic
@@ -150,6 +151,8 @@ class JsonRow:
     valid: bool
     why: str = ""  # why it is not valid
     agrees: bool | None = None  # equal to localspec-plain's answer
+    audit: str = ""  # where it is not: the first difference, scored by the target
+    token_ids: list[int] | None = None  # asked for where it is audited ([]: could not be)
 
 
 @dataclass
@@ -254,11 +257,87 @@ def run_json(
                     got = ask(client, bases[mode], prompt, schema, max_tokens, temperature)
                     valid, why = check(got["text"], schema)
                     report.rows.append(JsonRow(case, mode, **got, valid=valid, why=why))
-    plain = {(r.case): r.text for r in report.rows if r.mode == "localspec-plain"}
-    for row in report.rows if not temperature else []:
-        if row.mode != "localspec-plain" and row.case in plain:
-            row.agrees = row.text == plain[row.case]
+        plain = {(r.case): r.text for r in report.rows if r.mode == "localspec-plain"}
+        for row in report.rows if not temperature else []:
+            if row.mode != "localspec-plain" and row.case in plain:
+                row.agrees = row.text == plain[row.case]
+        progress("asking again for the tokens of the answers that differ")
+        ask_tokens(client, bases, report, max_tokens)
     return report
+
+
+def token_ids(
+    client: httpx.Client, base: str, prompt: str, schema: dict[str, Any], n: int
+) -> tuple[str, list[int]]:
+    """The greedy answer again, not streamed, with each token's id (its logprobs entry's
+    `id`, which both servers give): the text and the tokens."""
+    body = {
+        "model": "any",
+        "messages": [{"role": "user", "content": prompt}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        "temperature": 0.0,
+        "max_tokens": n,
+        "logprobs": True,
+    }
+    r = client.post(f"{base}/v1/chat/completions", json=body)
+    if r.status_code != 200:
+        raise LocalspecError(f"{base} answered {r.status_code}: {r.text[:200]}")
+    choice = r.json()["choices"][0]
+    entries = (choice.get("logprobs") or {}).get("content") or []
+    return choice["message"]["content"] or "", [int(e["id"]) for e in entries]
+
+
+def ask_tokens(
+    client: httpx.Client, bases: dict[str, str], report: JsonReport, max_tokens: int
+) -> None:
+    """For each answer that is not localspec-plain's, both answers' tokens (asked again
+    with logprobs, after the timed rounds), for `audit_agreement`."""
+    plain = {r.case: r for r in report.rows if r.mode == "localspec-plain"}
+    for row in report.rows:
+        base = plain.get(row.case)
+        if base is None or row.agrees is not False:
+            continue
+        prompt, schema = CASES[row.case]
+        for r in (base, row):
+            if r.token_ids is None:
+                text, ids = token_ids(client, bases[r.mode], prompt, schema, max_tokens)
+                # asked again, a server may not answer as it did (its cache now warm)
+                r.token_ids = ids if text == r.text else []
+
+
+def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
+    """Where a greedy answer differs from localspec-plain's, score the first token where
+    they part in one pass of the target over the prompt and plain's tokens before it:
+    within NEAR_TIE of plain's token, a near-tie (batched passes round differently);
+    beyond it, a defect."""
+    from localspec.backends.llama import LoadOptions
+    from localspec.bench.audit import first_difference
+    from localspec.session import SessionConfig, open_session
+
+    plain = {r.case: r for r in report.rows if r.mode == "localspec-plain"}
+    differ = [r for r in report.rows if r.agrees is False and r.case in plain]
+    if not differ:
+        return
+    load = LoadOptions(n_ctx=setup.n_ctx, n_threads=setup.threads)
+    session = open_session(SessionConfig(str(setup.target), "none", 1, load, load))
+    try:
+        for row in differ:
+            a, b = plain[row.case].token_ids, row.token_ids
+            if not a or not b:
+                row.audit = "not audited: asked again for its tokens, it answered otherwise"
+                continue
+            i = first_difference(a, b)
+            if i is None or i >= min(len(a), len(b)):
+                row.audit = f"the same tokens, stopped elsewhere ({len(a)} vs {len(b)})"
+                continue
+            prompt = session.render([{"role": "user", "content": CASES[row.case][0]}])
+            logits = session.target.evaluate([*prompt, *a[:i]], 1)[0]
+            gap = float(logits[a[i]] - logits[b[i]])
+            verdict = "near-tie" if abs(gap) < NEAR_TIE else "DEFECT"
+            row.audit = f"{verdict}: token {i}, logit gap {gap:.3f}"
+            session.target.reset()
+    finally:
+        session.close()
 
 
 def to_markdown(report: JsonReport) -> str:
@@ -294,8 +373,18 @@ def to_markdown(report: JsonReport) -> str:
         rates = {r.mode: r.tokens_per_s for r in report.rows if r.case == case}
         cells.append(f"- {case}: " + ", ".join(f"{m} {rates[m]:.1f}" for m in modes if m in rates))
     bad = [f"- {r.case} {r.mode}: {r.why}" for r in report.rows if not r.valid]
+    audits = [f"- {r.case} {r.mode}: {r.audit}" for r in report.rows if r.audit]
     return (
-        "\n".join([*lines, "", "tok/s by case:", *cells, *(["", "Invalid:", *bad] if bad else [])])
+        "\n".join(
+            [
+                *lines,
+                "",
+                "tok/s by case:",
+                *cells,
+                *(["", "Invalid:", *bad] if bad else []),
+                *(["", "Differences from localspec-plain's answer:", *audits] if audits else []),
+            ]
+        )
         + "\n"
     )
 

@@ -233,6 +233,7 @@ def bench_servers(args: argparse.Namespace, out: Path) -> int:
         report = structured.run_json(
             setup, args.max_tokens, out / "logs", args.repeats, progress, args.temperature
         )
+        structured.audit_agreement(report, setup)
         print(structured.to_markdown(report))
         paths = structured.write(report, out)
     else:

@@ -243,7 +243,8 @@ class Answer:
     def token_entry(self, token: int, logprob: float) -> dict[str, Any]:
         raw = self.token_bytes(token)
         text = raw.decode("utf-8", "replace")
-        return {"token": text, "logprob": logprob, "bytes": list(raw)}
+        # "id" as llama-server gives it: which token, where bytes leave it open
+        return {"id": token, "token": text, "logprob": logprob, "bytes": list(raw)}
 
     def chat_logprobs(self, events: list[Event]) -> dict[str, Any] | None:
         """{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}"""

@@ -5,6 +5,9 @@ tests/server/test_structured_real.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
+
+import pytest
 
 from localspec.bench.structured import CASES, JsonReport, JsonRow, check, to_markdown
 
@@ -110,3 +113,32 @@ def test_whitespace_is_guessed_in_the_answers_own_style():
     close = set(b" \n\t}")
     done = b'{\n  "h": {\n    "a": "x"\n'
     assert [in_style(done + b" " * n, close) for n in range(3)] == [32, 32, ord("}")]
+
+
+@pytest.mark.real
+def test_a_difference_from_plain_decoding_is_scored_by_the_target(real_paths, real_models):
+    """The audit's verdicts, on the real target: an answer that picks another enum value
+    is a defect (the target is sure of its choice), one that stops early "stopped
+    elsewhere", and one whose tokens could not be had is not audited."""
+    from localspec.bench.servers import PairSetup
+    from localspec.bench.structured import audit_agreement
+
+    tok = real_models[0].tokenize
+    rust = tok('{ "language": "rust", "confidence": 0.9, "evidence": "fn main"}', False)
+    python = tok('{ "language": "python", "confidence": 0.9, "evidence": "fn main"}', False)
+    row = partial(JsonRow, "classify", tokens=20, ttft_s=0.1, tokens_per_s=10.0, valid=True)
+    rows = [
+        row(mode="localspec-plain", text="r", token_ids=rust),
+        row(mode="localspec-auto", text="p", agrees=False, token_ids=python),
+        row(mode="llama-server", text="s", agrees=False, token_ids=rust[:9]),
+        row(mode="llama-server-md", text="x", agrees=False, token_ids=[]),
+    ]
+    setup = PairSetup(real_paths[0], None, None, 2, 2048, None)
+    audit_agreement(JsonReport({}, rows), setup)
+    at = next(i for i, (a, b) in enumerate(zip(rust, python, strict=False)) if a != b)
+    assert rows[1].audit.startswith(f"DEFECT: token {at}, logit gap "), rows[1].audit
+    assert float(rows[1].audit.rsplit(" ", 1)[1]) > 1.0  # the target wrote "rust"
+    assert rows[2].audit == f"the same tokens, stopped elsewhere ({len(rust)} vs 9)"
+    assert rows[3].audit.startswith("not audited")
+    md = to_markdown(JsonReport({}, rows))
+    assert f"- classify localspec-auto: DEFECT: token {at}" in md

@@ -189,6 +189,10 @@ def test_logprobs_come_from_the_verify_pass_and_match_a_plain_pass(
         assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
     assert "".join(e.token for e in content) == reply.choices[0].message.content
+    ids = [e.model_extra["id"] for e in content]  # llama-server's field: the token itself
+    assert b"".join(session.target.token_bytes(t) for t in ids).decode() == "".join(
+        e.token for e in content
+    )
     prompt = session.tokenize_raw(session.prompt_text(messages, None))
     session.target.reset()
     row = session.target.evaluate(prompt, 1)[0].astype(np.float64)
