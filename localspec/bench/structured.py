@@ -8,7 +8,8 @@ plan, a review), each with a request in words, sent to every server as OpenAI's
 and the grammar's jump-forward drafts), and `llama-server` plainly, with the draft model
 (`-md`) and with its `ngram-mod` drafter. Per mode: decode tok/s (client side, tokens
 after the first over the time after it), TTFT, whether each answer parses and follows its
-schema, and whether it equals localspec's constrained plain decoding.
+schema, and whether it equals localspec's constrained plain decoding; where it does not,
+the first token where the two part, scored by the target (`audit_agreement`).
 """
 
 from __future__ import annotations
@@ -290,28 +291,35 @@ def token_ids(
 def ask_tokens(
     client: httpx.Client, bases: dict[str, str], report: JsonReport, max_tokens: int
 ) -> None:
-    """For each answer that is not localspec-plain's, both answers' tokens (asked again
-    with logprobs, after the timed rounds), for `audit_agreement`."""
+    """For each answer that is not localspec-plain's, both answers' tokens, asked again
+    with logprobs after the timed rounds. Asked again, a server may answer otherwise (a
+    warm cache splits its passes otherwise, and so rounds otherwise at a near-tie): then
+    the answer audited is the one it gave again, and the audit says so."""
     plain = {r.case: r for r in report.rows if r.mode == "localspec-plain"}
     for row in report.rows:
         base = plain.get(row.case)
         if base is None or row.agrees is not False:
             continue
         prompt, schema = CASES[row.case]
-        for r in (base, row):
-            if r.token_ids is None:
-                text, ids = token_ids(client, bases[r.mode], prompt, schema, max_tokens)
-                # asked again, a server may not answer as it did (its cache now warm)
-                r.token_ids = ids if text == r.text else []
+        if base.token_ids is None:
+            text, ids = token_ids(client, bases[base.mode], prompt, schema, max_tokens)
+            base.token_ids = ids if text == base.text else []
+        text, row.token_ids = token_ids(client, bases[row.mode], prompt, schema, max_tokens)
+        if text == base.text:
+            row.audit = "asked again, it answered as localspec-plain"
+        elif text != row.text:
+            row.audit = "asked again, it answered otherwise; that answer: "
 
 
 def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
-    """Where a greedy answer differs from localspec-plain's, score the first token where
-    they part in one pass of the target over the prompt and plain's tokens before it:
-    within NEAR_TIE of plain's token, a near-tie (batched passes round differently);
-    beyond it, a defect."""
+    """Where a greedy answer differs from localspec-plain's, find the first token where
+    they part. A token the schema's grammar refuses there is another server's grammar
+    (llama-server's lets the answer open with a code fence). Else it is scored in one
+    pass of the target over the prompt and plain's tokens before it: within NEAR_TIE of
+    plain's token, a near-tie (batched passes round differently); beyond, a defect."""
     from localspec.backends.llama import LoadOptions
-    from localspec.bench.audit import first_difference
+    from localspec.backends.llama_grammar import LlamaGrammar, schema_grammar
+    from localspec.bench.audit import TokenNames, first_difference
     from localspec.session import SessionConfig, open_session
 
     plain = {r.case: r for r in report.rows if r.mode == "localspec-plain"}
@@ -320,24 +328,45 @@ def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
         return
     load = LoadOptions(n_ctx=setup.n_ctx, n_threads=setup.threads)
     session = open_session(SessionConfig(str(setup.target), "none", 1, load, load))
+    model, name = session.target, TokenNames(session.target)
     try:
         for row in differ:
             a, b = plain[row.case].token_ids, row.token_ids
+            if row.audit.startswith("asked again, it answered as"):
+                continue
             if not a or not b:
-                row.audit = "not audited: asked again for its tokens, it answered otherwise"
+                row.audit = "not audited: its tokens could not be had"
                 continue
             i = first_difference(a, b)
             if i is None or i >= min(len(a), len(b)):
-                row.audit = f"the same tokens, stopped elsewhere ({len(a)} vs {len(b)})"
+                row.audit += f"the same tokens, stopped elsewhere ({len(a)} vs {len(b)})"
                 continue
-            prompt = session.render([{"role": "user", "content": CASES[row.case][0]}])
-            logits = session.target.evaluate([*prompt, *a[:i]], 1)[0]
+            prompt, schema = CASES[row.case]
+            state = LlamaGrammar(model, schema_grammar(schema)).start()  # type: ignore[arg-type]
+            for token in a[:i]:
+                state.accept(token)
+            if not state.allows(b[i]):
+                row.audit += f"another grammar: token {i}, {name(b[i])}, which the schema's refuses"
+                continue
+            tokens = session.tokenize_raw(
+                session.prompt_text([{"role": "user", "content": prompt}])
+            )
+            logits = model.evaluate([*tokens, *a[:i]], 1)[0]
             gap = float(logits[a[i]] - logits[b[i]])
             verdict = "near-tie" if abs(gap) < NEAR_TIE else "DEFECT"
-            row.audit = f"{verdict}: token {i}, logit gap {gap:.3f}"
-            session.target.reset()
+            row.audit += (
+                f"{verdict}: token {i}, {name(a[i])} against {name(b[i])}, logit gap {gap:.3f}"
+            )
+            model.reset()
     finally:
         session.close()
+
+
+DIFFERENCES = (
+    "Differences from localspec-plain's answer (each asked again for its tokens; the first "
+    f"token where the two part, scored by the target in one pass: a near-tie within "
+    f"{NEAR_TIE:g} logit, else a DEFECT):"
+)
 
 
 def to_markdown(report: JsonReport) -> str:
@@ -382,7 +411,7 @@ def to_markdown(report: JsonReport) -> str:
                 "tok/s by case:",
                 *cells,
                 *(["", "Invalid:", *bad] if bad else []),
-                *(["", "Differences from localspec-plain's answer:", *audits] if audits else []),
+                *(["", DIFFERENCES, *audits] if audits else []),
             ]
         )
         + "\n"
