@@ -245,7 +245,8 @@ class DraftLog:
 
 
 class TokenNames:
-    """A token as a reader wants it in a report: its text, quoted; END for none."""
+    """A token as a reader wants it in a report: its text, quoted; a control token
+    (no text) by its name, <|im_start|>; the end of the answer for none."""
 
     def __init__(self, model: Model) -> None:
         self.model = model
@@ -254,4 +255,4 @@ class TokenNames:
         if token is None:
             return "the end of the answer"
         text = self.model.token_bytes(token).decode("utf-8", "replace")
-        return repr(text) if text else f"<{token}>"
+        return repr(text) if text else self.model.token_text(token) or f"<{token}>"

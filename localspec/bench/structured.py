@@ -312,14 +312,11 @@ def ask_tokens(
 
 
 def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
-    """Where a greedy answer differs from localspec-plain's, find the first token where
-    they part. A token the schema's grammar refuses there is another server's grammar
-    (llama-server's lets the answer open with a code fence). Else it is scored in one
-    pass of the target over the prompt and plain's tokens before it: within NEAR_TIE of
-    plain's token, a near-tie (batched passes round differently); beyond, a defect."""
-    from localspec.backends.llama import LoadOptions
+    """Where a greedy answer differs from localspec-plain's, judge the first token where
+    they part (`judge`), on the target loaded afresh."""
+    from localspec.backends.llama import LlamaModel, LoadOptions
     from localspec.backends.llama_grammar import LlamaGrammar, schema_grammar
-    from localspec.bench.audit import TokenNames, first_difference
+    from localspec.bench.audit import first_difference
     from localspec.session import SessionConfig, open_session
 
     plain = {r.case: r for r in report.rows if r.mode == "localspec-plain"}
@@ -328,7 +325,8 @@ def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
         return
     load = LoadOptions(n_ctx=setup.n_ctx, n_threads=setup.threads)
     session = open_session(SessionConfig(str(setup.target), "none", 1, load, load))
-    model, name = session.target, TokenNames(session.target)
+    model = session.target
+    assert isinstance(model, LlamaModel)  # a GGUF file's
     try:
         for row in differ:
             a, b = plain[row.case].token_ids, row.token_ids
@@ -341,31 +339,60 @@ def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
             if i is None or i >= min(len(a), len(b)):
                 row.audit += f"the same tokens, stopped elsewhere ({len(a)} vs {len(b)})"
                 continue
-            prompt, schema = CASES[row.case]
-            state = LlamaGrammar(model, schema_grammar(schema)).start()  # type: ignore[arg-type]
-            for token in a[:i]:
-                state.accept(token)
-            if not state.allows(b[i]):
-                row.audit += f"another grammar: token {i}, {name(b[i])}, which the schema's refuses"
-                continue
-            tokens = session.tokenize_raw(
-                session.prompt_text([{"role": "user", "content": prompt}])
-            )
-            logits = model.evaluate([*tokens, *a[:i]], 1)[0]
-            gap = float(logits[a[i]] - logits[b[i]])
-            verdict = "near-tie" if abs(gap) < NEAR_TIE else "DEFECT"
-            row.audit += (
-                f"{verdict}: token {i}, {name(a[i])} against {name(b[i])}, logit gap {gap:.3f}"
-            )
-            model.reset()
+            ask, schema = CASES[row.case]
+            prompt = session.tokenize_raw(session.prompt_text([{"role": "user", "content": ask}]))
+            grammar = LlamaGrammar(model, schema_grammar(schema))
+            row.audit += judge(model, grammar, prompt, a, b, i)
     finally:
         session.close()
 
 
+def judge(model: Any, grammar: Any, prompt: list[int], a: list[int], b: list[int], i: int) -> str:
+    """Why answer `b` leaves plain decoding's `a` at token i:
+    - another grammar: the schema's grammar refuses b[i] there (llama-server's lets the
+      answer open with a code fence);
+    - a near-tie: plain decoding's own passes, replayed (the prompt in one pass, then
+      one token a pass), put b[i] within NEAR_TIE of a[i];
+    - numerics: not close in those passes, but one pass over the same tokens (a shape
+      a speculative round's pass has) takes b[i]: the passes' shapes round otherwise
+      (far apart where the answer has lost its way: a run of <|im_start|> in a string);
+    - a defect: neither explains it, or the replay does not take a[i] as plain did."""
+    from localspec.bench.audit import TokenNames
+    from localspec.decoding.grammar import masked_argmax
+
+    name = TokenNames(model)
+    state = grammar.start()
+    for token in a[:i]:
+        state.accept(token)
+    if not state.allows(b[i]):
+        return f"another grammar: token {i}, {name(b[i])}, which the schema's refuses"
+    model.reset()
+    row = model.evaluate(prompt, 1)[0]
+    for k in range(i):
+        row = model.evaluate([*prompt, *a[: k + 1]], 1)[0]
+    one = masked_argmax(state, row.copy())
+    gap = float(row[a[i]] - row[b[i]])
+    model.reset()
+    if one != a[i]:
+        took, picked = name(a[i]), name(one)
+        return f"DEFECT: token {i}: plain decoding took {took}, its passes replayed pick {picked}"
+    if gap < NEAR_TIE:
+        return f"near-tie: token {i}, {name(a[i])} against {name(b[i])}, logit gap {gap:.3f}"
+    batched = masked_argmax(state, model.evaluate([*prompt, *a[:i]], 1)[0].copy())
+    model.reset()
+    if batched == b[i]:
+        return (
+            f"numerics: token {i}: plain decoding's passes pick {name(a[i])} ({name(b[i])} "
+            f"{gap:.1f} behind), one pass over the same tokens picks {name(b[i])}"
+        )
+    return f"DEFECT: token {i}, {name(a[i])} against {name(b[i])}, logit gap {gap:.3f}"
+
+
 DIFFERENCES = (
     "Differences from localspec-plain's answer (each asked again for its tokens; the first "
-    f"token where the two part, scored by the target in one pass: a near-tie within "
-    f"{NEAR_TIE:g} logit, else a DEFECT):"
+    "token where the two part, judged on the target: a token the schema's grammar refuses "
+    f"is another grammar; within {NEAR_TIE:g} logit in plain decoding's own passes, a "
+    "near-tie; taken by one pass over the same tokens, numerics; else a DEFECT):"
 )
 
 
