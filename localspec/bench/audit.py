@@ -11,6 +11,9 @@ answers differ, and takes the argmax there. It is "numerics" when each replay gi
 own run's token, so the one-token pass and the batched pass really pick differently;
 anything else is a defect, however close the tie looks. It needs only the `Model`
 interface.
+
+A server's answer comes without its passes: `judge` replays plain decoding's passes and
+one pass over the same tokens, the two shapes between which a speculative round's lie.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ import numpy as np
 from localspec.backends.base import Model
 from localspec.decoding.drafters import Draft, Drafter, Outcome
 from localspec.decoding.events import RoundEnd
-from localspec.decoding.grammar import GrammarState
+from localspec.decoding.grammar import GrammarState, masked_argmax
 from localspec.decoding.sampling import SamplingParams
 
 Verdict = Literal["numerics", "defect"]
+NEAR_TIE = 1.0  # logits: the tests' bound for a batched-vs-single difference
 
 
 class AuditError(Exception):
@@ -151,6 +155,63 @@ def audit(model: Model, baseline: Trace, other: Trace) -> Divergence | None:
                 f"{name(b)} by {margin(batch_row, batched, b)} in the second"
             )
     return Divergence(i, verdict, why, b, o, one, batched, batch.position, batch.size)
+
+
+# what `judge`'s verdicts mean, for the reports
+JUDGED = (
+    "a token the schema's grammar refuses is another grammar; within "
+    f"{NEAR_TIE:g} logit in plain decoding's own passes, a near-tie; taken by one pass over "
+    "the same tokens, numerics; else a DEFECT"
+)
+
+
+def judge(
+    model: Model,
+    prompt: list[int],
+    a: list[int],
+    b: list[int],
+    i: int,
+    state: GrammarState | None = None,
+) -> str:
+    """Why a server's answer `b` leaves plain decoding's `a` at token i, where only the
+    tokens are known (not the other run's passes, as `audit` has them):
+    - another grammar: `state` (the grammar after a[:i]) refuses b[i] (llama-server's
+      json_schema grammar lets the answer open with a code fence);
+    - a near-tie: plain decoding's own passes, replayed (the prompt in one pass, then
+      one token a pass), put b[i] within NEAR_TIE of a[i];
+    - numerics: not close in those passes, but one pass over the same tokens (a shape a
+      speculative round's pass has) takes b[i]: the passes' shapes round otherwise, far
+      apart only where the answer has lost its way (a run of <|im_start|> in a string);
+    - a defect: neither explains it, or the replay does not take a[i] as plain did."""
+    name = TokenNames(model)
+
+    def best(row: np.ndarray) -> int:
+        return int(np.argmax(row)) if state is None else masked_argmax(state, row.copy())
+
+    if state is not None:
+        for token in a[:i]:
+            state.accept(token)
+        if not state.allows(b[i]):
+            return f"another grammar: token {i}, {name(b[i])}, which the schema's refuses"
+    model.reset()
+    row = model.evaluate(prompt, 1)[0]
+    for k in range(i):
+        row = model.evaluate([*prompt, *a[: k + 1]], 1)[0]
+    one, gap = best(row), float(row[a[i]] - row[b[i]])
+    model.reset()
+    if one != a[i]:
+        took, picked = name(a[i]), name(one)
+        return f"DEFECT: token {i}: plain decoding took {took}, its passes replayed pick {picked}"
+    if gap < NEAR_TIE:
+        return f"near-tie: token {i}, {name(a[i])} against {name(b[i])}, logit gap {gap:.3f}"
+    batched = best(model.evaluate([*prompt, *a[:i]], 1)[0])
+    model.reset()
+    if batched == b[i]:
+        return (
+            f"numerics: token {i}: plain decoding's passes pick {name(a[i])} ({name(b[i])} "
+            f"{gap:.1f} behind), one pass over the same tokens picks {name(b[i])}"
+        )
+    return f"DEFECT: token {i}, {name(a[i])} against {name(b[i])}, logit gap {gap:.3f}"
 
 
 def took(model: Model, token: int | None, argmax: int) -> bool:

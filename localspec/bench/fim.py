@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from localspec.bench.audit import JUDGED, judge
 from localspec.bench.servers import MODES, PairSetup, start_pair_servers
 from localspec.errors import LocalspecError
 from localspec.paths import write_atomic
@@ -45,7 +46,6 @@ KINDS = ("line", "lines", "block")
 # are smaller, so that a case takes seconds, not a minute, on a laptop's CPU
 PREFIX_LINES, SUFFIX_LINES, EXTRA_LINES = 32, 8, 24
 MAX_BLOCK = 12  # a function body of at most this many lines
-NEAR_TIE = 1.0  # logits: the tests' bound for a batched-vs-single difference
 SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "lib2to3", "encodings", "__pycache__"}
 
 
@@ -289,8 +289,8 @@ def run_fim(
 def audit_agreement(
     report: FimReport, cases: list[FimCase], setup: PairSetup, n_predict: int
 ) -> None:
-    """Compare every mode's tokens with localspec-plain's; where they differ, score the
-    first difference in one pass of the target: a near-tie, or a defect."""
+    """Compare every mode's tokens with localspec-plain's; where they differ, judge the
+    first difference on the target (audit.judge): a near-tie, numerics or a defect."""
     from localspec.backends.llama import LlamaModel, LoadOptions
     from localspec.bench.audit import first_difference
     from localspec.server.infill import ExtraChunk, infill_prompt
@@ -322,11 +322,7 @@ def audit_agreement(
             if i is None or i >= min(len(a), len(b)):
                 row.audit = f"the same tokens, stopped elsewhere ({len(a)} vs {len(b)})"
                 continue
-            logits = model.evaluate([*built.tokens, *a[:i]], 1)[0]
-            gap = float(logits[a[i]] - logits[b[i]])
-            verdict = "near-tie" if abs(gap) < NEAR_TIE else "DEFECT"
-            row.audit = f"{verdict}: token {i}, logit gap {gap:.3f}"
-            model.reset()
+            row.audit = judge(model, built.tokens, a, b, i)
     finally:
         model.close()
 
@@ -399,7 +395,7 @@ def to_markdown(report: FimReport) -> str:
         lines.append(f"\n{kind} ({len(kc)}): median latency " + ", ".join(cells))
     audits = [f"- {r.case} {r.mode}: {r.audit}" for r in rows if r.audit]
     if audits:
-        lines += ["", "Differences from localspec-plain's middle:", *audits]
+        lines += ["", f"Differences from localspec-plain's middle ({JUDGED}):", *audits]
     return "\n".join(lines) + "\n"
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from localspec.bench.fim import NEAR_TIE
+from localspec.bench.audit import JUDGED
 from localspec.bench.servers import MODES, PairSetup, start_pair_servers
 from localspec.errors import LocalspecError
 from localspec.paths import write_atomic
@@ -313,10 +313,10 @@ def ask_tokens(
 
 def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
     """Where a greedy answer differs from localspec-plain's, judge the first token where
-    they part (`judge`), on the target loaded afresh."""
+    they part (audit.judge, under the schema's grammar), on the target loaded afresh."""
     from localspec.backends.llama import LlamaModel, LoadOptions
     from localspec.backends.llama_grammar import LlamaGrammar, schema_grammar
-    from localspec.bench.audit import first_difference
+    from localspec.bench.audit import first_difference, judge
     from localspec.session import SessionConfig, open_session
 
     plain = {r.case: r for r in report.rows if r.mode == "localspec-plain"}
@@ -342,57 +342,14 @@ def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
             ask, schema = CASES[row.case]
             prompt = session.tokenize_raw(session.prompt_text([{"role": "user", "content": ask}]))
             grammar = LlamaGrammar(model, schema_grammar(schema))
-            row.audit += judge(model, grammar, prompt, a, b, i)
+            row.audit += judge(model, prompt, a, b, i, grammar.start())
     finally:
         session.close()
 
 
-def judge(model: Any, grammar: Any, prompt: list[int], a: list[int], b: list[int], i: int) -> str:
-    """Why answer `b` leaves plain decoding's `a` at token i:
-    - another grammar: the schema's grammar refuses b[i] there (llama-server's lets the
-      answer open with a code fence);
-    - a near-tie: plain decoding's own passes, replayed (the prompt in one pass, then
-      one token a pass), put b[i] within NEAR_TIE of a[i];
-    - numerics: not close in those passes, but one pass over the same tokens (a shape
-      a speculative round's pass has) takes b[i]: the passes' shapes round otherwise
-      (far apart where the answer has lost its way: a run of <|im_start|> in a string);
-    - a defect: neither explains it, or the replay does not take a[i] as plain did."""
-    from localspec.bench.audit import TokenNames
-    from localspec.decoding.grammar import masked_argmax
-
-    name = TokenNames(model)
-    state = grammar.start()
-    for token in a[:i]:
-        state.accept(token)
-    if not state.allows(b[i]):
-        return f"another grammar: token {i}, {name(b[i])}, which the schema's refuses"
-    model.reset()
-    row = model.evaluate(prompt, 1)[0]
-    for k in range(i):
-        row = model.evaluate([*prompt, *a[: k + 1]], 1)[0]
-    one = masked_argmax(state, row.copy())
-    gap = float(row[a[i]] - row[b[i]])
-    model.reset()
-    if one != a[i]:
-        took, picked = name(a[i]), name(one)
-        return f"DEFECT: token {i}: plain decoding took {took}, its passes replayed pick {picked}"
-    if gap < NEAR_TIE:
-        return f"near-tie: token {i}, {name(a[i])} against {name(b[i])}, logit gap {gap:.3f}"
-    batched = masked_argmax(state, model.evaluate([*prompt, *a[:i]], 1)[0].copy())
-    model.reset()
-    if batched == b[i]:
-        return (
-            f"numerics: token {i}: plain decoding's passes pick {name(a[i])} ({name(b[i])} "
-            f"{gap:.1f} behind), one pass over the same tokens picks {name(b[i])}"
-        )
-    return f"DEFECT: token {i}, {name(a[i])} against {name(b[i])}, logit gap {gap:.3f}"
-
-
 DIFFERENCES = (
     "Differences from localspec-plain's answer (each asked again for its tokens; the first "
-    "token where the two part, judged on the target: a token the schema's grammar refuses "
-    f"is another grammar; within {NEAR_TIE:g} logit in plain decoding's own passes, a "
-    "near-tie; taken by one pass over the same tokens, numerics; else a DEFECT):"
+    f"token where the two part, judged on the target: {JUDGED}):"
 )
 
 
