@@ -406,6 +406,18 @@ class LlamaModel(Model):
         return int(ll.llama_model_size(self._model))
 
     @cached_property
+    def control_ids(self) -> np.ndarray:
+        """The vocabulary's control tokens that do not end a generation (<|im_start|>,
+        <|fim_prefix|>): they have no text of their own."""
+        ids = [
+            t
+            for t in range(self.n_vocab)
+            if ll.llama_vocab_get_attr(self._vocab, t) & ll.LLAMA_TOKEN_ATTR_CONTROL
+            and not ll.llama_vocab_is_eog(self._vocab, t)
+        ]
+        return np.array(ids, dtype=np.int32)
+
+    @cached_property
     def read_bytes(self) -> int:
         from localspec.models.memory import read_share
 

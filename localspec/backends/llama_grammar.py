@@ -143,6 +143,14 @@ class LlamaGrammar:
         self.model = model
         self.style = style[-TAIL:]
         self.gbnf, self.root = gbnf.encode(), root.encode()
+        # llama.cpp's grammar reads a control token as its name, so `<|im_start|>` would
+        # pass as eleven characters of a JSON string; but the client gets no text for
+        # it, and the grammar would follow text that is not the answer's. Refused,
+        # unless the grammar names it (a format's own marker).
+        self.hidden = np.array(
+            [t for t in model.control_ids if model.token_text(int(t)) not in gbnf],
+            dtype=np.int32,
+        )
         LlamaGrammarState(self)  # parse it now: a bad grammar is the request's error
         self._bytes: list[int] | None = None
 
@@ -189,6 +197,8 @@ class LlamaGrammarState:
             sorted=False,
         )
         ll.llama_sampler_apply(self._sampler, ctypes.byref(array))
+        if len(self.grammar.hidden):
+            data["logit"][np.isin(ids, self.grammar.hidden)] = -np.inf
         return data["logit"]
 
     def allows(self, token: int) -> bool:

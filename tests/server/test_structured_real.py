@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 
 import jsonschema
+import numpy as np
 import openai
 import pytest
 from decoding.test_real_engine import assert_lossless
@@ -177,7 +178,6 @@ def test_what_cannot_be_honoured_gets_a_400_that_names_it(client: openai.OpenAI)
 def test_logprobs_come_from_the_verify_pass_and_match_a_plain_pass(
     session: Session, client: openai.OpenAI
 ):
-    import numpy as np
 
     messages = [{"role": "user", "content": "Name a prime number."}]
     reply = client.chat.completions.create(
@@ -208,6 +208,22 @@ def test_logprobs_come_from_the_verify_pass_and_match_a_plain_pass(
         for e in c.choices[0].logprobs.content or []
     ]
     assert [e.token for e in entries] == [e.token for e in content]
+
+
+def test_a_control_token_is_not_text_a_grammar_takes(session: Session):
+    """llama.cpp's grammar reads <|im_start|> as its eleven characters, which a JSON
+    string takes; the client gets no text for it, so the grammar refuses it there. A
+    grammar that names it (a format's marker) still takes it."""
+    target = session.target
+    im_start = target.tokenize("<|im_start|>", special=True)[-1]
+    quote, x = target.tokenize('"', special=False), target.tokenize("x", special=False)
+    state = LlamaGrammar(target, schema_grammar({"type": "string"})).start()
+    state.accept(quote[0])  # inside the string
+    assert state.allows(x[0]) and not state.allows(im_start)
+    assert not state.allowed(np.array([im_start, x[0]], dtype=np.int32))[0]
+    assert np.isneginf(state.mask(np.zeros(target.n_vocab, dtype=np.float32))[im_start])
+    named = LlamaGrammar(target, 'root ::= "<|im_start|>" "x"').start()
+    assert named.allows(im_start)
 
 
 # --- a forced tool call: a grammar in the model's own format ---------------------------
