@@ -147,10 +147,8 @@ class LlamaGrammar:
         # pass as eleven characters of a JSON string; but the client gets no text for
         # it, and the grammar would follow text that is not the answer's. Refused,
         # unless the grammar names it (a format's own marker).
-        self.hidden = np.array(
-            [t for t in model.control_ids if model.token_text(int(t)) not in gbnf],
-            dtype=np.int32,
-        )
+        self.hidden = np.zeros(model.n_vocab, dtype=bool)
+        self.hidden[[t for t in model.control_ids if model.token_text(int(t)) not in gbnf]] = True
         LlamaGrammarState(self)  # parse it now: a bad grammar is the request's error
         self._bytes: list[int] | None = None
 
@@ -197,8 +195,7 @@ class LlamaGrammarState:
             sorted=False,
         )
         ll.llama_sampler_apply(self._sampler, ctypes.byref(array))
-        if len(self.grammar.hidden):
-            data["logit"][np.isin(ids, self.grammar.hidden)] = -np.inf
+        data["logit"][self.grammar.hidden[ids]] = -np.inf
         return data["logit"]
 
     def allows(self, token: int) -> bool:

@@ -159,9 +159,8 @@ def audit(model: Model, baseline: Trace, other: Trace) -> Divergence | None:
 
 # what `judge`'s verdicts mean, for the reports
 JUDGED = (
-    "a token the schema's grammar refuses is another grammar; within "
-    f"{NEAR_TIE:g} logit in plain decoding's own passes, a near-tie; taken by one pass over "
-    "the same tokens, numerics; else a DEFECT"
+    f"within {NEAR_TIE:g} logit in plain decoding's own passes, a near-tie; taken by one "
+    "pass over the same tokens, numerics; else a DEFECT"
 )
 
 
@@ -175,8 +174,8 @@ def judge(
 ) -> str:
     """Why a server's answer `b` leaves plain decoding's `a` at token i, where only the
     tokens are known (not the other run's passes, as `audit` has them):
-    - another grammar: `state` (the grammar after a[:i]) refuses b[i] (llama-server's
-      json_schema grammar lets the answer open with a code fence);
+    - another grammar: the grammar refuses b[i] after a[:i] (`state`: its start,
+      advanced here; llama-server's json_schema grammar allows an opening code fence);
     - a near-tie: plain decoding's own passes, replayed (the prompt in one pass, then
       one token a pass), put b[i] within NEAR_TIE of a[i];
     - numerics: not close in those passes, but one pass over the same tokens (a shape a

@@ -325,9 +325,9 @@ def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
         return
     load = LoadOptions(n_ctx=setup.n_ctx, n_threads=setup.threads)
     session = open_session(SessionConfig(str(setup.target), "none", 1, load, load))
-    model = session.target
-    assert isinstance(model, LlamaModel)  # a GGUF file's
     try:
+        model = session.target
+        assert isinstance(model, LlamaModel)  # a GGUF file's
         for row in differ:
             a, b = plain[row.case].token_ids, row.token_ids
             if row.audit.startswith("asked again, it answered as"):
@@ -349,7 +349,8 @@ def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
 
 DIFFERENCES = (
     "Differences from localspec-plain's answer (each asked again for its tokens; the first "
-    f"token where the two part, judged on the target: {JUDGED}):"
+    "token where the two part, judged on the target: a token the schema's grammar refuses "
+    f"is another grammar; {JUDGED}):"
 )
 
 
