@@ -169,11 +169,12 @@ def judge(
     prompt: list[int],
     a: list[int],
     b: list[int],
-    i: int,
     state: GrammarState | None = None,
 ) -> str:
-    """Why a server's answer `b` leaves plain decoding's `a` at token i, where only the
-    tokens are known (not the other run's passes, as `audit` has them):
+    """Why a server's answer `b` leaves plain decoding's `a` at their first different
+    token i, where only the tokens are known (not the other run's passes, as `audit` has
+    them):
+    - the same tokens, stopped elsewhere: one is the other's beginning;
     - another grammar: the grammar refuses b[i] after a[:i] (`state`: its start,
       advanced here; llama-server's json_schema grammar allows an opening code fence);
     - a near-tie: plain decoding's own passes, replayed (the prompt in one pass, then
@@ -182,6 +183,9 @@ def judge(
       speculative round's pass has) takes b[i]: the passes' shapes round otherwise, far
       apart only where the answer has lost its way (a run of <|im_start|> in a string);
     - a defect: neither explains it, or the replay does not take a[i] as plain did."""
+    i = first_difference(a, b)
+    if i is None or i >= min(len(a), len(b)):
+        return f"the same tokens, stopped elsewhere ({len(a)} vs {len(b)})"
     name = TokenNames(model)
 
     def best(row: np.ndarray) -> int:

@@ -292,7 +292,6 @@ def audit_agreement(
     """Compare every mode's tokens with localspec-plain's; where they differ, judge the
     first difference on the target (audit.judge): a near-tie, numerics or a defect."""
     from localspec.backends.llama import LlamaModel, LoadOptions
-    from localspec.bench.audit import first_difference
     from localspec.server.infill import ExtraChunk, infill_prompt
 
     plain = {r.case: r for r in report.rows if r.mode == "localspec-plain"}
@@ -318,11 +317,7 @@ def audit_agreement(
             built = infill_prompt(
                 model, case.prefix, case.suffix, extra, case.typed, n_predict, setup.n_ctx
             )
-            i = first_difference(a, b)
-            if i is None or i >= min(len(a), len(b)):
-                row.audit = f"the same tokens, stopped elsewhere ({len(a)} vs {len(b)})"
-                continue
-            row.audit = judge(model, built.tokens, a, b, i)
+            row.audit = judge(model, built.tokens, a, b)
     finally:
         model.close()
 

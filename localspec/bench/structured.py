@@ -316,7 +316,7 @@ def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
     they part (audit.judge, under the schema's grammar), on the target loaded afresh."""
     from localspec.backends.llama import LlamaModel, LoadOptions
     from localspec.backends.llama_grammar import LlamaGrammar, schema_grammar
-    from localspec.bench.audit import first_difference, judge
+    from localspec.bench.audit import judge
     from localspec.session import SessionConfig, open_session
 
     plain = {r.case: r for r in report.rows if r.mode == "localspec-plain"}
@@ -335,14 +335,10 @@ def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
             if not a or not b:
                 row.audit = "not audited: its tokens could not be had"
                 continue
-            i = first_difference(a, b)
-            if i is None or i >= min(len(a), len(b)):
-                row.audit += f"the same tokens, stopped elsewhere ({len(a)} vs {len(b)})"
-                continue
             ask, schema = CASES[row.case]
             prompt = session.tokenize_raw(session.prompt_text([{"role": "user", "content": ask}]))
             grammar = LlamaGrammar(model, schema_grammar(schema))
-            row.audit += judge(model, prompt, a, b, i, grammar.start())
+            row.audit += judge(model, prompt, a, b, grammar.start())
     finally:
         session.close()
 

@@ -208,3 +208,34 @@ def test_auto_at_temperature_0_is_plain_decoding_up_to_proven_numerics(real_mode
                 == (auto.trace.answer[last])
             )
     assert drafted > 0  # the target scored drafts in batches: there was something to prove
+
+
+class Skewed(ToyModel):
+    """A batched pass that favours 'X' by 2 logits: past NEAR_TIE, as far as llama.cpp's
+    passes part where an answer has lost its way."""
+
+    def _decode(self, tokens, pos, n_logits):
+        logits = np.array(super()._decode(tokens, pos, n_logits))
+        if len(tokens) > 1:
+            logits[:, ord("X")] += 2.0
+        return logits
+
+
+def test_judge_tells_a_near_tie_numerics_a_defect_and_a_shorter_answer():
+    """`judge` knows a server's answer by its tokens only: a near-tie in plain decoding's
+    own passes; numerics where only one pass over the same tokens takes the other token;
+    a defect where neither does, or where plain decoding's passes do not take its own."""
+    prompt = list(b"Write add." + ASSISTANT)
+    plain = list(REPLY.encode())
+    other = [*plain[:TIE_AT], ord("X"), *plain[TIE_AT + 1 :]]
+    tie = ToyModel(near_tie(margin=0.25), n_vocab=258)
+    assert audit.judge(tie, prompt, plain, other).startswith(f"near-tie: token {TIE_AT}, ")
+    skewed = Skewed(near_tie(margin=1.5), n_vocab=258)
+    assert audit.judge(skewed, prompt, plain, other).startswith(f"numerics: token {TIE_AT}:")
+    sure = ToyModel(scripted(REPLY), n_vocab=258)  # 'X' trails by 20 logits in every pass
+    assert audit.judge(sure, prompt, plain, other).startswith(f"DEFECT: token {TIE_AT}, ")
+    # plain decoding's tokens that its own passes would not take: not a near-tie at all
+    assert "its passes replayed pick" in audit.judge(sure, prompt, other, plain)
+    assert audit.judge(sure, prompt, plain, plain[:5]) == (
+        f"the same tokens, stopped elsewhere ({len(plain)} vs 5)"
+    )
