@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from textual import work
+from textual.notifications import Notification
 from textual.worker import get_current_worker
 
 from tui.advice import advice
@@ -20,6 +21,10 @@ from tui.pair import LoadedPair, PairSpec
 
 class Loading(ChatBase):
     """Load a pair in a worker and show what came of it."""
+
+    # the toasts that say what a load is doing, withdrawn once it is done: left up, they
+    # would cover the stats panel through the first answer
+    loading_toasts: tuple[Notification, ...] = ()
 
     def switch_pair(self, spec: PairSpec) -> None:
         self.pair_state = "loading"
@@ -53,11 +58,23 @@ class Loading(ChatBase):
     def on_pair_loading(self, message: PairLoading) -> None:
         if not self.is_running:
             return  # shutting down: the widgets may be gone already
-        self.notify(message.line, title="Loading models", severity="warning")
+        # shown at once, not through a Notify message, which could arrive after PairLoaded
+        toast = Notification(message.line, "Loading models", "warning", self.NOTIFICATION_TIMEOUT)
+        self.loading_toasts = (*self.loading_toasts, toast)
+        self._notifications.add(toast)
+        self._refresh_notifications()
+
+    def withdraw_loading_toasts(self) -> None:
+        """Textual's `notify` has no withdraw: its collection forgets them instead."""
+        for toast in self.loading_toasts:
+            self._unnotify(toast, refresh=False)
+        self.loading_toasts = ()
+        self._refresh_notifications()
 
     def on_pair_loaded(self, message: PairLoaded) -> None:
         if not self.is_running:
             return  # shutting down: the widgets may be gone already
+        self.withdraw_loading_toasts()
         self.pair_state = "ready"
         self.spec = message.pair.spec
         self.sub_title = self.spec.label
@@ -70,6 +87,7 @@ class Loading(ChatBase):
     def on_pair_failed(self, message: PairFailed) -> None:
         if not self.is_running:
             return  # shutting down: the widgets may be gone already
+        self.withdraw_loading_toasts()
         self.pair_state = "failed"
         self.stats_panel.pair = f"not loaded: {short_line(message.error)}"
         self.sub_title = "no models loaded"

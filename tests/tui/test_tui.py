@@ -364,6 +364,26 @@ async def test_a_pair_that_fails_to_load_is_a_notification():
         assert "No models are loaded" in list(app._notifications)[-1].message
 
 
+@pytest.mark.parametrize("fail", [None, LoadFailed("not enough memory")])
+async def test_what_a_load_is_doing_is_withdrawn_once_it_is_done(fail):
+    """A toast left up would cover the stats panel through the first answer (the smoke
+    test's TTFT line, on a machine that loads and answers within the toast's 5 s)."""
+    inner = scripted_loader(REPLY, fail=fail)
+
+    def loader(spec: PairSpec, say: Callable[[str], None]):
+        say("making a CPU-fast Q4_0 copy of the draft (once)")
+        say("loading the target")
+        return inner(spec, say)
+
+    app = ChatApp(loader, SPEC, memory=lambda: FAKE_MEMORY)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.pause()
+        titles = [note.title for note in app._notifications]
+        assert "Loading models" not in titles, titles
+        assert titles == ([] if fail is None else [f"Could not load {SPEC.label}"])
+
+
 async def test_a_full_context_is_a_notification_not_a_crash(home: Path):
     app = make_app(n_ctx=200)
     async with app.run_test() as pilot:
