@@ -3,8 +3,7 @@
 # sources vendored in the llama-cpp-python sdist (the same llama.cpp localspec runs on),
 # run on the bench prompts next to plain decoding by llama.cpp's own completion tool.
 #
-#   scripts/peer_speculative.sh build [TARGET...]   (default: all, llama-server and
-#       ggml-rpc-server included)
+#   scripts/peer_speculative.sh build [TARGET...]   (default: all, llama-server included)
 #   scripts/peer_speculative.sh bindir               (where the binaries are)
 #   scripts/peer_speculative.sh run --target T.gguf --draft D.gguf [--prompts FILE]
 #       [--only name1,name2] [--max-tokens 128] [--threads 2] [--n-max 3] [--repeats 1]
@@ -22,9 +21,9 @@ PEER_DIR=${LOCALSPEC_PEER_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/localspec/peer}
 SRC="$PEER_DIR/llama_cpp_python-$LLAMA_CPP_VERSION/vendor/llama.cpp"
 BUILD="$PEER_DIR/build-$LLAMA_CPP_VERSION"
 PY=${PYTHON:-$PWD/.venv/bin/python}
-# The bench's peers, llama-server (the server benchmark's peer) and ggml-rpc-server
-# (llama.cpp's rpc-server: a target's layers on this machine, scripts/rpc_server.sh).
-TARGETS=(llama-speculative-simple llama-completion llama-server ggml-rpc-server)
+# The bench's peers, and llama-server (the server benchmark's peer). llama.cpp's
+# rpc-server needs no build: localspec runs it on its own llama.cpp (rpc_server.sh).
+TARGETS=(llama-speculative-simple llama-completion llama-server)
 RUN_TARGETS=(llama-speculative-simple llama-completion)
 log() { printf '[peer] %s\n' "$*" >&2; }
 

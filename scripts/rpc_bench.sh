@@ -26,8 +26,6 @@ while [ $# -gt 0 ]; do
 done
 [ ${#bench_args[@]} -gt 0 ] || bench_args=(--modes baseline,auto,peer --only code)
 out=${out:-$HOME/.local/share/localspec/bench/rpc-$(date +%Y%m%d-%H%M%S)}
-bin="$(scripts/peer_speculative.sh bindir)/ggml-rpc-server"
-[ -x "$bin" ] || scripts/peer_speculative.sh build ggml-rpc-server
 
 free_port() { .venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 pids=()
@@ -37,7 +35,7 @@ for _ in 1 2 3 4; do
   port=$(free_port)
   # The servers take turns (a pass runs through the layers in order), so each may use
   # every core.
-  "$bin" --host 127.0.0.1 --port "$port" --device CPU --threads "$server_threads" \
+  .venv/bin/python -m localspec.backends.rpc_server --host 127.0.0.1 --port "$port" --device CPU --threads "$server_threads" \
     >"${TMPDIR:-/tmp}/rpc-server-$port.log" 2>&1 &
   pids+=($!)
   endpoints+=("127.0.0.1:$port")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Serves this machine's device to another machine's `localspec run --rpc HOST:PORT`:
-# llama.cpp's rpc-server (ggml-rpc-server), built from the same vendored llama.cpp as
-# localspec's own (scripts/peer_speculative.sh build; built here when missing).
+# llama.cpp's rpc-server, run on the llama.cpp localspec runs on (scripts/setup.sh builds
+# it with RPC; localspec/backends/rpc_server.py), so both ends speak the same protocol.
 #
 #   scripts/rpc_server.sh [--host 127.0.0.1] [--port 50052] [--device CPU]
 #       [--threads N] [--cache]
@@ -26,13 +26,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-bin="$(scripts/peer_speculative.sh bindir)/ggml-rpc-server"
-if [ ! -x "$bin" ]; then
-  echo "[rpc] building ggml-rpc-server (minutes, once)" >&2
-  scripts/peer_speculative.sh build ggml-rpc-server
-fi
+# an rpc host needs llama.cpp, not the default pair
+.venv/bin/python -c 'import localspec' 2>/dev/null || LOCALSPEC_SKIP_MODELS=1 ./scripts/setup.sh
 args=(--host "$host" --port "$port")
 [ -z "$device" ] || args+=(--device "$device")
 [ -z "$threads" ] || args+=(--threads "$threads")
 [ "$cache" = 0 ] || args+=(--cache)
-exec "$bin" "${args[@]}"
+exec .venv/bin/python -m localspec.backends.rpc_server "${args[@]}"

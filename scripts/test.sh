@@ -5,11 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-# The RPC tests run llama.cpp's rpc-server from the same vendored llama.cpp: built once
-# (ggml only, a few minutes) into ~/.cache/localspec/peer, outside the repo.
-if [ ! -x "$(scripts/peer_speculative.sh bindir)/ggml-rpc-server" ]; then
-  scripts/peer_speculative.sh build ggml-rpc-server
-fi
 # The chat's smoke test drives the real app in tmux.
 if ! command -v tmux >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get install -y -qq tmux >/dev/null

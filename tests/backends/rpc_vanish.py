@@ -4,7 +4,7 @@ so the loopback here is this namespace's own. An rpc-server on it holds the targ
 nothing closes, packets just stop. Prints {rc, stderr, seconds} as JSON: rc null if the
 run still hung after HANG_S.
 
-    unshare -rn python rpc_vanish.py RPC_SERVER_BINARY TARGET.gguf DRAFT.gguf
+    unshare -rn python rpc_vanish.py TARGET.gguf DRAFT.gguf
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ def set_loopback(up: bool) -> None:
         fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags))
 
 
-def start_server(binary: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_server() -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = [binary, "--host", "127.0.0.1", "--port", str(port), "--device", "CPU"]
+    server_args = ["--host", "127.0.0.1", "--port", str(port), "--device", "CPU"]
+    args = [sys.executable, "-m", "localspec.backends.rpc_server", *server_args]
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     server = subprocess.Popen([*args, "--threads", "1"], **quiet)
     endpoint = f"127.0.0.1:{port}"
@@ -53,9 +54,9 @@ def start_server(binary: str) -> tuple[subprocess.Popen[bytes], str]:
             time.sleep(0.2)
 
 
-def main(binary: str, target: str, draft: str) -> dict[str, object]:
+def main(target: str, draft: str) -> dict[str, object]:
     set_loopback(True)
-    server, endpoint = start_server(binary)
+    server, endpoint = start_server()
     try:
         pair = ["--target", target, "--draft", draft, "--ctx", "1024", "--threads", "2"]
         pair += ["--rpc", endpoint, "-n", "400"]
@@ -82,4 +83,4 @@ def main(binary: str, target: str, draft: str) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(*sys.argv[1:4])))
+    print(json.dumps(main(*sys.argv[1:3])))

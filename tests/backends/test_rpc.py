@@ -1,7 +1,7 @@
 """The target over llama.cpp's RPC backend: two real rpc-servers on 127.0.0.1.
 
-The real tests start `ggml-rpc-server` (built by scripts/peer_speculative.sh; a missing
-binary fails them, never skips) on free loopback ports, split the real target across the
+The real tests start llama.cpp's rpc-server (`python -m localspec.backends.rpc_server`, on
+the ggml localspec runs on) on free loopback ports, split the real target across the
 two, and compare greedy answers with local decoding. The fast tests drive the endpoint
 parsing and the handshake against small fake servers.
 """
@@ -120,33 +120,35 @@ def test_keep_alive_sets_dead_peer_timeouts_on_connections_to_the_servers_only()
             assert timeout == rpc.DEAD_AFTER_S * 1000
 
 
+def test_the_rpc_server_says_in_one_line_what_it_cannot_serve():
+    server = socket.create_server(("127.0.0.1", 0))  # the port is taken
+    with server:
+        port = str(server.getsockname()[1])
+        taken = subprocess.run([*RPC_SERVER, "--port", port], capture_output=True, text=True)
+    unknown = subprocess.run([*RPC_SERVER, "--device", "GPU9"], capture_output=True, text=True)
+    assert taken.returncode == 1 and unknown.returncode == 1
+    assert taken.stderr.splitlines()[-1] == (
+        f"rpc-server: cannot listen on 127.0.0.1:{port}: in use, or not an address of this machine"
+    )
+    assert re.fullmatch(r"rpc-server: no device 'GPU9' here \(devices: .*CPU\)\n", unknown.stderr)
+
+
 # --- real: two rpc-servers, the target split across them -------------------------------
 
 
-def rpc_server_binary() -> Path:
-    bindir = subprocess.run(
-        [str(ROOT / "scripts/peer_speculative.sh"), "bindir"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    binary = Path(bindir) / "ggml-rpc-server"
-    if not binary.is_file():
-        pytest.fail(f"{binary} is not built: run scripts/peer_speculative.sh build ggml-rpc-server")
-    return binary
+RPC_SERVER = [sys.executable, "-m", "localspec.backends.rpc_server"]
 
 
 class RpcServer:
-    """One ggml-rpc-server process serving this machine's CPU on a free loopback port."""
+    """One rpc-server process serving this machine's CPU on a free loopback port."""
 
-    def __init__(self, binary: Path) -> None:
-        self.binary = binary
+    def __init__(self) -> None:
         self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RpcServer:
-        args = [str(self.binary), "--host", "127.0.0.1", "--port", str(self.port)]
+        args = [*RPC_SERVER, "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(
             [*args, "--device", "CPU", "--threads", "1"],
             stdout=subprocess.DEVNULL,
@@ -169,8 +171,7 @@ class RpcServer:
 
 
 def two_servers() -> Iterator[tuple[RpcServer, RpcServer]]:
-    binary = rpc_server_binary()
-    pair = RpcServer(binary), RpcServer(binary)
+    pair = RpcServer(), RpcServer()
     try:
         yield pair[0].start(), pair[1].start()
     finally:
@@ -266,7 +267,7 @@ def test_closed_port_is_one_line_error(real_paths):
 def test_server_killed_mid_answer_ends_it_with_one_line(real_paths):
     """llama.cpp aborts the process on an RPC failure; localspec turns the abort into
     `localspec: ...` and exit 1 after the answer so far (docs/rpc.md)."""
-    server = RpcServer(rpc_server_binary()).start()
+    server = RpcServer().start()
     try:
         pair = ["--target", str(real_paths[0]), "--draft", str(real_paths[1]), "--ctx", "1024"]
         pair += ["--rpc", server.endpoint, "--threads", "2"]
@@ -310,7 +311,7 @@ def test_a_server_that_vanishes_mid_answer_ends_it_with_one_line(real_paths):
     if not network_namespaces():
         pytest.skip("this kernel does not let this user make a network namespace (unshare -rn)")
     driver = Path(__file__).with_name("rpc_vanish.py")
-    args = [str(rpc_server_binary()), str(real_paths[0]), str(real_paths[1])]
+    args = [str(real_paths[0]), str(real_paths[1])]
     out = subprocess.run(
         ["unshare", "-rn", sys.executable, str(driver), *args],
         capture_output=True,
@@ -392,7 +393,7 @@ def test_the_chat_survives_a_server_killed_mid_answer(real_paths, tmp_path):
     if shutil.which("tmux") is None:
         pytest.fail("tmux is not installed (apt-get install tmux)")
     target, draft = real_paths
-    server = RpcServer(rpc_server_binary()).start()
+    server = RpcServer().start()
     exe = Path(sys.executable).with_name("localspec")
     command = shlex.join([
         str(exe), "chat", "--target", str(target), "--draft", str(draft), "--rpc",
