@@ -60,7 +60,7 @@ may add at the rate the round aims at (`p_min`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -122,6 +122,20 @@ class Load:
     # slots whose drafts share a draft-model pass, on average: a draft step delays every
     # slot, and is shared by those that draft in it
     drafting: Callable[[], float] = lambda: 1.0
+    slot: int = 0  # this slot's key in `willing`
+    # per slot decoding now, shared by all: whether its last round would draft with the
+    # draft model were its steps shared by every slot (see AdaptiveDrafter.draft_sharers)
+    willing: dict[int, bool] = field(default_factory=dict)
+
+    def sharers(self, willing: bool) -> float:
+        """The slots a draft step is expected to be shared by: as many as measured, or as
+        would draft together, this one included."""
+        self.willing[self.slot] = willing
+        return max(self.drafting(), float(sum(self.willing.values())))
+
+    def leave(self) -> None:
+        """This slot's request ended: it drafts no more."""
+        self.willing.pop(self.slot, None)
 
 
 @dataclass
@@ -187,6 +201,7 @@ class AdaptiveDrafter:
         self._draft_s = 0.0
         self.alpha["lead"] = Acceptance.prior(SAMPLED_LEAD_PRIOR, PREDICTION_GAMMA_MAX)
         self._sampled = False  # this answer samples (its forced tokens are a bet)
+        self._sharers = 1.0  # under load: slots a draft step is shared by (draft_sharers)
 
     @property
     def busy_s(self) -> float:
@@ -205,7 +220,20 @@ class AdaptiveDrafter:
         c = self.model.step_s or self.cost_ratio * self.timings().a
         if self.load is None or (n := self.slots()) == 1:
             return c
-        return c * n / min(max(self.load.drafting(), 1.0), n)
+        return c * n / min(max(self._sharers, 1.0), n)
+
+    def draft_sharers(self, matched: int, gamma: int, lag: int, n: int, forced: int) -> None:
+        """Under load, how many slots this round's draft steps would be shared by. Priced
+        as measured alone, a step delays all n slots for one slot's draft, so where no
+        slot drafts none ever would, even where all drafting together pays (the draft
+        model's passes carry every slot's step for about one step's time). So each round
+        also asks whether it would draft were the steps shared by all; the slots that
+        would are counted as sharing them (Load.sharers)."""
+        if self.load is None or self.model is None or self.slots() == 1:
+            return
+        self._sharers = float(self.slots())
+        shared = self.choose(matched, gamma, lag, n, forced=forced)
+        self._sharers = self.load.sharers("draft" in shared.source and shared.gain > 1.0)
 
     def predict(self, prediction: Prediction | None) -> None:
         """The next answers' prediction (None: none); its α is measured afresh. A
@@ -244,6 +272,7 @@ class AdaptiveDrafter:
             return Draft(by="none", lead=keep, why=f"{keep} of {forced} forced tokens pay")
         lag = self.model.unread(context) if self.model else 0
         n, match = self.ngrams.match(context, gamma)
+        self.draft_sharers(len(match), gamma, lag, n, forced)
         free = [("ngram", n, match, self.choose(len(match), gamma, lag, n, forced=forced))]
         if self.prediction is not None:
             n, found = self.prediction.match(context, deep)

@@ -172,6 +172,7 @@ class Worker:
         if draft is not None:
             draft.reset()
         slots = []
+        willing: dict[int, bool] = {}  # the slots' Loads share it
         for i in range(parallel):
             views = [SlotModel(target, i, self.batcher)]
             if draft is not None:
@@ -180,7 +181,7 @@ class Worker:
             engine = session.engine_for(views[0], views[1] if draft is not None else None, head)
             if isinstance(engine.drafter, AdaptiveDrafter):  # γ follows the load
                 engine.drafter.load = Load(
-                    self.batcher.load, self.batcher.passes(target), self._drafting
+                    self.batcher.load, self.batcher.passes(target), self._drafting, i, willing
                 )
             slots.append(Slot(i, engine, views, list(views)))
         return slots
@@ -371,6 +372,8 @@ class Worker:
                 close()
             if isinstance(slot.engine.drafter, AdaptiveDrafter):
                 slot.engine.drafter.predict(None)
+                if slot.engine.drafter.load is not None:
+                    slot.engine.drafter.load.leave()
         if not finished:
             self._end(job, batch)
 

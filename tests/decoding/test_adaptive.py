@@ -398,6 +398,48 @@ def test_under_load_gamma_falls_as_slots_fill_and_comes_back_as_they_empty():
     assert d.choose(matched=0, gamma=8) == alone
 
 
+def test_under_load_slots_that_would_draft_together_do_and_one_alone_does_not():
+    """A draft step delays every slot. Priced for one slot's draft, it costs four
+    slots' waiting, and where no slot drafts (the draft model's passes carry one slot's
+    step) none ever would; yet four drafting together share each step. So each round
+    also asks whether it would draft were its steps shared, and the slots that would
+    are counted as sharing them: four alike find each other within a round, and a slot
+    alone in its wish stays plain, as before."""
+    a, b, c = 0.060, 0.004, 0.012  # a CPU pass grows by b a token; a draft step costs c
+    passes = VerifyCost()
+    for k in range(1, 48):
+        passes.observe(k, a + b * (k - 1))
+
+    def slots(alphas: list[float]) -> list[AdaptiveDrafter]:
+        willing: dict[int, bool] = {}
+        out = []
+        for i, alpha in enumerate(alphas):
+            d = drafter_with(a=a, b=b, c=c, alpha=alpha)
+            d.load = Load(lambda: len(alphas), passes, lambda: 1.0, i, willing)
+            out.append(d)
+        return out
+
+    def round_of(d: AdaptiveDrafter) -> Choice:
+        d.draft_sharers(0, 8, 0, 4, 0)
+        return d.choose(matched=0, gamma=8)
+
+    alike = slots([0.8] * 4)
+    first = [round_of(d).source for d in alike]
+    assert first[0] == "none" and first[-1] == "draft"  # the later see the others' wish
+    assert all(round_of(d).source == "draft" for d in alike)  # and the next round, all
+    alone = slots([0.8, 0.2, 0.2, 0.2])
+    for _ in range(2):
+        assert all(round_of(d).source == "none" for d in alone)
+    assert alone[0].load is not None and alone[0].load.willing == {
+        0: True,
+        1: False,
+        2: False,
+        3: False,
+    }
+    alike[3].load.leave()  # type: ignore[union-attr]
+    assert 3 not in alike[0].load.willing  # type: ignore[union-attr]
+
+
 def test_under_load_a_round_times_only_itself_alone():
     """A shared pass's time holds the other slots' tokens: it does not teach T(k)."""
     d = drafter_with(a=0.10, b=0.05, c=0.08, alpha=0.7)
