@@ -123,8 +123,9 @@ class Load:
     # slot, and is shared by those that draft in it
     drafting: Callable[[], float] = lambda: 1.0
     slot: int = 0  # this slot's key in `willing`
-    # per slot decoding now, shared by all: whether its last round would draft with the
-    # draft model were its steps shared by every slot (see AdaptiveDrafter.draft_sharers)
+    # per slot, shared by all: whether its last round would draft with the draft model
+    # were its steps shared by every slot (AdaptiveDrafter.draft_sharers); one key per
+    # slot from the start, so that no thread's sum sees the dict change size
     willing: dict[int, bool] = field(default_factory=dict)
 
     def sharers(self, willing: bool) -> float:
@@ -135,7 +136,7 @@ class Load:
 
     def leave(self) -> None:
         """This slot's request ended: it drafts no more."""
-        self.willing.pop(self.slot, None)
+        self.willing[self.slot] = False
 
 
 @dataclass

@@ -172,7 +172,7 @@ class Worker:
         if draft is not None:
             draft.reset()
         slots = []
-        willing: dict[int, bool] = {}  # the slots' Loads share it
+        willing = dict.fromkeys(range(parallel), False)  # the slots' Loads share it
         for i in range(parallel):
             views = [SlotModel(target, i, self.batcher)]
             if draft is not None:
