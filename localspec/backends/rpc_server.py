@@ -67,8 +67,8 @@ def serve(host: str, port: int, names: list[str], threads: int, cache: bool) -> 
         raise rpc.RpcError("no device to serve")
     folder = None
     if cache:
-        cache_dir().mkdir(parents=True, exist_ok=True)
-        folder = str(cache_dir()).encode()
+        (where := cache_dir()).mkdir(parents=True, exist_ok=True)
+        folder = str(where).encode()
     if host != "127.0.0.1":
         print(
             f"rpc-server: serving on {host}: the RPC protocol has no authentication",

@@ -59,8 +59,8 @@ may add at the rate the round aims at (`p_min`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -80,6 +80,7 @@ from localspec.decoding.estimates import (
     VerifyCost,
 )
 from localspec.decoding.grammar import GrammarState, last_state
+from localspec.decoding.load import Load
 from localspec.decoding.prediction import Prediction
 from localspec.decoding.sampling import Probs, SamplingParams
 from localspec.decoding.suffix import DEEP_RUN, SUFFIX_PRIOR, SuffixIndex, suffix_key
@@ -110,33 +111,6 @@ FIM_NGRAM_PRIOR = {2: 0.48, 3: 0.57, 4: 0.85}
 # (the target may write `"evidence` as `"ev` `i` `de` `nce`), so each is accepted with the
 # target's chance of that very token. Greedy answers keep their split (as_written).
 SAMPLED_LEAD_PRIOR = 0.9
-
-
-@dataclass
-class Load:
-    """Serve's slots: how many decode in the same passes now, and the target's pass
-    times by tokens in the pass (every slot's round together), shared by all."""
-
-    slots: Callable[[], int]
-    passes: VerifyCost
-    # slots whose drafts share a draft-model pass, on average: a draft step delays every
-    # slot, and is shared by those that draft in it
-    drafting: Callable[[], float] = lambda: 1.0
-    slot: int = 0  # this slot's key in `willing`
-    # per slot, shared by all: whether its last round would draft with the draft model
-    # were its steps shared by every slot (AdaptiveDrafter.draft_sharers); one key per
-    # slot from the start, so that no thread's sum sees the dict change size
-    willing: dict[int, bool] = field(default_factory=dict)
-
-    def sharers(self, willing: bool) -> float:
-        """The slots a draft step is expected to be shared by: as many as measured, or as
-        would draft together, this one included."""
-        self.willing[self.slot] = willing
-        return max(self.drafting(), float(sum(self.willing.values())))
-
-    def leave(self) -> None:
-        """This slot's request ended: it drafts no more."""
-        self.willing[self.slot] = False
 
 
 @dataclass

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 
 from localspec.backends.base import Cancelled, Model, common_prefix, moves
 from localspec.backends.llama import LlamaModel
-from localspec.decoding.adaptive import AdaptiveDrafter, Load
+from localspec.decoding.adaptive import AdaptiveDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Event, Finished, Piece, RoundEnd, Stats
+from localspec.decoding.load import Load
 from localspec.decoding.prediction import Prediction, PredictionDrafter, prediction_usage
 from localspec.drafting import GAMMA_MAX
 from localspec.server.batching import Batcher, SlotModel

@@ -11,12 +11,12 @@ from localspec.decoding.adaptive import (
     Acceptance,
     AdaptiveDrafter,
     Choice,
-    Load,
     VerifyCost,
     auto_engine,
 )
 from localspec.decoding.drafters import Outcome
 from localspec.decoding.events import RoundEnd
+from localspec.decoding.load import Load
 from localspec.decoding.sampling import SamplingParams
 
 
