@@ -125,6 +125,12 @@ class VerifyCost:
         a = sum(t / (1 + CPU_SLOPE * x) for x, t in zip(xs, ts, strict=True)) / n
         return a, CPU_SLOPE * a
 
+    @property
+    def one(self) -> float:
+        """T(1): a plain round's time as timed (the line's a until it is; 0: unknown). The
+        line itself can sit well off it: on a CPU, T rises in steps."""
+        return self.seconds.get(1, self.a)
+
     def batch(self, ks: np.ndarray) -> np.ndarray:
         """T(k) for each k in ks, as `table` gives them."""
         return np.array(self.table(int(ks.max())))[ks - 1]
@@ -151,7 +157,7 @@ class VerifyCost:
         """An untimed T(k) no lower than the experts it reads make it."""
         if k > len(self.growth):
             return t
-        return max(t, self.seconds.get(1, self.a) * self.growth[k - 1])
+        return max(t, self.one * self.growth[k - 1])
 
     def _steep(self) -> bool:
         """Whether the two largest timed batch sizes (past one token) grow by half a
@@ -160,7 +166,7 @@ class VerifyCost:
         if len(sizes) < 2:
             return False
         (j, tj), (k, tk) = ((s, self.seconds[s]) for s in sizes)
-        return (tk - tj) / (k - j) >= STEEP * self.seconds.get(1, self.a)
+        return (tk - tj) / (k - j) >= STEEP * self.one
 
     def _build(self, n: int) -> list[float]:
         """T(1..n) as `table` describes it."""

@@ -413,4 +413,4 @@ class Worker:
     def plain_round_s(self) -> float:
         """The target's time for one plain round, as `auto` measured it (0: unknown)."""
         drafter = self.slots[0].engine.drafter
-        return drafter.verify.a if isinstance(drafter, AdaptiveDrafter) else 0.0
+        return drafter.verify.one if isinstance(drafter, AdaptiveDrafter) else 0.0

@@ -73,6 +73,18 @@ def test_verify_cost_fits_a_line_and_tries_the_next_batch_size():
     assert t6 == pytest.approx(0.20)
 
 
+def test_a_plain_round_is_priced_as_timed_not_by_the_line():
+    """The serve log's "≈ n× plain decoding" divides by T(1). On a CPU the line through
+    every timed size sits well off it (the Q4_K_M target on 2 cores of an EPYC: T(16)
+    below T(15)), and by the line's a a request that ran at plain speed read ≈1.5×."""
+    cost = VerifyCost()
+    assert cost.one == 0.0  # unknown until timed
+    for k, t in [(1, 0.027), (2, 0.044), (4, 0.072), (8, 0.122), (16, 0.147)]:
+        cost.observe(k, t)
+    assert cost.one == pytest.approx(0.027)
+    assert cost.a > 1.2 * cost.one  # what it used to divide by
+
+
 def test_an_untimed_batch_size_is_not_assumed_free_where_each_token_costs_its_own():
     """Costs in steps (memory-bound, the F16 target) make the next size worth a try at
     the largest timed one's price; costs that rise by a pass's share per token
