@@ -653,6 +653,15 @@ def main() -> None:
         args.llama_server = args.llama_server or default_bin_dir() / "llama-server"
     if args.peer and not args.llama_server.exists():
         sys.exit(f"{args.llama_server} not found: run scripts/peer_speculative.sh build")
+    have = len(json.loads((ROOT / "localspec/data/bench_prompts.json").read_text()))
+    if args.suite == "clients" and args.clients * args.rounds > have:
+        # a prompt asked again would be drafted from its earlier answer (the slots' suffix
+        # index keeps it), which llama-server's drafters do not do: not a fair round
+        sys.exit(
+            f"--clients {args.clients} x --rounds {args.rounds} needs "
+            f"{args.clients * args.rounds} prompts and the bench has {have} (one asked twice "
+            f"is drafted from its first answer): use at most {have // args.clients} rounds"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logs = args.out.parent / "logs"
     logs.mkdir(exist_ok=True)
