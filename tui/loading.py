@@ -58,14 +58,26 @@ class Loading(ChatBase):
     def on_pair_loading(self, message: PairLoading) -> None:
         if not self.is_running:
             return  # shutting down: the widgets may be gone already
+        if not self.can_withdraw_toasts():  # another Textual: a toast that times out
+            self.notify(message.line, title="Loading models", severity="warning")
+            return
         # shown at once, not through a Notify message, which could arrive after PairLoaded
         toast = Notification(message.line, "Loading models", "warning", self.NOTIFICATION_TIMEOUT)
         self.loading_toasts = (*self.loading_toasts, toast)
         self._notifications.add(toast)
         self._refresh_notifications()
 
+    def can_withdraw_toasts(self) -> bool:
+        """Textual's `notify` has no withdraw: the app's collection of notifications (not
+        public: Textual 8.2) forgets them instead, where this Textual has it."""
+        return all(
+            hasattr(self, name)
+            for name in ("_notifications", "_unnotify", "_refresh_notifications")
+        )
+
     def withdraw_loading_toasts(self) -> None:
-        """Textual's `notify` has no withdraw: its collection forgets them instead."""
+        if not self.loading_toasts:
+            return
         for toast in self.loading_toasts:
             self._unnotify(toast, refresh=False)
         self.loading_toasts = ()

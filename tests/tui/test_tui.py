@@ -384,6 +384,24 @@ async def test_what_a_load_is_doing_is_withdrawn_once_it_is_done(fail):
         assert titles == ([] if fail is None else [f"Could not load {SPEC.label}"])
 
 
+async def test_a_textual_without_a_withdraw_still_says_what_a_load_is_doing(monkeypatch):
+    """The withdraw uses Textual's private notification collection; a Textual without it
+    gets the toasts as `notify` gives them (they time out) and loads all the same."""
+    monkeypatch.setattr(ChatApp, "can_withdraw_toasts", lambda self: False)
+    inner = scripted_loader(REPLY)
+
+    def loader(spec: PairSpec, say: Callable[[str], None]):
+        say("loading the target")
+        return inner(spec, say)
+
+    app = ChatApp(loader, SPEC, memory=lambda: FAKE_MEMORY)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.pause()
+        assert app.pair_state == "ready"
+        assert [n.title for n in app._notifications] == ["Loading models"]
+
+
 async def test_a_full_context_is_a_notification_not_a_crash(home: Path):
     app = make_app(n_ctx=200)
     async with app.run_test() as pilot:
