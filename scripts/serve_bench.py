@@ -44,8 +44,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 
+from localspec.bench import servers as bench_servers
 from localspec.bench.servers import free_port, server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,6 +145,13 @@ def warm_up(base: str) -> None:
     stream_one(base, [{"role": "user", "content": "Say hello."}], 8)
 
 
+def settle(base: str) -> None:
+    """Wait until the server is idle (localspec's draft model reads ahead after an
+    answer), so that its work is not timed on the next server's request."""
+    with httpx.Client(timeout=30) as client:
+        bench_servers.settle(client, base.removesuffix("/v1"))
+
+
 def run_one(args: argparse.Namespace, prompt: str, draft: bool = True) -> dict:
     """`localspec run --json` on the same prompt: its own decode speed and TTFT."""
     cmd = [sys.executable, "-m", "localspec", "run", *model_args(args, draft), "--json"]
@@ -228,6 +237,7 @@ def chat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
                         **stream_one(base, messages, args.max_tokens),
                     }
                 )
+                settle(base)
                 print(summary(rows[-1]), flush=True)
             runs = (("localspec-run", True), ("localspec-plain-run", False)) if args.run else ()
             for name, draft in runs:
@@ -277,6 +287,7 @@ def edit_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
             ]
             for mode, name, extra in modes:
                 row = stream_one(bases[name], messages, args.edit_max_tokens, **extra)
+                settle(bases[name])
                 rows.append({"suite": "edit", "prompt": f"edit-{i}", "server": mode, **row})
                 print(summary(rows[-1]), flush=True)
     finally:
@@ -349,6 +360,7 @@ def clients_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
                         )
                     )
                 wall = time.perf_counter() - started
+                settle(bases[name])
                 for (pid, _), answer in zip(chosen, answers, strict=True):
                     rows.append(
                         {"suite": f"clients{n}", "prompt": f"r{r}-{pid}", "server": name, **answer}
@@ -427,7 +439,9 @@ def editor_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
         for i, prompt in enumerate(COMPLETIONS[: args.prompts]):
             for name in turns(list(bases), i):
                 alone = complete_one(bases[name], prompt, args.completion_tokens)
+                settle(bases[name])
                 during = beside_a_chat(bases[name], prompt, args.completion_tokens)
+                settle(bases[name])
                 rows.append(
                     {
                         "suite": "editor",
@@ -469,6 +483,7 @@ def alternate_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
                 for who in range(2):
                     talks[who].append({"role": "user", "content": asks[who][turn]})
                     row = stream_one(base, talks[who], 24)
+                    settle(base)  # a turn comes after the reader's pause
                     talks[who].append({"role": "assistant", "content": row["text"]})
                     rows.append(
                         {"suite": "alternate", "prompt": f"c{who}-t{turn}", "server": name, **row}

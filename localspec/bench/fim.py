@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from localspec.bench.audit import JUDGED, judge
-from localspec.bench.servers import MODES, PairSetup, start_pair_servers
+from localspec.bench.servers import MODES, PairSetup, settle, start_pair_servers
 from localspec.errors import LocalspecError
 from localspec.paths import write_atomic
 
@@ -272,6 +272,7 @@ def run_fim(
                 progress(f"case {i + 1}/{len(cases)} {case.name} ({case.kind}): {mode}")
                 first = infill(client, bases[mode], case.body(n_predict))
                 again = infill(client, bases[mode], case.body(n_predict, keystroke=True))
+                settle(client, bases[mode])  # not on the next server's time
                 report.rows.append(
                     FimRow(
                         case.name,

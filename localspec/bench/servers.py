@@ -54,6 +54,23 @@ def server(command: list[str], port: int, log: Path) -> Iterator[str]:
             proc.wait()
 
 
+SETTLE_S = 120  # an idle draft model reads at most a context ahead
+
+
+def settle(client: httpx.Client, base: str) -> None:
+    """Wait until the server at `base` does nothing: localspec's idle slots read ahead
+    with the draft model after an answer (for the next request), and timed beside another
+    server's request that reading would slow it (llama-server's /health has no such
+    figures: it is idle once it has answered)."""
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:
+        health = client.get(f"{base}/health").json()
+        if not health.get("queue_depth") and not health.get("reading_ahead"):
+            return
+        time.sleep(0.05)
+    raise LocalspecError(f"the server at {base} was still busy after {SETTLE_S} s")
+
+
 @dataclass(frozen=True)
 class PairSetup:
     """The pair and the machine both servers get: the same files, threads and context."""

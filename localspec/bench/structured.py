@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from localspec.bench.audit import JUDGED
-from localspec.bench.servers import MODES, PairSetup, start_pair_servers
+from localspec.bench.servers import MODES, PairSetup, settle, start_pair_servers
 from localspec.errors import LocalspecError
 from localspec.paths import write_atomic
 
@@ -256,6 +256,7 @@ def run_json(
                 for mode in names[k:] + names[:k]:
                     progress(f"{case}: {mode}")
                     got = ask(client, bases[mode], prompt, schema, max_tokens, temperature)
+                    settle(client, bases[mode])  # not on the next server's time
                     valid, why = check(got["text"], schema)
                     report.rows.append(JsonRow(case, mode, **got, valid=valid, why=why))
         plain = {(r.case): r.text for r in report.rows if r.mode == "localspec-plain"}

@@ -161,6 +161,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             "draft": options.draft_id,
             "queue_depth": worker.depth(),
             "slots": len(worker.slots),
+            "reading_ahead": worker.reading_ahead(),  # idle slots' draft models catching up
         }
 
     entry = {

@@ -113,6 +113,9 @@ class Slot:
         self.views = views
         self.models = models  # whose caches it holds: the target's, the draft model's
         self.job: Job | None = None
+        # its draft model may read ahead (set as its job ends, so that no one sees the
+        # slot idle before its reading ahead begins; cleared once it has nothing to read)
+        self.reading_ahead = False
         self.last_used = 0.0
         self.inbox: queue.Queue[Job | None] = queue.Queue()
 
@@ -229,6 +232,12 @@ class Worker:
         with self._lock:
             return len(self._waiting) + sum(s.job is not None for s in self.slots)
 
+    def reading_ahead(self) -> int:
+        """Idle slots whose draft model reads ahead: work on no request's behalf, which a
+        bench waits for before it times another server."""
+        with self._lock:
+            return sum(s.reading_ahead for s in self.slots)
+
     def submit(self, job: Job) -> None:
         """Start `job` in an idle slot, or queue it; a 429 where `max_queue` requests
         already wait (0: no waiting at all), a 503 once the server is shutting down."""
@@ -292,12 +301,15 @@ class Worker:
                 with self._lock:
                     self._mean_s += 0.2 * (time.perf_counter() - started - self._mean_s)
                     slot.job, slot.last_used = None, time.monotonic()
+                    slot.reading_ahead = True
                     self._dispatch()
 
     def _next_job(self, slot: Slot) -> Job | None:
         """The slot's next job; until it comes, its draft model reads ahead."""
         while slot.inbox.empty() and self._read_ahead(slot):
             pass
+        with self._lock:
+            slot.reading_ahead = False
         return slot.inbox.get()
 
     def _read_ahead(self, slot: Slot) -> bool:

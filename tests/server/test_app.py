@@ -381,7 +381,8 @@ def test_the_paths_without_v1_are_served_as_llama_servers_are(client: TestClient
     answer = client.post("/responses", json={"input": "hi", "temperature": 0}, headers=AUTH)
     assert answer.json()["output"][0]["content"][0]["text"] == REPLY
     assert client.get("/models", headers=AUTH).json()["data"][0]["id"] == "toy"
-    assert client.get("/v1/health").json()["status"] == "ok"
+    health = client.get("/v1/health").json()
+    assert health["status"] == "ok" and health["queue_depth"] == health["reading_ahead"] == 0
 
 
 def test_unknown_routes_use_the_error_shape_and_say_what_is_served(client: TestClient):

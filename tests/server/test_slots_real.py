@@ -18,7 +18,8 @@ import pytest
 from decoding.test_real_engine import assert_lossless  # the near-tie rule
 
 from localspec.backends.llama import LlamaModel, LoadOptions
-from localspec.decoding.drafters import NoDrafter
+from localspec.decoding.adaptive import AdaptiveDrafter
+from localspec.decoding.drafters import DraftModel, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished, Piece
 from localspec.decoding.sampling import SamplingParams
@@ -226,3 +227,32 @@ def test_alternating_conversations_keep_their_caches(worker, session, loop):
         else:
             first[who] = len(prompt)
         conversation.append({"role": "assistant", "content": end.text})
+
+
+def test_an_idle_slot_reads_ahead_and_is_busy_until_it_has_read_all(
+    worker, session, loop, monkeypatch
+):
+    """After an answer the slot's draft model reads what the slot holds, for the next
+    request (an editor's shares most of it). Until it has read all, the worker counts
+    it busy (`reading_ahead`, in /health): a bench that waits for an idle server before
+    it times another finds no reading left on the next one's time."""
+    monkeypatch.setattr(AdaptiveDrafter, "draft_could_pay", lambda self: True)
+    text = "def handler(request):\n    return respond(request.body)\n" * 20
+    first = chat(session, "What does this do?\n\n" + text)
+    job = loop.job(first, 8)  # times the slot's passes: `auto` needs T(1) to read ahead
+    worker.submit(job)
+    assert isinstance(loop.wait(job), Finished)
+    while worker.depth():  # its slot is free (else the next goes to another)
+        time.sleep(0.005)
+    longer = chat(session, "What does this do?\n\n" + text * 2)
+    job = loop.job(longer, 1)  # the target reads it; no round: the draft model does not
+    worker.submit(job)
+    assert isinstance(loop.wait(job), Finished)
+    slot = next(s for s in worker.slots if s.cached[: len(longer)] == longer)
+    drafter = slot.engine.drafter
+    assert isinstance(drafter, AdaptiveDrafter) and isinstance(drafter.model, DraftModel)
+    deadline = time.monotonic() + 120
+    while worker.depth() or worker.reading_ahead():
+        assert time.monotonic() < deadline, "still reading ahead after 2 minutes"
+        time.sleep(0.005)
+    assert drafter.model.unread(slot.cached) <= 1  # idle: nothing left to read
