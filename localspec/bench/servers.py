@@ -58,9 +58,9 @@ SETTLE_S = 120  # an idle draft model reads at most a context ahead
 
 
 def settle(client: httpx.Client, base: str) -> None:
-    """Wait until the server at `base` does nothing: localspec's idle slots read ahead
-    with the draft model after an answer (for the next request), and timed beside another
-    server's request that reading would slow it (llama-server's /health has no such
+    """Wait until the server at `base` does nothing: after an answer localspec's idle
+    slots read ahead with the draft model (for the next request), which would slow
+    another server's request timed meanwhile (llama-server's /health has no such
     figures: it is idle once it has answered)."""
     deadline = time.monotonic() + SETTLE_S
     while time.monotonic() < deadline:
