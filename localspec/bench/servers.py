@@ -64,7 +64,10 @@ def settle(client: httpx.Client, base: str) -> None:
     figures: it is idle once it has answered)."""
     deadline = time.monotonic() + SETTLE_S
     while time.monotonic() < deadline:
-        health = client.get(f"{base}/health").json()
+        try:
+            health = client.get(f"{base}/health").json()
+        except httpx.TransportError:  # llama-server may close a connection after a stream
+            health = {"queue_depth": 1}
         if not health.get("queue_depth") and not health.get("reading_ahead"):
             return
         time.sleep(0.05)

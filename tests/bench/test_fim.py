@@ -1,5 +1,6 @@
 """The completion suite's cases (cut from real code: the standard library) and its
-report, without servers; tests/bench/test_fim_real.py runs it on the real pair."""
+report, without servers (`localspec bench --suite fim` runs it against them: the
+reports in docs/bench/fim)."""
 
 from __future__ import annotations
 
