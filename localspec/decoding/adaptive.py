@@ -64,7 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.backends.base import Model
+from localspec.backends.base import Model, shared_prefix
 from localspec.decoding.drafters import (
     UNBOUNDED,
     Draft,
@@ -111,6 +111,13 @@ FIM_NGRAM_PRIOR = {2: 0.48, 3: 0.57, 4: 0.85}
 # (the target may write `"evidence` as `"ev` `i` `de` `nce`), so each is accepted with the
 # target's chance of that very token. Greedy answers keep their split (as_written).
 SAMPLED_LEAD_PRIOR = 0.9
+# A completion whose prompt shares less than this share with the last one is a fresh one (a
+# new file or place, not the next keystroke): its suffix matches are other files' text,
+# short runs of which are noise, while at a keystroke the same short runs re-join the last
+# middle and are nearly always right. One α per run length served both: fresh requests
+# drafted 3-4 deep on the keystrokes' α and lost (F16 target, 2 cores of an EPYC: 0 of
+# 16, 20 and 40 drafted tokens in three first requests). So they keep α apart.
+REVISIT = 0.5
 
 
 @dataclass
@@ -161,9 +168,11 @@ class AdaptiveDrafter:
         self._completing = False  # the prediction is a completion's (fill-in-the-middle)
         self.suffix: SuffixIndex | None = SuffixIndex()  # None: without it (to measure it)
         self.alpha |= {
-            suffix_key(n): Acceptance.prior(a, PREDICTION_GAMMA_MAX)
+            f"{fresh}{suffix_key(n)}": Acceptance.prior(a, PREDICTION_GAMMA_MAX)
             for n, a in SUFFIX_PRIOR.items()
+            for fresh in ("", FRESH)
         }
+        self._fresh = False  # this request is a fresh completion (REVISIT)
         self._chat_ngrams: dict[str, Acceptance] | None = None  # kept during completions
         self._match_n = 0  # the length of this round's free match
         self._free = "ngram"  # this round's free source: "ngram", "prediction" or "suffix"
@@ -241,6 +250,7 @@ class AdaptiveDrafter:
         deep, gamma = min(gamma, PREDICTION_GAMMA_MAX), min(gamma, GAMMA_MAX)
         if len(context) - forced != self._text_len:
             self.shadows.clear()  # another text (the next request): they would not apply
+            self._fresh = self._completing and not self.revisits(context)
         self._sampled = not params.greedy
         if forced and self._sampled and (keep := self.lead_worth(forced)) < forced:
             self._last, self._draft_s = Choice("none", 0, 1.0), 0.0
@@ -311,7 +321,7 @@ class AdaptiveDrafter:
         """Keep the free proposals (source, match length, tokens) a round does not draft,
         to measure them on the text that follows (see Shadow)."""
         for source, n, tokens in proposals:
-            key = free_key(source, n)
+            key = self.key(source, n)
             if tokens:
                 self.shadows.append(Shadow(key, at, list(tokens[: len(self.alpha[key].alpha)])))
         del self.shadows[:-MAX_SHADOWS]
@@ -400,7 +410,7 @@ class AdaptiveDrafter:
         # deep prediction draft times, can tilt the line and make every draft look dear)
         a = t[0]
         per = 1 / (forced + 1)  # a drafted token's share of the round's tokens, as a rate
-        ng = self.alpha[free_key(free, n)] if matched else None
+        ng = self.alpha[self.key(free, n)] if matched else None
         catchup = self.catchup_cost(lag) / (
             FIM_CATCHUP_ROUNDS if self._completing else CATCHUP_ROUNDS
         )
@@ -524,7 +534,19 @@ class AdaptiveDrafter:
 
     def free_key(self) -> str:
         """The acceptance key of this round's free match."""
-        return free_key(self._free, self._match_n)
+        return self.key(self._free, self._match_n)
+
+    def key(self, source: str, n: int) -> str:
+        """The acceptance key of a match of length n by the free `source`; a fresh
+        completion's suffix matches have their own (REVISIT)."""
+        key = free_key(source, n)
+        return FRESH + key if self._fresh and source == "suffix" else key
+
+    def revisits(self, context: Sequence[int]) -> bool:
+        """Whether a new request's `context` is mostly the last one's (REVISIT)."""
+        if self.suffix is None:
+            return True
+        return shared_prefix(self.suffix.context.tokens, context) >= REVISIT * len(context)
 
     def _free_alpha(self) -> str:
         """α of this round's free match, or of every n-gram length without a match."""
@@ -558,6 +580,9 @@ def prediction_key(n: int) -> str:
     """The acceptance key of a prediction alignment of run length n."""
     at_least = max((m for m in PREDICTION_PRIOR if m <= n), default=min(PREDICTION_PRIOR))
     return f"prediction{at_least}"
+
+
+FRESH = "fresh-"  # the prefix of a fresh completion's suffix keys
 
 
 def free_key(source: str, n: int) -> str:

@@ -532,6 +532,34 @@ def test_a_completion_pays_a_new_prompts_catch_up_within_its_few_rounds() -> Non
     assert d.choose(matched=0, gamma=8, lag=535).source == "draft"
 
 
+def test_a_fresh_completion_keeps_its_suffix_alpha_apart_from_the_keystrokes():
+    """At a keystroke the slot's earlier text re-joins the last middle, and short suffix
+    runs are right nearly always; in a fresh completion (another file) the same short
+    runs are other files' text. Drafted on the keystrokes' α they all missed (F16 target,
+    2 cores of an EPYC), so a completion that shares less than half its prompt with the
+    last one keeps α of its own."""
+    from localspec.decoding.prediction import Prediction
+
+    d = drafter_with(a=0.03, b=0.003, c=0.01, alpha=0.0)
+    d.model = None  # the suffix index alone
+    d.alpha["suffix2"] = measured(0.95)
+    d.alpha["fresh-suffix2"] = measured(0.05)
+    params, rng = SamplingParams(), np.random.default_rng(0)
+    old = [*range(100, 160), *range(5, 30)]  # a completion's prompt, then its middle
+    d.predict(Prediction([1], 60, anchored=False))
+    d.draft(old, 8, params, rng)
+    keystroke = [*old[:40], 42, *old[40:60], 77, 5, 6]  # most of it the last prompt
+    d.predict(Prediction([1], 61, anchored=False))
+    assert d.draft(keystroke, 8, params, rng).tokens[:3] == [7, 8, 9]
+    assert d.free_key() == "suffix2"
+    fresh = [*range(300, 360), 77, 5, 6]  # another file, with the same 2-token run
+    d.predict(Prediction([1], 60, anchored=False))
+    assert d.draft(fresh, 8, params, rng).tokens == []
+    assert d.key("suffix", 2) == "fresh-suffix2"
+    d.predict(None)  # a chat's turn: its suffix matches are never a fresh completion's
+    assert d.draft([*range(400, 460), 77, 5, 6], 8, params, rng).tokens[:3] == [7, 8, 9]
+
+
 def test_a_pass_with_the_grammars_forced_tokens_times_its_whole_size():
     """Jump-forward: a round's pass holds the forced tokens before the drafter's. Its
     time teaches T of the whole pass, not a pro-rata share as T of the drafter's part (a
