@@ -364,17 +364,25 @@ async def test_a_pair_that_fails_to_load_is_a_notification():
         assert "No models are loaded" in list(app._notifications)[-1].message
 
 
+def saying(*lines: str, fail: Exception | None = None):
+    """The scripted loader, saying `lines` of what it does as a real load does."""
+    inner = scripted_loader(REPLY, fail=fail)
+
+    def loader(spec: PairSpec, say: Callable[[str], None]):
+        for line in lines:
+            say(line)
+        return inner(spec, say)
+
+    return loader
+
+
 @pytest.mark.parametrize("fail", [None, LoadFailed("not enough memory")])
 async def test_what_a_load_is_doing_is_withdrawn_once_it_is_done(fail):
     """A toast left up would cover the stats panel through the first answer (the smoke
     test's TTFT line, on a machine that loads and answers within the toast's 5 s)."""
-    inner = scripted_loader(REPLY, fail=fail)
-
-    def loader(spec: PairSpec, say: Callable[[str], None]):
-        say("making a CPU-fast Q4_0 copy of the draft (once)")
-        say("loading the target")
-        return inner(spec, say)
-
+    loader = saying(
+        "making a CPU-fast Q4_0 copy of the draft (once)", "loading the target", fail=fail
+    )
     app = ChatApp(loader, SPEC, memory=lambda: FAKE_MEMORY)
     async with app.run_test() as pilot:
         await ready(pilot)
@@ -388,13 +396,7 @@ async def test_a_textual_without_a_withdraw_still_says_what_a_load_is_doing(monk
     """The withdraw uses Textual's private notification collection; a Textual without it
     gets the toasts as `notify` gives them (they time out) and loads all the same."""
     monkeypatch.setattr(ChatApp, "can_withdraw_toasts", lambda self: False)
-    inner = scripted_loader(REPLY)
-
-    def loader(spec: PairSpec, say: Callable[[str], None]):
-        say("loading the target")
-        return inner(spec, say)
-
-    app = ChatApp(loader, SPEC, memory=lambda: FAKE_MEMORY)
+    app = ChatApp(saying("loading the target"), SPEC, memory=lambda: FAKE_MEMORY)
     async with app.run_test() as pilot:
         await ready(pilot)
         await pilot.pause()
