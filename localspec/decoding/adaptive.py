@@ -116,8 +116,9 @@ SAMPLED_LEAD_PRIOR = 0.9
 # short runs of which are noise, while at a keystroke the same short runs re-join the last
 # middle and are nearly always right. One α per run length served both: fresh requests
 # drafted 3-4 deep on the keystrokes' α and lost (F16 target, 2 cores of an EPYC: 0 of
-# 16, 20 and 40 drafted tokens in three first requests). So they keep α apart.
+# 20, 15 and 40 drafted tokens in three first requests). So they keep α apart.
 REVISIT = 0.5
+FRESH = "fresh-"  # the prefix of a fresh completion's suffix keys
 
 
 @dataclass
@@ -580,9 +581,6 @@ def prediction_key(n: int) -> str:
     """The acceptance key of a prediction alignment of run length n."""
     at_least = max((m for m in PREDICTION_PRIOR if m <= n), default=min(PREDICTION_PRIOR))
     return f"prediction{at_least}"
-
-
-FRESH = "fresh-"  # the prefix of a fresh completion's suffix keys
 
 
 def free_key(source: str, n: int) -> str:
