@@ -14,6 +14,9 @@ without the draft: the server's cost over it. `--no-peer` leaves llama-server ou
 machine without the peer build, such as a GPU one).
 The editing suite (`--suite edit`) asks for small changes to a ~150-line file, with and
 without `prediction` (= the original file), against `localspec serve` only.
+Each server's request (or round) is timed alone: the bench waits until a server is idle
+before the next one's (localspec's draft model reads ahead after answering; /health's
+`reading_ahead`).
 
 Many clients (`--suite clients --clients N`): N streaming chat clients at once, each
 round N of the bench's prompts, against `localspec serve --parallel N` and
