@@ -22,11 +22,11 @@ from collections.abc import Sequence
 
 from localspec.backends.llama import LlamaModel, LoadOptions
 from localspec.bench.fim import cut_cases
-from localspec.decoding.adaptive import ngram_key, prediction_key
 from localspec.decoding.drafters import NgramIndex, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished
 from localspec.decoding.prediction import Prediction
+from localspec.decoding.priors import ngram_key, prediction_key
 from localspec.decoding.sampling import SamplingParams
 from localspec.server.infill import ExtraChunk, InfillLines, infill_prompt
 

@@ -464,15 +464,15 @@ def test_under_load_a_round_times_only_itself_alone():
 
 
 def test_a_completion_starts_from_the_priors_fitted_for_completions():
-    from localspec.decoding.adaptive import (
+    from localspec.decoding.adaptive import AdaptiveDrafter
+    from localspec.decoding.prediction import Prediction
+    from localspec.decoding.priors import (
         FIM_NGRAM_PRIOR,
         FIM_PREDICTION_PRIOR,
         NGRAM_PRIOR,
-        AdaptiveDrafter,
         ngram_key,
         prediction_key,
     )
-    from localspec.decoding.prediction import Prediction
 
     auto = AdaptiveDrafter()
     auto.alpha[ngram_key(4)].observe(4, 4)  # what a conversation taught it
