@@ -300,9 +300,15 @@ class Worker:
                 slot.take(None)  # the job's cancel is its own: not left on the models
                 with self._lock:
                     self._mean_s += 0.2 * (time.perf_counter() - started - self._mean_s)
-                    slot.job, slot.last_used = None, time.monotonic()
-                    slot.reading_ahead = True
-                    self._dispatch()
+                    if slot.job is job:  # not released as it finished (failed, cancelled)
+                        self._release(slot)
+
+    def _release(self, slot: Slot) -> None:
+        """The slot is free for the next job (under the lock); its draft model may read
+        ahead until one comes, so it counts as reading ahead from now on."""
+        slot.job, slot.last_used = None, time.monotonic()
+        slot.reading_ahead = True
+        self._dispatch()
 
     def _next_job(self, slot: Slot) -> Job | None:
         """The slot's next job; until it comes, its draft model reads ahead."""
@@ -367,6 +373,10 @@ class Worker:
                 if isinstance(event, Finished):
                     finished = True
                     self._observe(job, event)
+                    # free before the client hears of it: its next request (the next
+                    # keystroke, at once) finds this slot's cache, not another slot's
+                    with self._lock:
+                        self._release(slot)
                 if isinstance(event, RoundEnd | Finished) or not sent_first:
                     sent_first = sent_first or isinstance(event, Piece)
                     job.deliver(batch)
