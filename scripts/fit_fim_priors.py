@@ -28,7 +28,7 @@ from localspec.decoding.events import Finished
 from localspec.decoding.prediction import Prediction
 from localspec.decoding.priors import ngram_key, prediction_key
 from localspec.decoding.sampling import SamplingParams
-from localspec.server.infill import ExtraChunk, InfillLines, infill_prompt
+from localspec.server.infill import ExtraChunk, InfillLines, infill_prompt, middle_config
 
 GAMMA = 8
 
@@ -67,6 +67,7 @@ def main() -> None:
             SamplingParams(temperature=0),
             lines=InfillLines(case.suffix, len(case.typed)),
         )
+        config = middle_config(built, config, model)  # the typed text opens it, as served
         done = list(Engine(model, NoDrafter(), 0).generate(built.tokens, config))[-1]
         assert isinstance(done, Finished)
         answer = list(done.tokens)

@@ -17,10 +17,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from localspec.decoding.events import Event, Finished, Piece, Stats, StopReason
+from localspec.decoding.events import Event, Finished, Piece, RoundEnd, Stats, StopReason
 from localspec.server.calls import Rewriter, rewriter
 from localspec.server.chat import ToolCall, ToolCallDeltas, ToolCallStream
 from localspec.server.errors import ApiError
+from localspec.server.infill import Unopened
 from localspec.server.prepare import Prepared
 from localspec.server.worker import SHUTTING_DOWN, Failed, Job
 from localspec.thinking import Split
@@ -60,6 +61,8 @@ class Answer:
         self.reasoning_tokens = 0
         self._opening = 0  # tokens that may be opening a thinking block
         self.done: Finished | None = None  # the Finished event, once it came
+        # a middle's opening is the client's own typed text: not sent back
+        self.unopened = Unopened(prepared.opening, token_bytes) if prepared.opening else None
 
     # --- not streamed ----------------------------------------------------------------
     async def collect(
@@ -218,11 +221,21 @@ class Answer:
             async for event in self.job.events():
                 if isinstance(event, Failed):
                     raise failure(event)
-                if isinstance(event, Finished):
-                    self.done = event
-                yield event
+                if (shown := self.shown(event)) is None:
+                    continue
+                if isinstance(shown, Finished):
+                    self.done = shown
+                yield shown
         finally:  # over either way: a slot stops within the round, the queue drops it
             self.withdraw(self.job)
+
+    def shown(self, event: Event) -> Event | None:
+        """The event as the client sees it: a middle's without its opening."""
+        if self.unopened is None or isinstance(event, RoundEnd):
+            return event
+        if isinstance(event, Finished):
+            return self.unopened.finished(event)
+        return self.unopened.piece(event)
 
     def chat_chunk(
         self, delta: dict[str, Any], reason: str | None = None, logprobs: Any = None

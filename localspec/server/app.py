@@ -393,6 +393,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
                 prepared.truncated,
                 prepared.lines,
                 body.return_tokens,
+                answered.unopened.inside if answered.unopened else 0,
             )
             return pick_fields(whole, body.response_fields)
 

@@ -5,7 +5,10 @@ The prompt is built as llama-server builds it, from the FIM tokens the GGUF decl
 repository layout where the model has one (`<|repo_name|>myproject`, a `<|file_sep|>name`
 before each extra chunk, then the current file), the prefix cut to its last 3/4 of a
 batch and the suffix to its first 1/4, the extra chunks in what is left of the context
-after the answer. The text after the cursor and the extra chunks are a free draft source
+after the answer. One difference: the text typed on the cursor's line opens the middle
+(localspec.decoding.opening) instead of closing the prefix, so a keystroke on that line
+reads one token again, not the suffix; the client gets the middle after it, as from
+llama-server. The text after the cursor and the extra chunks are a free draft source
 for the request (the middle often re-joins the suffix, repeats a neighbouring line, or
 copies from another file), and the answer is judged line by line as it completes: it
 stops where a line repeats the suffix's first line (dropped), where a later line is
@@ -15,13 +18,17 @@ indented less than `n_indent`, and at the first line end after `t_max_predict_ms
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import Field
 
 from localspec.backends.base import FimTokens, Model
-from localspec.decoding.events import Finished, StopReason
+from localspec.decoding.drafters import NoDrafter
+from localspec.decoding.engine import Engine, GenerationConfig
+from localspec.decoding.events import Finished, Piece, StopReason
+from localspec.decoding.opening import Opening
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.text import Verdict
 from localspec.server.errors import ApiError
@@ -82,6 +89,71 @@ class InfillPrompt:
     tokens: list[int]
     truncated: bool  # the prefix, the suffix or the extra chunks were cut
     source: list[int]  # the suffix and extra chunks as kept: the free draft source
+    opening: str = ""  # the typed text the middle opens with (the client has it)
+    opening_tokens: int = 0  # how many tokens the tokenizer splits it into
+
+
+@dataclass
+class Unopened:
+    """The answer as the client gets it, without the opening it already has: a piece
+    inside the opening is dropped, one across its end keeps what follows it, and the
+    end's text and tokens lose it."""
+
+    opening: str
+    token_bytes: Callable[[int], bytes]
+    left: int = 0  # characters of the opening not yet passed
+    inside: int = 0  # the answer's tokens that spell the opening (once it finished)
+
+    def __post_init__(self) -> None:
+        self.left = len(self.opening)
+
+    def piece(self, piece: Piece) -> Piece | None:
+        if self.left <= 0 or not piece.text:
+            return piece
+        if len(piece.text) <= self.left:
+            self.left -= len(piece.text)
+            return None
+        text, self.left = piece.text[self.left :], 0
+        return replace(piece, text=text)
+
+    def finished(self, done: Finished) -> Finished:
+        """The middle alone (nothing where the line rule dropped the opening's line)."""
+        text = done.text[len(self.opening) :] if done.text.startswith(self.opening) else ""
+        self.inside = spelled_within(done.tokens, self.opening, self.token_bytes)
+        return replace(done, text=text, tokens=done.tokens[self.inside :])
+
+
+def spelled_within(tokens: Sequence[int], text: str, token_bytes: Callable[[int], bytes]) -> int:
+    """How many of the first `tokens` lie wholly inside `text` (one that runs past its
+    end is the middle's)."""
+    size, spelled = len(text.encode()), 0
+    for inside, token in enumerate(tokens):
+        spelled += len(token_bytes(token))
+        if spelled > size:
+            return inside
+    return len(tokens)
+
+
+def middle_config(built: InfillPrompt, config: GenerationConfig, model: Model) -> GenerationConfig:
+    """A middle that opens with the typed text: the opening as a grammar, its tokens
+    beyond the client's limit (nothing where nothing is asked for: a warm-up)."""
+    if not built.opening or not config.max_tokens:
+        return config
+    n = config.max_tokens + built.opening_tokens
+    return replace(config, grammar=Opening(model, built.opening), max_tokens=n)
+
+
+def opening_tokens(model: Model, built: InfillPrompt) -> list[int]:
+    """The tokens greedy decoding spells the opening with, to replay a middle's passes
+    (the fim bench's audit)."""
+    if not built.opening:
+        return []
+    limit = len(built.opening.encode())  # a token spells one byte at the least
+    grammar = Opening(model, built.opening)
+    config = GenerationConfig(limit, SamplingParams(temperature=0), grammar=grammar)
+    done = list(Engine(model, NoDrafter(), 0).generate(built.tokens, config))[-1]
+    assert isinstance(done, Finished)
+    return list(done.tokens[: spelled_within(done.tokens, built.opening, model.token_bytes)])
 
 
 def fim_tokens_of(model: Model) -> FimTokens:
@@ -107,7 +179,9 @@ def infill_prompt(
     n_predict: int,
     n_ctx: int,
 ) -> InfillPrompt:
-    """The prompt llama-server's format_prompt_infill builds, token for token."""
+    """The prompt llama-server's format_prompt_infill builds, token for token, but for
+    the `typed` text: the middle opens with it (its budget is taken from the suffix's as
+    llama-server takes it)."""
     fim = fim_tokens_of(model)
 
     def tok(text: str) -> list[int]:
@@ -137,7 +211,6 @@ def infill_prompt(
         *bos,
         fim.pre,
         *prefix_tokens[len(prefix_tokens) - n_prefix :],
-        *typed_tokens,
         fim.suf,
         *kept_suffix,
         fim.mid,
@@ -147,7 +220,7 @@ def infill_prompt(
         or n_suffix < len(suffix_tokens)
         or n_extra < len(extra_tokens)
     )
-    return InfillPrompt(tokens, truncated, [*kept_suffix, *kept_extra])
+    return InfillPrompt(tokens, truncated, [*kept_suffix, *kept_extra], typed, len(typed_tokens))
 
 
 @dataclass
@@ -223,8 +296,10 @@ def infill_body(
     truncated: bool,
     lines: InfillLines | None,
     tokens: bool = False,
+    opened: int = 0,
 ) -> dict[str, Any]:
-    """llama-server's /infill (and /completion) response."""
+    """llama-server's /infill (and /completion) response; `opened`: the tokens of the
+    opening, in the slot's context but not in the middle."""
     s, n = done.stats, len(done.tokens)
     # with no token asked for (an editor's cache warm-up), all of it was reading
     prompt_ms = (s.ttft_s if n else s.elapsed_s) * 1e3
@@ -244,7 +319,7 @@ def infill_body(
         "truncated": truncated,
         "stop_type": stop_type(done.stop_reason, lines),
         "stopping_word": done.stop_string or "",
-        "tokens_cached": prompt_tokens + n,  # what the slot's context holds now
+        "tokens_cached": prompt_tokens + opened + n,  # what the slot's context holds now
         "timings": {
             "prompt_n": read,
             "prompt_ms": prompt_ms,

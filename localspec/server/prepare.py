@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 from fastapi import Request
 
-from localspec.backends.base import ModelError
+from localspec.backends.base import Model, ModelError
 from localspec.backends.llama import LlamaModel
 from localspec.backends.llama_grammar import (
     GrammarError,
@@ -22,6 +22,7 @@ from localspec.backends.llama_grammar import (
 )
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.grammar import Grammar
+from localspec.decoding.opening import Opening
 from localspec.server.calls import gemma_tool_responses, llama_builtins, shown_markers
 from localspec.server.chat import (
     CALL_STYLE,
@@ -40,6 +41,7 @@ from localspec.server.infill import (
     InfillPrompt,
     InfillRequest,
     infill_prompt,
+    middle_config,
 )
 from localspec.server.native import token_ids
 from localspec.server.schemas import (
@@ -67,16 +69,26 @@ class Prepared:
     source: list[int] | None = None  # a free draft source (FIM: the suffix, other files)
     truncated: bool = False  # the FIM prompt was cut to fit
     lines: InfillLines | None = None  # a middle's line rule (FIM)
+    opening: str = ""  # the typed text a middle opens with, not sent back (FIM)
     thinking: Thinking | None = None  # how the model writes its reasoning (None: it does not)
     after_result: bool = False  # the answer follows a tool's result (calls.rewriter)
 
     @classmethod
-    def infill(cls, built: InfillPrompt, config: GenerationConfig, lines: InfillLines) -> Prepared:
-        """A fill-in-the-middle prompt: its suffix and extra chunks draft, and the middle
+    def infill(
+        cls, built: InfillPrompt, config: GenerationConfig, lines: InfillLines, model: Model
+    ) -> Prepared:
+        """A fill-in-the-middle prompt: its suffix and extra chunks draft, the middle
+        opens with the typed text (as a grammar, its tokens beyond the client's limit) and
         is judged line by line."""
-        config = replace(config, lines=lines)
+        config = middle_config(built, config, model)
+        opening = built.opening if isinstance(config.grammar, Opening) else ""
         return cls(
-            built.tokens, config, source=built.source, truncated=built.truncated, lines=lines
+            built.tokens,
+            replace(config, lines=lines),
+            source=built.source,
+            truncated=built.truncated,
+            lines=lines,
+            opening=opening,
         )
 
 
@@ -170,17 +182,15 @@ def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
     if body.suffix:  # OpenAI's fill-in-the-middle: the prompt before the cursor
         if not isinstance(given, str):
             raise ApiError(400, "a prompt with a suffix must be text, not token ids", "prompt")
+        limit, n_ctx = body.token_limit() or COMPLETION_DEFAULT_TOKENS, session.target.n_ctx
+        line = given.rfind("\n") + 1  # the cursor's line opens the middle (infill.py)
         built = infill_prompt(
-            session.target,
-            given,
-            body.suffix,
-            [],
-            "",
-            body.token_limit() or COMPLETION_DEFAULT_TOKENS,
-            session.target.n_ctx,
+            session.target, given[:line], body.suffix, [], given[line:], limit, n_ctx
         )
         config = generation_config(body, built.tokens, session, COMPLETION_DEFAULT_TOKENS)
-        return Prepared.infill(built, config, InfillLines(body.suffix))
+        if config.grammar is not None:  # the request's grammar rules the middle from its start
+            built = infill_prompt(session.target, given, body.suffix, [], "", limit, n_ctx)
+        return Prepared.infill(built, config, InfillLines(body.suffix), session.target)
     prompt = prompt_tokens(given, session)
     return Prepared(prompt, generation_config(body, prompt, session, COMPLETION_DEFAULT_TOKENS))
 
@@ -216,7 +226,8 @@ def prepare_infill(body: InfillRequest, session: Session) -> Prepared:
     room = room_for(built.tokens, session, "input_prefix")
     limit = room if body.n_predict < 0 else min(body.n_predict, room)
     lines = InfillLines(body.input_suffix, body.n_indent, body.t_max_predict_ms / 1e3)
-    return Prepared.infill(built, GenerationConfig(limit, body.sampling(), body.stops()), lines)
+    config = GenerationConfig(limit, body.sampling(), body.stops())
+    return Prepared.infill(built, config, lines, session.target)
 
 
 def room_for(prompt: list[int], session: Session, param: str) -> int:

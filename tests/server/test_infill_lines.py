@@ -1,11 +1,14 @@
 """A middle's line rule as the text streams (fast: no model): where it re-joins the text
 after the cursor, what of the line breaks before that line it keeps, and llama-server's
-indentation and time rules."""
+indentation and time rules; the typed text taken off the middle."""
+
+from dataclasses import replace
 
 import pytest
 
+from localspec.decoding.events import Finished, Piece, Stats
 from localspec.decoding.text import TextStream
-from localspec.server.infill import InfillLines
+from localspec.server.infill import InfillLines, Unopened
 
 
 def middle(written: str, suffix: str, stops: tuple[str, ...] = (), **rule) -> str:
@@ -67,3 +70,16 @@ def test_llama_servers_indentation_and_time_rules_keep_their_line_breaks():
     assert shown == "x = 1\n"
     shown = middle("a\n\nb\nc\n", "", t_max_predict_s=1e-9)
     assert shown == "a\n"
+
+
+def test_the_client_gets_the_middle_without_the_text_it_typed():
+    """The typed text opens the answer (the opening grammar); what is streamed and what
+    ends it lose it, a token that runs past it keeps what follows (fast: no model)."""
+    pieces = {1: b"   ", 2: b" s", 3: b"elf", 4: b".x"}  # `    se` typed: `elf` runs past it
+    cut = Unopened("    se", lambda t: pieces[t])
+    shown = [cut.piece(Piece(pieces[t].decode(), t, "target")) for t in pieces]
+    assert [p.text if p else None for p in shown] == [None, None, "lf", ".x"]
+    done = cut.finished(Finished("    self.x", (1, 2, 3, 4), "eog", Stats()))
+    assert (done.text, done.tokens, cut.inside) == ("lf.x", (3, 4), 2)
+    # the line rule dropped the typed line: nothing is left of the middle
+    assert Unopened("    se", lambda t: pieces[t]).finished(replace(done, text="")).text == ""

@@ -1,0 +1,66 @@
+"""The opening grammar (a middle that opens with the typed text): which tokens may spell
+it, and speculation under it (greedy output is constrained plain decoding's)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.backends.toy import ToyModel, markov
+from localspec.decoding.drafters import DraftModel, NgramDrafter, NoDrafter
+from localspec.decoding.engine import Engine, GenerationConfig
+from localspec.decoding.events import Finished
+from localspec.decoding.opening import Opening
+from localspec.decoding.sampling import SamplingParams
+
+PIECES = [b"", b"    ", b"   ", b" ", b" s", b" self", b"s", b"se", b"self", b"elf", b"x"]
+
+
+class Vocabulary:
+    """A model's vocabulary only: what Opening reads (token 0 a control token)."""
+
+    n_vocab = len(PIECES)
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        return PIECES[token]
+
+
+def ids(*pieces: bytes) -> list[int]:
+    return sorted(PIECES.index(p) for p in pieces)
+
+
+def test_the_tokens_that_may_spell_what_is_left_of_the_opening():
+    state = Opening(Vocabulary(), "    s").start()  # type: ignore[arg-type]
+    # a start of it, or a token that runs past its end; never a control token
+    assert state.spelling().tolist() == ids(b"    ", b"   ", b" ")
+    assert not state.allows(0) and not state.allows(PIECES.index(b" self"))
+    state.accept(PIECES.index(b"   "))
+    assert state.spelling().tolist() == ids(b" ", b" s", b" self")
+    row = state.mask(np.zeros(len(PIECES)))
+    assert np.flatnonzero(np.isfinite(row)).tolist() == ids(b" ", b" s", b" self")
+    twin = state.clone()
+    twin.accept(PIECES.index(b" self"))  # past the opening's end: the answer is free
+    assert twin.spelling() is None and twin.allows(0) and twin.forced_text(8) == b""
+    assert state.forced_text(8) == b" s"  # the clone moved alone
+    asked = np.array([PIECES.index(b"x"), PIECES.index(b" s")])
+    assert state.allowed(asked).tolist() == [False, True]
+
+
+def test_an_opening_no_token_spells_forces_nothing():
+    state = Opening(Vocabulary(), "q").start()  # type: ignore[arg-type]
+    assert state.spelling() is None and state.allows(PIECES.index(b"x"))
+
+
+@pytest.mark.parametrize("make", ["none", "ngram", "draft"])
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_greedy_speculation_under_an_opening_is_constrained_plain_decoding(make, gamma):
+    target = ToyModel(markov(258, seed=3), n_vocab=258)
+    draft = ToyModel(markov(258, seed=3, scale=1.5), n_vocab=258)
+    drafters = {"none": NoDrafter(), "ngram": NgramDrafter(), "draft": DraftModel(draft)}
+    prompt = list(b"def f(x):\n")
+    config = GenerationConfig(24, SamplingParams(temperature=0), grammar=Opening(target, "  ret"))
+    plain = list(Engine(target, NoDrafter(), 0).generate(prompt, config))[-1]
+    spec = list(Engine(target, drafters[make], gamma).generate(prompt, config))[-1]
+    assert isinstance(plain, Finished) and isinstance(spec, Finished)
+    assert bytes(plain.tokens[:5]) == b"  ret"  # one byte a token here
+    assert spec.tokens == plain.tokens
