@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException
 
 from localspec import version
 from localspec.decoding.events import Event, Finished
+from localspec.decoding.opening import pieces_of
 from localspec.server import anthropic, native, responses
 from localspec.server.answer import Answer, as_function_call, as_function_call_chunks, short_id, sse
 from localspec.server.errors import ApiError, error_body
@@ -87,6 +88,8 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if session.target.fim_tokens().complete:  # not on the first completion's time
+            pieces_of(session.target)
         worker.start()
         yield
         worker.stop()
