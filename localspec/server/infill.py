@@ -180,8 +180,9 @@ def infill_prompt(
     n_ctx: int,
 ) -> InfillPrompt:
     """The prompt llama-server's format_prompt_infill builds, token for token, but for
-    the `typed` text: the middle opens with it (its budget is taken from the suffix's as
-    llama-server takes it)."""
+    the `typed` text's last line: the middle opens with it (its budget is taken from the
+    suffix's as llama-server takes it). Whole lines before it close the prefix, as there:
+    the middle's line rule must not judge (and drop) text the client wrote."""
     fim = fim_tokens_of(model)
 
     def tok(text: str) -> list[int]:
@@ -199,9 +200,13 @@ def infill_prompt(
     if fim.sep >= 0:
         extra_tokens += [fim.sep, *tok(CURRENT_FILE)]
 
-    prefix_tokens, suffix_tokens, typed_tokens = tok(prefix), tok(suffix), tok(typed)
+    cut = typed.rfind("\n") + 1
+    lines, typed = typed[:cut], typed[cut:]
+    prefix_tokens, suffix_tokens = tok(prefix), tok(suffix)
+    lines_tokens, typed_tokens = tok(lines), tok(typed)
     n_prefix = min(len(prefix_tokens), 3 * (INFILL_BATCH // 4))
-    n_suffix = min(len(suffix_tokens), max(0, INFILL_BATCH // 4 - (2 + len(typed_tokens))))
+    n_typed = len(lines_tokens) + len(typed_tokens)
+    n_suffix = min(len(suffix_tokens), max(0, INFILL_BATCH // 4 - (2 + n_typed)))
     n_extra = min(max(0, n_ctx - INFILL_BATCH - 2 * n_predict), len(extra_tokens))
     kept_suffix = suffix_tokens[:n_suffix]
     kept_extra = extra_tokens[len(extra_tokens) - n_extra :]
@@ -211,6 +216,7 @@ def infill_prompt(
         *bos,
         fim.pre,
         *prefix_tokens[len(prefix_tokens) - n_prefix :],
+        *lines_tokens,
         fim.suf,
         *kept_suffix,
         fim.mid,

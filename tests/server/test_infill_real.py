@@ -193,6 +193,17 @@ def test_a_warm_up_reads_the_extra_context_and_the_next_keystroke_little(
     assert "draft_n" not in read["timings"]  # nothing was drafted: as llama-server, no counts
 
 
+def test_the_typed_text_opens_the_middle_but_its_whole_lines_close_the_prefix(session):
+    """Only the cursor's line opens the middle: lines a client sends in `prompt` before
+    it are read as llama-server reads them, where the line rule cannot drop them."""
+    built = infill_prompt(session.target, PREFIX, SUFFIX, [], "    x = 1\n    ret", 8, 4096)
+    fim = session.target.fim_tokens()
+    lines = session.target.tokenize("    x = 1\n", special=False)
+    before_suffix = built.tokens[: built.tokens.index(fim.suf)]
+    assert built.opening == "    ret" and before_suffix[-len(lines) :] == lines
+    assert built.tokens[-1] == fim.mid
+
+
 def test_openai_suffix_and_a_client_templated_prompt(client: TestClient):
     r = client.post(
         "/v1/completions",
