@@ -204,6 +204,21 @@ def test_the_typed_text_opens_the_middle_but_its_whole_lines_close_the_prefix(se
     assert built.tokens[-1] == fim.mid
 
 
+def test_a_streamed_middle_is_the_whole_one_without_the_typed_text(client: TestClient):
+    """llama-server's /infill stream: {content} pieces, then the whole response with empty
+    content; the pieces make the middle the unstreamed request gets, and none of them
+    repeats what was typed."""
+    body = vscode_body(PREFIX, SUFFIX, "    retu", n_predict=16)
+    whole = client.post("/infill", json=body).json()
+    with client.stream("POST", "/infill", json=body | {"stream": True}) as r:
+        assert r.status_code == 200
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert chunks[-1]["stop"] is True and chunks[-1]["content"] == ""
+    streamed = "".join(c["content"] for c in chunks[:-1])
+    assert streamed == whole["content"] and streamed.startswith("rn"), streamed
+    assert chunks[-1]["tokens_predicted"] == whole["tokens_predicted"]
+
+
 def test_openai_suffix_and_a_client_templated_prompt(client: TestClient):
     r = client.post(
         "/v1/completions",
