@@ -229,6 +229,34 @@ def infill_prompt(
     return InfillPrompt(tokens, truncated, [*kept_suffix, *kept_extra], typed, len(typed_tokens))
 
 
+@dataclass(frozen=True)
+class Templated:
+    """A FIM prompt the client wrote itself (Continue, Twinny, llama.vscode's OpenAI
+    mode: `<|fim_prefix|>…<|fim_suffix|>…<|fim_middle|>`), its typed text taken out."""
+
+    text: str  # the prompt without the prefix's last line
+    opening: str  # that line: the middle opens with it
+    source: str  # the suffix and what stands before the prefix (other files): a free draft
+
+
+def templated_fim(model: Model, prompt: str) -> Templated | None:
+    """The client's FIM prompt, where it ends with the model's middle token and holds
+    its prefix and suffix tokens once each, in order; None for any other prompt."""
+    fim = model.fim_tokens()
+    if not fim.complete:
+        return None
+    pre, suf, mid = (model.token_text(t) for t in (fim.pre, fim.suf, fim.mid))
+    if not prompt.endswith(mid) or prompt.count(pre) != 1 or prompt.count(suf) != 1:
+        return None
+    head, rest = prompt.split(suf)
+    if pre not in head:
+        return None
+    start = head.index(pre) + len(pre)
+    cut = max(head.rfind("\n") + 1, start)
+    source = rest[: -len(mid)] + head[: head.index(pre)]
+    return Templated(head[:cut] + suf + rest, head[cut:], source)
+
+
 @dataclass
 class InfillLines:
     """The line rule of a middle (text.LineRule): where it re-joins the suffix, runs

@@ -42,6 +42,7 @@ from localspec.server.infill import (
     InfillRequest,
     infill_prompt,
     middle_config,
+    templated_fim,
 )
 from localspec.server.native import token_ids
 from localspec.server.schemas import (
@@ -75,7 +76,11 @@ class Prepared:
 
     @classmethod
     def infill(
-        cls, built: InfillPrompt, config: GenerationConfig, lines: InfillLines, model: Model
+        cls,
+        built: InfillPrompt,
+        config: GenerationConfig,
+        lines: InfillLines | None,
+        model: Model,
     ) -> Prepared:
         """A fill-in-the-middle prompt: its suffix and extra chunks draft, the middle
         opens with the typed text (as a grammar, its tokens beyond the client's limit) and
@@ -192,14 +197,36 @@ def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
             built = infill_prompt(session.target, given, body.suffix, [], "", limit, n_ctx)
         return Prepared.infill(built, config, InfillLines(body.suffix), session.target)
     prompt = prompt_tokens(given, session)
-    return Prepared(prompt, generation_config(body, prompt, session, COMPLETION_DEFAULT_TOKENS))
+    config = generation_config(body, prompt, session, COMPLETION_DEFAULT_TOKENS)
+    return templated_or_not(given, prompt, config, session)
 
 
 def prepare_llama_completion(body: LlamaCompletionRequest, session: Session) -> Prepared:
     """llama-server's /completion: the prompt as given (text, or token ids)."""
     body.refuse_unsupported()
     prompt = prompt_tokens(body.prompt, session)
-    return Prepared(prompt, generation_config(body, prompt, session, None))
+    config = generation_config(body, prompt, session, None)
+    return templated_or_not(body.prompt, prompt, config, session)
+
+
+def templated_or_not(
+    given: str | list[int], prompt: list[int], config: GenerationConfig, session: Session
+) -> Prepared:
+    """A FIM prompt the client templated itself (Continue's autocomplete) is served as
+    /infill's: the typed text opens the middle, the suffix and other files draft; where
+    the request has a grammar of its own, and for any other prompt, as it is."""
+    fim = templated_fim(session.target, given) if isinstance(given, str) else None
+    if fim is None or config.grammar is not None:
+        return Prepared(prompt, config)
+    model = session.target
+    built = InfillPrompt(
+        session.tokenize_raw(fim.text),
+        False,
+        model.tokenize(fim.source, special=False),
+        fim.opening,
+        len(model.tokenize(fim.opening, special=False)),
+    )
+    return Prepared.infill(built, config, None, model)
 
 
 def prompt_tokens(given: str | list[int], session: Session) -> list[int]:

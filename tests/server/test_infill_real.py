@@ -245,6 +245,29 @@ def test_openai_suffix_and_a_client_templated_prompt(client: TestClient):
     assert "math.pi" in text and "<|" not in text
 
 
+def test_a_client_templated_keystroke_reads_one_token(client: TestClient):
+    """Continue's autocomplete templates the prompt itself, the typed text at the end of
+    the prefix: served as /infill's, the typed text opens the middle (not sent back), so
+    the next keystroke's prompt is the last one's; llama.vscode's OpenAI mode too, to
+    llama-server's /completion."""
+
+    def complete(path: str, typed: str) -> tuple[str, dict]:
+        templated = f"<|fim_prefix|>{PREFIX}{typed}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
+        body = {"prompt": templated, "max_tokens": 8, "temperature": 0}
+        answer = client.post(path, json=body).json()
+        if path == "/completion":
+            return answer["content"], answer["timings"]
+        usage = answer["usage"]
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        return answer["choices"][0]["text"], {"prompt_n": usage["prompt_tokens"] - cached}
+
+    for path in ("/v1/completions", "/completion"):
+        first, _ = complete(path, "    ret")
+        again, read = complete(path, "    retu")
+        assert first.startswith("urn") and again.startswith("rn"), (first, again)
+        assert read["prompt_n"] == 1, read
+
+
 def test_the_middle_stops_where_it_rejoins_the_suffix(client: TestClient):
     prefix = "def add(a, b):\n    "
     suffix = "\n\ndef sub(a, b):\n    return a - b\n"
