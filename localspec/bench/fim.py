@@ -45,6 +45,8 @@ KINDS = ("line", "lines", "block")
 # llama.vim sends 256 lines before the cursor, 64 after and chunks of 64 lines; these
 # are smaller, so that a case takes seconds, not a minute, on a laptop's CPU
 PREFIX_LINES, SUFFIX_LINES, EXTRA_LINES = 32, 8, 24
+# where llama-server's middle differs from localspec's: not a near-tie to judge
+ANOTHER = "another prompt (llama-server reads the typed text before the suffix)"
 MAX_BLOCK = 12  # a function body of at most this many lines
 SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "lib2to3", "encodings", "__pycache__"}
 
@@ -315,7 +317,7 @@ def audit_agreement(
         for row, a, b in differ:
             case = by_name[row.case]
             if case.typed and not row.mode.startswith("localspec"):
-                row.audit = "another prompt: llama-server reads the typed text before the suffix"
+                row.audit = ANOTHER
                 continue
             extra = [ExtraChunk(filename=f, text=t) for f, t in case.extra]
             built = infill_prompt(
@@ -396,9 +398,12 @@ def to_markdown(report: FimReport) -> str:
             f"{m} {statistics.median(by[m, c].first['latency_s'] for c in kc):.2f}" for m in modes
         ]
         lines.append(f"\n{kind} ({len(kc)}): median latency " + ", ".join(cells))
-    audits = [f"- {r.case} {r.mode}: {r.audit}" for r in rows if r.audit]
+    audits = [f"- {r.case} {r.mode}: {r.audit}" for r in rows if r.audit not in ("", ANOTHER)]
     if audits:
         lines += ["", f"Differences from localspec-plain's middle ({JUDGED}):", *audits]
+    if others := sorted({r.mode for r in rows if r.audit == ANOTHER}):
+        n = sum(r.audit == ANOTHER for r in rows)
+        lines += ["", f"Not audited: {n} middles of {', '.join(others)}, from {ANOTHER}."]
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from localspec.bench.fim import (
+    ANOTHER,
     KINDS,
     FimReport,
     FimRow,
@@ -79,6 +80,7 @@ def test_the_report_gives_ratios_to_llama_server_plain_and_the_worst_case():
         row("b.py:1", "localspec-auto", 4.4, False),
     ]
     rows[-1].audit = "near-tie: token 3, logit gap 0.120"
+    rows[0].agrees, rows[0].audit = False, ANOTHER  # llama-server's middle: another prompt
     cases = [{"name": "a.py:1", "kind": "line"}, {"name": "b.py:1", "kind": "line"}]
     md = to_markdown(FimReport({}, cases, rows))
     auto = next(line for line in md.splitlines() if line.startswith("| localspec-auto"))
@@ -88,4 +90,5 @@ def test_the_report_gives_ratios_to_llama_server_plain_and_the_worst_case():
     assert cells[12] == "12/16"  # both keystrokes' drafts
     plain = next(line for line in md.splitlines() if line.startswith("| llama-server"))
     assert plain.split("|")[-2].strip() == "-"
-    assert "b.py:1 localspec-auto: near-tie" in md
+    assert "b.py:1 localspec-auto: near-tie" in md and "a.py:1 llama-server" not in md
+    assert f"Not audited: 1 middles of llama-server, from {ANOTHER}." in md
