@@ -8,8 +8,8 @@ a forced draft that the target verifies with the rest of its first round. Append
 typed text's own tokens would not do: a middle then goes on from a split the model never
 saw in training (after a token of eight spaces it writes ` self`, one space too many),
 so the text is a grammar instead, and the model picks each token that spells it (a
-token may run past its end). Measured on 56 completions of the fim suite's cases, the
-middles are as close to the authors' as llama-server's layout gives (docs/bench/fim).
+token may run past its end). On the fim suite's cases the middles come about as close
+to the authors' as with llama-server's layout (docs/bench/fim, scripts/fim_layouts.py).
 """
 
 from __future__ import annotations
