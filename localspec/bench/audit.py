@@ -182,7 +182,10 @@ def judge(
     - numerics: not close in those passes, but one pass over the same tokens (a shape a
       speculative round's pass has) takes b[i]: the passes' shapes round otherwise, far
       apart only where the answer has lost its way (a run of <|im_start|> in a string);
-    - a defect: neither explains it, or the replay does not take a[i] as plain did."""
+    - a defect: neither explains it, or the replay does not take a[i] as plain did
+      (unless it takes b[i] within NEAR_TIE: a server's plain run read its prompt after
+      a cached part, in other passes than the replay's one, and a near-tie may round
+      the other way)."""
     i = first_difference(a, b)
     if i is None or i >= min(len(a), len(b)):
         return f"the same tokens, stopped elsewhere ({len(a)} vs {len(b)})"
@@ -204,6 +207,11 @@ def judge(
     model.reset()
     if one != a[i]:
         took, picked = name(a[i]), name(one)
+        if one == b[i] and -gap < NEAR_TIE:  # the replay read the prompt in other passes
+            return (
+                f"near-tie: token {i}, the replayed passes pick {picked} over {took} by "
+                f"{-gap:.3f} (plain decoding read its prompt after a cached part)"
+            )
         return f"DEFECT: token {i}: plain decoding took {took}, its passes replayed pick {picked}"
     if gap < NEAR_TIE:
         return f"near-tie: token {i}, {name(a[i])} against {name(b[i])}, logit gap {gap:.3f}"

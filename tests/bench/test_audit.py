@@ -224,12 +224,17 @@ class Skewed(ToyModel):
 def test_judge_tells_a_near_tie_numerics_a_defect_and_a_shorter_answer():
     """`judge` knows a server's answer by its tokens only: a near-tie in plain decoding's
     own passes; numerics where only one pass over the same tokens takes the other token;
-    a defect where neither does, or where plain decoding's passes do not take its own."""
+    a defect where neither does, or where plain decoding's passes do not take its own
+    (but narrowly, as another prompt split may round)."""
     prompt = list(b"Write add." + ASSISTANT)
     plain = list(REPLY.encode())
     other = [*plain[:TIE_AT], ord("X"), *plain[TIE_AT + 1 :]]
     tie = ToyModel(near_tie(margin=0.25), n_vocab=258)
     assert audit.judge(tie, prompt, plain, other).startswith(f"near-tie: token {TIE_AT}, ")
+    # a plain run whose prompt was read in other passes (after a cached part) may have
+    # taken the near-tie's other side: the replay picks the server's token, narrowly
+    swapped = audit.judge(tie, prompt, other, plain)
+    assert swapped.startswith(f"near-tie: token {TIE_AT}, the replayed passes pick")
     skewed = Skewed(near_tie(margin=1.5), n_vocab=258)
     assert audit.judge(skewed, prompt, plain, other).startswith(f"numerics: token {TIE_AT}:")
     sure = ToyModel(scripted(REPLY), n_vocab=258)  # 'X' trails by 20 logits in every pass
