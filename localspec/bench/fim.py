@@ -32,7 +32,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -40,6 +40,10 @@ from localspec.bench.audit import JUDGED, judge
 from localspec.bench.servers import MODES, PairSetup, settle, start_pair_servers
 from localspec.errors import LocalspecError
 from localspec.paths import write_atomic
+
+if TYPE_CHECKING:
+    from localspec.backends.base import Model
+    from localspec.server.infill import InfillPrompt
 
 KINDS = ("line", "lines", "block")
 # llama.vim sends 256 lines before the cursor, 64 after and chunks of 64 lines; these
@@ -295,7 +299,7 @@ def audit_agreement(
     """Compare every mode's tokens with localspec-plain's; where they differ, judge the
     first difference on the target (audit.judge): a near-tie, numerics or a defect."""
     from localspec.backends.llama import LlamaModel, LoadOptions
-    from localspec.server.infill import ExtraChunk, infill_prompt, opening_tokens
+    from localspec.server.infill import ExtraChunk, infill_prompt
 
     plain = {r.case: r for r in report.rows if r.mode == "localspec-plain"}
     differ = []
@@ -323,10 +327,30 @@ def audit_agreement(
             built = infill_prompt(
                 model, case.prefix, case.suffix, extra, case.typed, n_predict, setup.n_ctx
             )
-            opening = opening_tokens(model, built)  # as plain decoding wrote them, before a
+            opening = spelled_opening(model, built)  # as plain decoding wrote them, before a
             row.audit = judge(model, built.tokens, opening + a, opening + b)
     finally:
         model.close()
+
+
+def spelled_opening(model: Model, built: InfillPrompt) -> list[int]:
+    """The tokens greedy decoding spells a middle's opening (the typed text) with, to
+    replay plain decoding's passes."""
+    from localspec.decoding.drafters import NoDrafter
+    from localspec.decoding.engine import Engine, GenerationConfig
+    from localspec.decoding.events import Finished
+    from localspec.decoding.opening import Opening
+    from localspec.decoding.sampling import SamplingParams
+    from localspec.server.infill import spelled_within
+
+    if not built.opening:
+        return []
+    limit = len(built.opening.encode())  # a token spells one byte at the least
+    grammar = Opening(model, built.opening)
+    config = GenerationConfig(limit, SamplingParams(temperature=0), grammar=grammar)
+    done = list(Engine(model, NoDrafter(), 0).generate(built.tokens, config))[-1]
+    assert isinstance(done, Finished)
+    return list(done.tokens[: spelled_within(done.tokens, built.opening, model.token_bytes)])
 
 
 # --- the report -----------------------------------------------------------------------------

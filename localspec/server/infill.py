@@ -25,8 +25,7 @@ from typing import Any
 from pydantic import Field
 
 from localspec.backends.base import FimTokens, Model
-from localspec.decoding.drafters import NoDrafter
-from localspec.decoding.engine import Engine, GenerationConfig
+from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.events import Finished, Piece, StopReason
 from localspec.decoding.opening import Opening
 from localspec.decoding.sampling import SamplingParams
@@ -141,19 +140,6 @@ def middle_config(built: InfillPrompt, config: GenerationConfig, model: Model) -
         return config
     n = config.max_tokens + built.opening_tokens
     return replace(config, grammar=Opening(model, built.opening), max_tokens=n)
-
-
-def opening_tokens(model: Model, built: InfillPrompt) -> list[int]:
-    """The tokens greedy decoding spells the opening with, to replay a middle's passes
-    (the fim bench's audit)."""
-    if not built.opening:
-        return []
-    limit = len(built.opening.encode())  # a token spells one byte at the least
-    grammar = Opening(model, built.opening)
-    config = GenerationConfig(limit, SamplingParams(temperature=0), grammar=grammar)
-    done = list(Engine(model, NoDrafter(), 0).generate(built.tokens, config))[-1]
-    assert isinstance(done, Finished)
-    return list(done.tokens[: spelled_within(done.tokens, built.opening, model.token_bytes)])
 
 
 def fim_tokens_of(model: Model) -> FimTokens:
