@@ -101,6 +101,7 @@ from localspec.drafting import GAMMA_MAX
 PROBE_SHARE = 0.02  # at most this share of the time goes to probing an idle draft model
 GOOD_ALPHA = 0.9  # the draft model's α on text it drafts well (code): a probe looks for it
 CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
+EXPLORE_SEEN = 8  # a free source is tried deeper than timed once it was judged this often
 # ... and in a completion, whose middle is short (~20 tokens, the fim bench's median, in
 # rounds of ~3): a draft model that has not read a new prompt pays it within the answer,
 # or not at all (it reads ahead between requests instead: `read_ahead`)
@@ -411,8 +412,10 @@ class AdaptiveDrafter:
         # A source not yet seen is judged at its prior, at every depth: on a CPU a 2-token
         # pass can cost most of a 6-token one, so a 1-token try is the dearest way to learn.
         if ng and m:
-            gains = [(1 + per * e) * a / t[k] for k, e in enumerate(ng.expected(m), 1)]
+            expected = ng.expected(m)
+            gains = [(1 + per * e) * a / t[k] for k, e in enumerate(expected, 1)]
             best = better(best, free, gains, 1, free_tokens=None)
+            best = self.explore(best, free, ng, expected, gains, forced, a)
         if self.model is not None:
             dm = self.alpha["draft"]
             # Its first try pays the catch-up of the whole prompt, so it has to pay by the
@@ -433,6 +436,34 @@ class AdaptiveDrafter:
                 ]
                 best = better(best, f"{free}+draft", gains, m + 1, free_tokens=m)
         return self._probe(lag) if best.k == 0 else best
+
+    def explore(
+        self,
+        best: Choice,
+        free: str,
+        ng: Acceptance,
+        expected: list[float],
+        gains: list[float],
+        forced: int,
+        a: float,
+    ) -> Choice:
+        """`best`, or a deeper draft of the free source, to an untimed batch size: judged
+        at the best that size can cost (`VerifyCost.hopeful_table`), and only where even at
+        the table's own price (`gains`) it would not lose to plain decoding. On a CPU T(k)
+        can flatten past the sizes timed so far (the Q4_K_M target on 2 cores of an EPYC:
+        T(16) ≈ 7 T(1), where the line through T(1..6) says 13), and only a try times it;
+        a sure match (a keystroke's last middle, a followed prediction) pays for the try.
+        Only on a measured α (EXPLORE_SEEN): a deep try on a prior's word lost on code."""
+        if self.slots() > 1 or ng.seen[0] < EXPLORE_SEEN:
+            return best
+        top = max(self.verify.seconds)
+        hope = self.verify.hopeful_table(len(expected) + 1 + forced)[forced:]
+        per = 1 / (forced + 1)
+        tries = [
+            (1 + per * e) * a / hope[k] if forced + k + 1 > top and gains[k - 1] >= 1 else 0.0
+            for k, e in enumerate(expected, 1)
+        ]
+        return better(best, free, tries, 1, free_tokens=None)
 
     def slots(self) -> int:
         """The slots decoding in the passes this one's rounds go into (1: alone)."""

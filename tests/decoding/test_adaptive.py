@@ -100,6 +100,53 @@ def test_an_untimed_batch_size_is_not_assumed_free_where_each_token_costs_its_ow
     assert t4 == pytest.approx(steep.a + 3 * steep.b) and t4 > 0.1  # on the line, past T(3)
 
 
+def test_between_timed_batch_sizes_t_lies_on_the_way_from_one_to_the_other():
+    """Not on the line through every timed size: on a CPU T flattens past a few tokens,
+    and the line would price T(5) above a timed T(8)."""
+    cost = VerifyCost()
+    for k, t in [(1, 0.030), (2, 0.060), (3, 0.090), (8, 0.120)]:
+        cost.observe(k, t)
+    table = cost.table(8)
+    assert table[4] == pytest.approx(0.090 + 0.030 * 2 / 5)  # T(5)
+    assert table[:8] == sorted(table[:8])
+    assert cost.hopeful_table(12)[8:12] == [0.120] * 4  # above: as cheap as T(8) at best
+
+
+# T(1..6) as the engine timed them: the Q4_K_M target on 2 cores of an EPYC (AVX-512)
+Q4_EPYC_T = [0.035, 0.063, 0.087, 0.111, 0.149, 0.171]
+
+
+def test_a_sure_free_match_tries_an_untimed_deeper_pass_where_it_cannot_lose():
+    """Steep timed sizes put every untimed one on their line (T(16) at 0.43 s), so a
+    keystroke's last middle, drafted back with α 0.98, went 3 deep for a whole answer.
+    Tried, T(16) took 0.21 s. A deeper try is made where the line's price would still
+    not lose to plain decoding; a weak match, which would, is not tried deeper, nor one
+    sure by its prior alone."""
+    from localspec.decoding.estimates import PREDICTION_GAMMA_MAX as DEEP
+
+    d = AdaptiveDrafter(ToyModel(scripted("x")))
+    d.model = None  # free sources alone
+    for k, t in enumerate(Q4_EPYC_T, 1):
+        d.verify.observe(k, t)
+    d.alpha["suffix16"] = Acceptance([0.98] * DEEP, [10] * DEEP)
+    sure = d.choose(matched=16, gamma=16, n=30, free="suffix")
+    assert sure.source == "suffix" and sure.k >= 2 * len(Q4_EPYC_T)  # an untimed size
+    line = d.verify.table(sure.k + 1)
+    sure_tokens = 1 + d.alpha["suffix16"].expected(sure.k)[-1]
+    assert sure_tokens * line[0] / line[sure.k] >= 1.0  # no loss at the line's price
+    d.verify.observe(sure.k + 1, 0.200)  # timed: cheaper than the line said
+    deeper = d.choose(matched=16, gamma=16, n=30, free="suffix")
+    assert deeper.k >= sure.k and deeper.gain > 1.5
+    weak = AdaptiveDrafter(ToyModel(scripted("x")))
+    weak.model = None
+    for k, t in enumerate(Q4_EPYC_T, 1):
+        weak.verify.observe(k, t)
+    weak.alpha["suffix16"] = Acceptance([0.75] * DEEP, [10] * DEEP)
+    assert weak.choose(matched=16, gamma=16, n=30, free="suffix").k + 1 <= len(Q4_EPYC_T)
+    weak.alpha["suffix16"] = Acceptance.prior(0.98, DEEP)  # sure by its prior alone
+    assert weak.choose(matched=16, gamma=16, n=30, free="suffix").k + 1 <= len(Q4_EPYC_T)
+
+
 def test_a_free_source_is_measured_on_the_rounds_that_do_not_draft_it():
     """Plain rounds still learn what an n-gram match would have kept (its shadow), so no
     draft has to be risked to notice that the text repeats or stopped repeating."""
