@@ -171,6 +171,8 @@ class LlamaGrammar:
 
 
 class LlamaGrammarState:
+    free = False  # a grammar of llama.cpp's holds to the answer's end
+
     def __init__(
         self, grammar: LlamaGrammar, sampler: ctypes.c_void_p | None = None, tail: bytes = b""
     ) -> None:

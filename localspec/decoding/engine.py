@@ -126,7 +126,7 @@ class Engine:
         first = self._choose(logits[0], params, tokens, rng, state)
         rec.observe_first_token()
         yield from rec.timed(out.emit([first], 0, logits))
-        self._follow(state, [first][: out.kept_last])
+        state = self._follow(state, [first][: out.kept_last])
         tokens.append(first)
 
         while out.stop_reason is None:
@@ -150,7 +150,7 @@ class Engine:
             new = [*draft.tokens[: verdict.accepted], verdict.token]
             answered = len(out.tokens)
             pieces = list(out.emit(new, verdict.accepted, logits))
-            self._follow(state, new[: out.kept_last])
+            state = self._follow(state, new[: out.kept_last])
             tokens.extend(new[: out.kept_last])
             outcome = Outcome(len(draft.tokens), verdict.accepted, verify_s)
             self.trim_caches(tokens, drafters_part(outcome, len(lead)))
@@ -312,14 +312,15 @@ class Engine:
         # to the tokenizer), which the target would then write instead: leave it out
         return tokens[: min(budget, len(tokens) - 1)]
 
-    def _follow(self, state: GrammarState | None, emitted: list[int]) -> None:
+    def _follow(self, state: GrammarState | None, emitted: list[int]) -> GrammarState | None:
         """Advance the grammar past the answer's new tokens (not an end token: the
-        answer ends there)."""
+        answer ends there); None once it allows everything (`GrammarState.free`)."""
         if state is None:
-            return
+            return None
         for token in emitted:
             if not self.target.is_eog(token):
                 state.accept(token)
+        return None if state.free else state
 
 
 WRITTEN_WINDOW = 512  # tokens of the text `as_written` looks back over

@@ -55,6 +55,12 @@ class GrammarState(Protocol):
         """The characters (at most `limit`) that are the only way on from here."""
         ...
 
+    @property
+    def free(self) -> bool:
+        """Whether every token may come next from here on (a middle's opening written):
+        the answer goes on without the grammar, whose masks would only cost time."""
+        ...
+
 
 class Grammar(Protocol):
     """A compiled grammar for one vocabulary; each answer follows a state of its own."""

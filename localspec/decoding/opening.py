@@ -110,3 +110,7 @@ class OpeningState:
 
     def forced_text(self, limit: int) -> bytes:
         return self.left[:limit] if self.spelling() is not None else b""
+
+    @property
+    def free(self) -> bool:
+        return self.spelling() is None

@@ -45,6 +45,8 @@ class Parity:
     def forced_text(self, limit: int) -> bytes:
         return b""
 
+    free = False
+
 
 class ParityGrammar:
     def start(self) -> Parity:
@@ -285,6 +287,8 @@ def test_the_round_drafts_as_much_of_the_forced_text_as_the_drafter_keeps():
 
         def forced_text(self, limit: int) -> bytes:
             return b"xyz"[:limit]
+
+        free = False
 
     class Keeps(NoDrafter):
         def __init__(self, keep: int | None) -> None:

@@ -64,3 +64,23 @@ def test_greedy_speculation_under_an_opening_is_constrained_plain_decoding(make,
     assert isinstance(plain, Finished) and isinstance(spec, Finished)
     assert bytes(plain.tokens[:5]) == b"  ret"  # one byte a token here
     assert spec.tokens == plain.tokens
+
+
+def test_once_the_opening_is_written_the_answer_goes_on_without_its_grammar():
+    """Its masks would only cost time: the drafters draft, and the target's rows are
+    read, unconstrained."""
+    target = ToyModel(markov(258, seed=3), n_vocab=258)
+    told: list[tuple[int, bool]] = []  # per round: tokens written before it, grammar or not
+
+    class Told(NgramDrafter):
+        def draft(self, context, gamma, params, rng, *, forced=0, grammar=None):
+            told.append((len(context) - forced, grammar is not None))
+            return super().draft(context, gamma, params, rng, forced=forced, grammar=grammar)
+
+    prompt = list(b"def f(x):\n")
+    config = GenerationConfig(24, SamplingParams(temperature=0), grammar=Opening(target, "  ret"))
+    done = list(Engine(target, Told(), 2).generate(prompt, config))[-1]
+    assert isinstance(done, Finished) and bytes(done.tokens[:5]) == b"  ret"
+    assert told[0][1]  # while it is written
+    after = [grammar for written, grammar in told if written >= len(prompt) + 5]
+    assert after and not any(after)
