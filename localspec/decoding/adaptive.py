@@ -453,7 +453,8 @@ class AdaptiveDrafter:
         can flatten past the sizes timed so far (the Q4_K_M target on 2 cores of an EPYC:
         T(16) ≈ 7 T(1), where the line through T(1..6) says 13), and only a try times it;
         a sure match (a keystroke's last middle, a followed prediction) pays for the try.
-        Only on a measured α (EXPLORE_SEEN): a deep try on a prior's word lost on code."""
+        Only on a measured α (EXPLORE_SEEN): a prior is a guess, and a deep try on a wrong
+        one costs a deep pass."""
         if self.slots() > 1 or ng.seen[0] < EXPLORE_SEEN:
             return best
         top = max(self.verify.seconds)
