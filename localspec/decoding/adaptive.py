@@ -448,7 +448,7 @@ class AdaptiveDrafter:
         a: float,
     ) -> Choice:
         """`best`, or a deeper draft of the free source, to an untimed batch size: judged
-        at the best that size can cost (`VerifyCost.hopeful_table`), and only where even at
+        at the best that size can cost (`VerifyCost.hopeful`), and only where even at
         the table's own price (`gains`) it would not lose to plain decoding. On a CPU T(k)
         can flatten past the sizes timed so far (the Q4_K_M target on 2 cores of an EPYC:
         T(16) ≈ 7 T(1), where the line through T(1..6) says 13), and only a try times it;
@@ -456,12 +456,15 @@ class AdaptiveDrafter:
         Only on a measured α (EXPLORE_SEEN): a prior is a guess, and a deep try on a wrong
         one costs a deep pass."""
         if self.slots() > 1 or ng.seen[0] < EXPLORE_SEEN:
-            return best
+            return best  # passes shared with other slots, or a guessed α
         top = max(self.verify.seconds)
-        hope = self.verify.hopeful_table(len(expected) + 1 + forced)[forced:]
-        per = 1 / (forced + 1)
+        if forced + len(expected) + 1 <= top:
+            return best  # every size within reach is timed
+        per, hope = 1 / (forced + 1), self.verify.hopeful
         tries = [
-            (1 + per * e) * a / hope[k] if forced + k + 1 > top and gains[k - 1] >= 1 else 0.0
+            (1 + per * e) * a / hope(forced + k + 1)
+            if forced + k + 1 > top and gains[k - 1] >= 1
+            else 0.0
             for k, e in enumerate(expected, 1)
         ]
         return better(best, free, tries, 1, free_tokens=None)

@@ -102,10 +102,8 @@ class VerifyCost:
     # T(k) / T(1) at least, where known: a MoE target's pass of k tokens reads the experts
     # any of them is routed to (localspec.models.speed.batch_growth); () for a dense one
     growth: tuple[float, ...] = ()
-    # per kind of table (hopeful or not): the timings it was worked out from, and it
-    _cached: dict[bool, tuple[tuple, list[float]]] = field(
-        default_factory=dict, repr=False, compare=False
-    )
+    _key: tuple = field(default=(), repr=False, compare=False)
+    _cached: list[float] = field(default_factory=list, repr=False, compare=False)
 
     def observe(self, k: int, seconds: float) -> None:
         old = self.seconds.get(k)
@@ -145,21 +143,16 @@ class VerifyCost:
         unless the timed sizes rise steeply per token (compute-bound), where the line is
         the guess. Worked out once per change of the timings (a round asks for it
         several times)."""
-        return self._table(top, hopeful=False)
-
-    def hopeful_table(self, top: int) -> list[float]:
-        """`table`, with every untimed size above the timed ones as cheap as the largest
-        timed one: the best T can be (it never falls with k), the price at which
-        `AdaptiveDrafter.explore` weighs a deeper try."""
-        return self._table(top, hopeful=True)
-
-    def _table(self, top: int, hopeful: bool) -> list[float]:
         key = (tuple(self.seconds.items()), self.a, self.b)
-        old_key, table = self._cached.get(hopeful, ((), []))
-        if key != old_key or len(table) < top:
-            table = self._build(max(top, TABLE_SIZE), hopeful)
-            self._cached[hopeful] = key, table
-        return table
+        if key != self._key or len(self._cached) < top:
+            self._cached, self._key = self._build(max(top, TABLE_SIZE)), key
+        return self._cached
+
+    def hopeful(self, k: int) -> float:
+        """The least an untimed T(k) above the timed sizes can be: the largest timed T (T
+        never falls with k), or what the experts it reads make it; the price at which
+        `AdaptiveDrafter.explore` weighs a deeper try."""
+        return self._at_least(k, max(self.seconds.values()))
 
     def prior_table(self, top: int) -> list[float]:
         """T(1..top) on the line a + b(k-1), b at most its CPU prior: no optimism for an
@@ -182,8 +175,8 @@ class VerifyCost:
         (j, tj), (k, tk) = ((s, self.seconds[s]) for s in sizes)
         return (tk - tj) / (k - j) >= STEEP * self.one
 
-    def _build(self, n: int, hopeful: bool = False) -> list[float]:
-        """T(1..n) as `table` (or `hopeful_table`) describes it."""
+    def _build(self, n: int) -> list[float]:
+        """T(1..n) as `table` describes it."""
         timed = sorted(self.seconds)
         top, steep = max(timed, default=0), self._steep()
         table, floor = [], None  # floor: the largest T(j) timed for j < k
@@ -199,7 +192,7 @@ class VerifyCost:
                 t = self._at_least(k, floor + rise)
             else:
                 t = self.a if floor is None else floor
-                if not hopeful and (k != top + 1 or steep):
+                if k != top + 1 or steep:
                     t = max(t, self.a + self.b * (k - 1))
                 t = self._at_least(k, t)
             table.append(t)
