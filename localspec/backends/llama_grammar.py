@@ -155,6 +155,14 @@ class LlamaGrammar:
     def start(self) -> LlamaGrammarState:
         return LlamaGrammarState(self, tail=self.style)
 
+    def within(self, other: object) -> bool:
+        """The same grammar for the same model (`style` guesses, it allows nothing)."""
+        return isinstance(other, LlamaGrammar) and (other.model, other.gbnf, other.root) == (
+            self.model,
+            self.gbnf,
+            self.root,
+        )
+
     def byte_tokens(self) -> list[int]:
         """token id of each printable ASCII character (-1: none), for forced_text."""
         if self._bytes is None:

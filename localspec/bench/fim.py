@@ -211,6 +211,7 @@ def infill(client: httpx.Client, base: str, body: dict[str, Any]) -> dict[str, A
         "predicted_ms": timings.get("predicted_ms", 0.0),
         "draft_n": timings.get("draft_n", 0),  # both servers' speculation counters
         "draft_n_accepted": timings.get("draft_n_accepted", 0),
+        "recalled_n": timings.get("recalled_n", 0),  # localspec's: from the last middle
     }
 
 
@@ -414,6 +415,7 @@ def to_markdown(report: FimReport) -> str:
             f"| {100 * statistics.median(reread):.0f}% "
             f"| {f'{accepted}/{drafted}' if drafted else '-'} |"
         )
+    lines += recalled(by, cases, modes, ref)
     for kind in KINDS:
         kc = [c["name"] for c in report.cases if c["kind"] == kind]
         if not kc:
@@ -429,6 +431,31 @@ def to_markdown(report: FimReport) -> str:
         n = sum(r.audit == ANOTHER for r in rows)
         lines += ["", f"Not audited: {n} middles of {', '.join(others)}, from {ANOTHER}."]
     return "\n".join(lines) + "\n"
+
+
+def recalled(
+    by: dict[tuple[str, str], FimRow], cases: list[str], modes: list[str], ref: str
+) -> list[str]:
+    """Where a localspec mode answered keystrokes from its last middle (typed as that
+    middle began): how many, and the keystroke medians there and elsewhere, its own and
+    the reference's."""
+    out = []
+    for m in modes:
+        hit = [c for c in cases if by[m, c].keystroke.get("recalled_n", 0)]
+        if not hit:
+            continue
+        rest = [c for c in cases if c not in hit]
+
+        def p50(mode: str, among: list[str]) -> str:
+            return f"{statistics.median(by[mode, c].keystroke['latency_s'] for c in among):.2f}"
+
+        there = f"there {p50(m, hit)} s against {ref}'s {p50(ref, hit)} s"
+        elsewhere = f"; elsewhere {p50(m, rest)} s against {p50(ref, rest)} s" if rest else ""
+        out.append(
+            f"\n{m}: {len(hit)} of {len(cases)} keystrokes typed as its last middle began, "
+            f"recalled from it (no pass for those tokens): {there}{elsewhere}."
+        )
+    return out
 
 
 def write(report: FimReport, out: Path) -> list[Path]:

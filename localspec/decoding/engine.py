@@ -10,6 +10,10 @@ Under a grammar (structured output) each row of a pass is masked by the grammar'
 after the tokens before it, and what the grammar alone allows next is drafted first
 (jump-forward): see localspec.decoding.grammar.
 
+A greedy answer is kept (`Answered`): a later request that it answers too (the same one
+again, a client's retry, or the next keystroke of a middle that opened with the answer's
+own first characters) takes its tokens again without a pass (`recall`).
+
 A target whose cache cannot drop a rejected tail (a recurrent or hybrid model without
 state snapshots) would re-read the whole text after every rejection: it decodes plainly,
 and `notes` says why. One with snapshots drafts at most as deep as they reach.
@@ -68,6 +72,18 @@ class GenerationConfig:
     shown: frozenset[int] = frozenset()
 
 
+@dataclass(frozen=True)
+class Answered:
+    """A greedy answer: `tokens` (the prompt, then from `start` the target's choices, the
+    last not yet evaluated), under these sampling settings and grammar. The list is the
+    answer's own, growing with it."""
+
+    tokens: list[int]
+    start: int
+    sampling: SamplingParams
+    grammar: Grammar | None
+
+
 class Engine:
     """A target model and a drafter: turns a prompt into events.
 
@@ -89,6 +105,7 @@ class Engine:
         self.target = target
         self.drafter = drafter
         self.gamma = gamma
+        self.answered: Answered | None = None  # the last greedy answer, for `recall`
 
     def room(self, context_len: int) -> int:
         """How many more tokens fit into the smaller of the two contexts."""
@@ -117,17 +134,29 @@ class Engine:
         )
         tokens = list(prompt)
         state = config.grammar.start() if config.grammar is not None else None
+        if recalled := self.recall(tokens, config, state):
+            rec.observe_recalled(len(recalled))
+            yield from rec.timed(out.emit(recalled, 0, NO_LOGITS))
+            state = self._follow(state, recalled[: out.kept_last])
+            tokens.extend(recalled[: out.kept_last])
+        if params.greedy and config.max_tokens > 0:
+            self.answered = Answered(tokens, len(prompt), params, config.grammar)
 
-        # prefill: the target alone gives the first token (this is the TTFT)
-        logits = self.target.evaluate(tokens, 1)
-        if config.max_tokens == 0:  # only read the prompt into the cache (an editor's warm-up)
-            yield Finished("", (), "max_tokens", rec.snapshot(final=True))
-            return
-        first = self._choose(logits[0], params, tokens, rng, state)
-        rec.observe_first_token()
-        yield from rec.timed(out.emit([first], 0, logits))
-        state = self._follow(state, [first][: out.kept_last])
-        tokens.append(first)
+        if out.stop_reason is None:
+            # prefill: the target alone gives the first token (this is the TTFT), or the
+            # one after those recalled (the cache mostly holds them)
+            logits = self.target.evaluate(tokens, 1)
+            if config.max_tokens == 0:  # only read the prompt (an editor's warm-up)
+                yield Finished("", (), "max_tokens", rec.snapshot(final=True))
+                return
+            first = self._choose(logits[0], params, tokens, rng, state)
+            if recalled:
+                rec.observe_tokens(1)
+            else:
+                rec.observe_first_token()
+            yield from rec.timed(out.emit([first], 0, logits))
+            state = self._follow(state, [first][: out.kept_last])
+            tokens.append(first)
 
         while out.stop_reason is None:
             if cancel is not None and cancel.is_set():
@@ -180,6 +209,42 @@ class Engine:
         )
 
     # --- one step each ---------------------------------------------------------------
+    def recall(
+        self, tokens: list[int], config: GenerationConfig, state: GrammarState | None
+    ) -> list[int]:
+        """The last greedy answer's tokens after `tokens`, as far as this answer would
+        choose them too: `tokens` run into that answer, the sampling is the same, and
+        each token is allowed here. A choice made under the last grammar stands under
+        one that allows, position by position, at most what it allowed (a middle's
+        opening typed further: `Grammar.within`) and allows that token: the best of
+        fewer is the same best. Not where a piece needs its pass's row (logprobs)."""
+        last = self.answered
+        n = len(tokens)
+        if (
+            last is None
+            or config.logprobs is not None
+            or config.trace
+            or config.max_tokens < 1
+            or config.sampling != last.sampling
+            or not last.start <= n < len(last.tokens)
+            or last.tokens[:n] != tokens
+        ):
+            return []
+        if last.grammar is not None and (  # its states ran from the last answer's start
+            config.grammar is None or n != last.start or not config.grammar.within(last.grammar)
+        ):
+            return []
+        here = state.clone() if state is not None else None
+        recalled: list[int] = []
+        for token in last.tokens[n:]:
+            if here is not None:
+                if not here.allows(token):
+                    break
+                if not self.target.is_eog(token):
+                    here.accept(token)
+            recalled.append(token)
+        return recalled
+
     def readable(self, draft: Sequence[int]) -> int:
         """How many drafted tokens precede the first one past the target's vocabulary
         (a draft's vocabulary may be up to 128 entries larger)."""
@@ -324,6 +389,7 @@ class Engine:
 
 
 WRITTEN_WINDOW = 512  # tokens of the text `as_written` looks back over
+NO_LOGITS = np.empty((0, 0), dtype=np.float32)  # recalled tokens come from no pass
 
 
 def as_written(model: Model, text: Sequence[int], forced: bytes) -> tuple[list[int], bytes]:
@@ -410,7 +476,7 @@ class _Output:
             self.tokens.append(token)
             text = self.stream.push(self.target.token_bytes(token, token in self.shown))
             traced = _top2(logits, i) if self.trace else (None, None)
-            yield Piece(text, token, source, *traced, *self._logprobs(logits[i], token))
+            yield Piece(text, token, source, *traced, *self._logprobs(logits, i, token))
             if self.stream.stopped:
                 self.stop_reason = "stop_string"
                 return
@@ -419,13 +485,13 @@ class _Output:
                 return
 
     def _logprobs(
-        self, row: np.ndarray, token: int
+        self, logits: np.ndarray, i: int, token: int
     ) -> tuple[float | None, tuple[tuple[int, float], ...]]:
-        """log p(token) under the target's own distribution (the row's softmax, before
+        """log p(token) under the target's own distribution (row i's softmax, before
         any sampling transform or grammar), and the `logprobs` most likely tokens'."""
         if self.logprobs is None:
             return None, ()
-        x = row.astype(np.float64)
+        x = logits[i].astype(np.float64)
         lp = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
         k = min(self.logprobs, len(lp))
         top = np.argpartition(lp, -k)[-k:] if k else np.empty(0, dtype=np.int64)

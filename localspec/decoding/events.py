@@ -49,6 +49,7 @@ class Stats:
     drafters: tuple[str, ...] = ()  # those that drafted in the answer, the most first
     accepted_per_position: tuple[int, ...] = ()
     drafted_per_position: tuple[int, ...] = ()
+    recalled: int = 0  # tokens the last answer had chosen here, taken without a pass
 
     @property
     def itl_p50_s(self) -> float:
@@ -153,10 +154,16 @@ class StatsRecorder:
     handed_at: float | None = None  # when the last piece was handed out
     accepted_at: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
+    recalled: int = 0
 
     def observe_first_token(self) -> None:
         self.first_token_at = self.last_token_at = time.perf_counter()
         self.tokens = 1
+
+    def observe_recalled(self, n: int) -> None:
+        """The answer's first n tokens, recalled from the last one (Engine.recall)."""
+        self.first_token_at = self.last_token_at = time.perf_counter()
+        self.tokens = self.recalled = n
 
     def end_round(
         self, drafter: str, gamma: int, drafted: int, accepted: int, produced: int, why: str
@@ -227,6 +234,7 @@ class StatsRecorder:
             drafters=tuple(sorted(self.drafted_by, key=self.drafted_by.__getitem__, reverse=True)),
             accepted_per_position=tuple(self.accepted_at),
             drafted_per_position=tuple(self.drafted_at),
+            recalled=self.recalled,
         )
 
 

@@ -67,6 +67,12 @@ class Grammar(Protocol):
 
     def start(self) -> GrammarState: ...
 
+    def within(self, other: Grammar) -> bool:
+        """Whether this grammar allows, at each position of an answer, at most what
+        `other` allowed there (then a greedy choice made under `other` that this one
+        allows is this one's too: see Engine.recall)."""
+        ...
+
 
 def states_along(state: GrammarState, tokens: Sequence[int]) -> Iterator[GrammarState]:
     """The state before tokens[0], before tokens[1], ... and after the last, each made

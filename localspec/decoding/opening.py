@@ -64,6 +64,15 @@ class Opening:
     def start(self) -> OpeningState:
         return OpeningState(self.pieces, self.text)
 
+    def within(self, other: object) -> bool:
+        """An opening typed further allows fewer tokens at each step: those that spell
+        a start of it or run past its end spelled one of the shorter opening too."""
+        return (
+            isinstance(other, Opening)
+            and other.pieces is self.pieces
+            and self.text.startswith(other.text)
+        )
+
 
 class OpeningState:
     def __init__(self, pieces: Pieces, left: bytes) -> None:

@@ -337,6 +337,7 @@ def stats_object(s: Stats) -> dict[str, Any]:
         "rounds": s.rounds,
         "gamma": s.gamma,
         "drafter": s.drafter,
+        "recalled": s.recalled,
     }
 
 

@@ -352,6 +352,8 @@ def infill_body(
             "predicted_per_second": n / (predicted_ms / 1e3) if predicted_ms else 0.0,
             # as llama-server: only where speculation drafted (how clients tell it ran)
             **({"draft_n": s.drafted, "draft_n_accepted": s.accepted} if s.drafted else {}),
+            # localspec's own: the tokens the slot's last middle had chosen here
+            **({"recalled_n": s.recalled} if s.recalled else {}),
         },
     }
 

@@ -428,6 +428,8 @@ class Worker:
             f"TTFT {s.ttft_s:.2f}s, acceptance {s.acceptance_rate:.0%} "
             f"({s.accepted}/{s.drafted}), drafted by {', '.join(s.drafters) or 'none'}"
         )
+        if s.recalled:  # no pass made them: no speedup to tell
+            return line + f", {s.recalled} recalled from the last answer"
         if (plain := self.plain_round_s()) and s.tokens_per_s:
             line += f", ≈{s.tokens_per_s * plain:.2f}x plain decoding"
         return line

@@ -92,3 +92,19 @@ def test_the_report_gives_ratios_to_llama_server_plain_and_the_worst_case():
     assert plain.split("|")[-2].strip() == "-"
     assert "b.py:1 localspec-auto: near-tie" in md and "a.py:1 llama-server" not in md
     assert f"Not audited: 1 middles of llama-server, from {ANOTHER}." in md
+
+
+def test_the_report_says_which_keystrokes_were_recalled_and_their_latency_apart():
+    modes = ("localspec-plain", "localspec-auto", "llama-server")
+    rows = [row(c, m, 2.0) for c in ("a.py:1", "b.py:1", "c.py:1") for m in modes]
+    for r in rows:
+        if r.mode == "localspec-auto" and r.case != "c.py:1":
+            r.keystroke |= {"recalled_n": 20, "latency_s": 0.05}
+    cases = [{"name": c, "kind": "line"} for c in ("a.py:1", "b.py:1", "c.py:1")]
+    md = to_markdown(FimReport({}, cases, rows))
+    assert (
+        "localspec-auto: 2 of 3 keystrokes typed as its last middle began, recalled from it "
+        "(no pass for those tokens): there 0.05 s against llama-server's 0.50 s; elsewhere "
+        "0.50 s against 0.50 s." in md
+    )
+    assert "localspec-plain: " not in md  # none of its keystrokes was

@@ -52,6 +52,9 @@ class ParityGrammar:
     def start(self) -> Parity:
         return Parity()
 
+    def within(self, other: object) -> bool:
+        return isinstance(other, ParityGrammar)
+
 
 def follows(tokens) -> bool:
     state = Parity()
@@ -308,6 +311,9 @@ def test_the_round_drafts_as_much_of_the_forced_text_as_the_drafter_keeps():
     class AlwaysGrammar:
         def start(self) -> Always:
             return Always()
+
+        def within(self, other: object) -> bool:
+            return other is self
 
     target = ToyModel(markov(258, seed=1), name="target")
     config = GenerationConfig(8, SamplingParams(temperature=1.0, seed=0), grammar=AlwaysGrammar())
