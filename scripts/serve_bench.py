@@ -395,16 +395,22 @@ COMPLETIONS = (
 )
 
 
-def complete_one(base: str, prompt: str, max_tokens: int) -> float:
-    """Seconds for one whole (not streamed) greedy completion, as an editor waits for it."""
+def complete_one(base: str, prompt: str, max_tokens: int, seed: int = 0) -> float:
+    """Seconds for one whole (not streamed) greedy completion, as an editor waits for it.
+    A request sent again is computed again only with other settings: localspec answers
+    the same greedy request from its last answer (Engine.recall), so a repeat that
+    should be timed as work carries a seed of its own (greedy either way)."""
     client = openai.OpenAI(base_url=base, api_key="bench", max_retries=0, timeout=600)
     started = time.perf_counter()
-    client.completions.create(model="x", prompt=prompt, max_tokens=max_tokens, temperature=0)
+    client.completions.create(
+        model="x", prompt=prompt, max_tokens=max_tokens, temperature=0, seed=seed
+    )
     return time.perf_counter() - started
 
 
-def beside_a_chat(base: str, prompt: str, max_tokens: int) -> float:
-    """complete_one's time while a chat answer streams (from its first token on)."""
+def beside_a_chat(base: str, prompt: str, max_tokens: int, seed: int = 1) -> float:
+    """complete_one's time while a chat answer streams (from its first token on); both
+    with `seed` (see complete_one), the chat's cut short the time before."""
     streaming, stop = threading.Event(), threading.Event()
 
     def chat() -> None:
@@ -414,6 +420,7 @@ def beside_a_chat(base: str, prompt: str, max_tokens: int) -> float:
             messages=[{"role": "user", "content": CHAT_BESIDE}],
             max_tokens=1024,
             temperature=0,
+            seed=seed,
             stream=True,
         )
         for chunk in stream:
@@ -428,7 +435,7 @@ def beside_a_chat(base: str, prompt: str, max_tokens: int) -> float:
     thread.start()
     streaming.wait(timeout=600)
     try:
-        return complete_one(base, prompt, max_tokens)
+        return complete_one(base, prompt, max_tokens, seed)
     finally:
         stop.set()
         thread.join(timeout=600)
@@ -443,7 +450,7 @@ def editor_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
             for name in turns(list(bases), i):
                 alone = complete_one(bases[name], prompt, args.completion_tokens)
                 settle(bases[name])
-                during = beside_a_chat(bases[name], prompt, args.completion_tokens)
+                during = beside_a_chat(bases[name], prompt, args.completion_tokens, i + 1)
                 settle(bases[name])
                 rows.append(
                     {

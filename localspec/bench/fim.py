@@ -436,12 +436,13 @@ def to_markdown(report: FimReport) -> str:
 def recalled(
     by: dict[tuple[str, str], FimRow], cases: list[str], modes: list[str], ref: str
 ) -> list[str]:
-    """Where a localspec mode answered keystrokes from its last middle (typed as that
-    middle began): how many, and the keystroke medians there and elsewhere, its own and
-    the reference's."""
+    """Where a localspec mode answered keystrokes mostly from its last middle (typed as
+    that middle began; elsewhere at most the typed text's own tokens are recalled): how
+    many, and the keystroke medians there and elsewhere, its own and the reference's."""
     out = []
     for m in modes:
-        hit = [c for c in cases if by[m, c].keystroke.get("recalled_n", 0)]
+        keys = {c: by[m, c].keystroke for c in cases}
+        hit = [c for c, k in keys.items() if k.get("recalled_n", 0) > k.get("predicted_n", 0) / 2]
         if not hit:
             continue
         rest = [c for c in cases if c not in hit]

@@ -187,9 +187,12 @@ def ask(
     schema: dict[str, Any],
     n: int,
     temperature: float = 0.0,
+    repeat: int = 0,
 ) -> dict:
     """One streamed request with the schema, greedy or sampled (the same sampler settings
-    and seed on every server): TTFT, tok/s, tokens and the text."""
+    and seed on every server): TTFT, tok/s, tokens and the text. A greedy repeat carries
+    a seed of its own: localspec answers the same greedy request from its last answer
+    (Engine.recall), where the repeat is meant to time the work again."""
     body = {
         "model": "any",
         "messages": [{"role": "user", "content": prompt}],
@@ -201,6 +204,8 @@ def ask(
     }
     if temperature:
         body |= {"top_p": 1.0, "top_k": 40, "min_p": 0.05, "seed": zlib.crc32(prompt.encode())}
+    elif repeat:
+        body["seed"] = repeat
     started = time.perf_counter()
     first = last = None
     text, tokens = "", 0
@@ -255,7 +260,7 @@ def run_json(
                 k = (i + r) % len(names)
                 for mode in names[k:] + names[:k]:
                     progress(f"{case}: {mode}")
-                    got = ask(client, bases[mode], prompt, schema, max_tokens, temperature)
+                    got = ask(client, bases[mode], prompt, schema, max_tokens, temperature, r)
                     settle(client, bases[mode])  # not on the next server's time
                     valid, why = check(got["text"], schema)
                     report.rows.append(JsonRow(case, mode, **got, valid=valid, why=why))

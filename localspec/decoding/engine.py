@@ -135,8 +135,9 @@ class Engine:
         tokens = list(prompt)
         state = config.grammar.start() if config.grammar is not None else None
         if recalled := self.recall(tokens, config, state):
-            rec.observe_recalled(len(recalled))
-            yield from rec.timed(out.emit(recalled, 0, NO_LOGITS))
+            pieces = list(out.emit(recalled, 0, NO_LOGITS))
+            rec.observe_recalled(len(out.tokens))
+            yield from rec.timed(pieces)
             state = self._follow(state, recalled[: out.kept_last])
             tokens.extend(recalled[: out.kept_last])
         if params.greedy and config.max_tokens > 0:

@@ -161,7 +161,8 @@ class StatsRecorder:
         self.tokens = 1
 
     def observe_recalled(self, n: int) -> None:
-        """The answer's first n tokens, recalled from the last one (Engine.recall)."""
+        """The answer's first n tokens (an end token not counted), recalled from the last
+        answer (Engine.recall)."""
         self.first_token_at = self.last_token_at = time.perf_counter()
         self.tokens = self.recalled = n
 

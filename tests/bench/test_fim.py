@@ -98,8 +98,11 @@ def test_the_report_says_which_keystrokes_were_recalled_and_their_latency_apart(
     modes = ("localspec-plain", "localspec-auto", "llama-server")
     rows = [row(c, m, 2.0) for c in ("a.py:1", "b.py:1", "c.py:1") for m in modes]
     for r in rows:
+        r.keystroke["predicted_n"] = 20
         if r.mode == "localspec-auto" and r.case != "c.py:1":
-            r.keystroke |= {"recalled_n": 20, "latency_s": 0.05}
+            r.keystroke |= {"recalled_n": 21, "latency_s": 0.05}  # the opening's token too
+        elif r.mode.startswith("localspec"):
+            r.keystroke["recalled_n"] = 1  # the opening's token only: a middle of its own
     cases = [{"name": c, "kind": "line"} for c in ("a.py:1", "b.py:1", "c.py:1")]
     md = to_markdown(FimReport({}, cases, rows))
     assert (

@@ -138,7 +138,12 @@ def test_chat_streamed_and_not_agree_and_count_their_tokens(client: openai.OpenA
     usage = chunks[-1].usage
     assert chunks[-1].choices == [] and usage.completion_tokens == answer.usage.completion_tokens
     assert usage.prompt_tokens == answer.usage.prompt_tokens
-    assert chunks[-1].model_extra["localspec"]["rounds"] >= 1
+    # the same greedy request again: its slot's last answer answers it (Engine.recall)
+    assert chunks[-1].model_extra["localspec"]["recalled"] == usage.completion_tokens
+    # other settings (a seed, which greedy decoding does not use) are decoded again
+    decoded, chunks = streamed(client, seed=7)
+    assert decoded == text and chunks[-1].model_extra["localspec"]["rounds"] >= 1
+    assert chunks[-1].model_extra["localspec"]["recalled"] == 0
 
 
 def test_a_prefilled_answer_goes_on_where_the_model_would(client: openai.OpenAI):
@@ -211,8 +216,8 @@ def test_concurrent_clients_all_get_complete_answers(client: openai.OpenAI):
     alone = [ask(client, q, max_tokens=8).choices[0].message.content for q in questions]
     together: list[str | None] = [None] * len(questions)
 
-    def one(i: int) -> None:
-        together[i] = ask(client, questions[i], max_tokens=8).choices[0].message.content
+    def one(i: int) -> None:  # a seed: decoded again, not recalled (Engine.recall)
+        together[i] = ask(client, questions[i], max_tokens=8, seed=1).choices[0].message.content
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(questions))]
     for t in threads:
