@@ -79,7 +79,7 @@ from localspec.decoding.estimates import (
     Acceptance,
     VerifyCost,
 )
-from localspec.decoding.grammar import GrammarState, last_state
+from localspec.decoding.grammar import GrammarState, allowed_run, last_state
 from localspec.decoding.load import Load
 from localspec.decoding.prediction import Prediction
 from localspec.decoding.priors import (
@@ -247,13 +247,20 @@ class AdaptiveDrafter:
             self._last, self._draft_s = Choice("none", 0, 1.0), 0.0
             return Draft(by="none", lead=keep, why=f"{keep} of {forced} forced tokens pay")
         lag = self.model.unread(context) if self.model else 0
+
+        def allowed(tokens: list[int]) -> list[int]:
+            """A free match up to a token the grammar refuses (a keystroke's last middle,
+            where the next character typed is another): priced as long as it can last."""
+            return tokens if grammar is None else tokens[: allowed_run(grammar, tokens)]
+
         n, match = self.ngrams.match(context, gamma)
+        match = allowed(match)
         self.draft_sharers(len(match), gamma, lag, n, forced)
         free = [("ngram", n, match, self.choose(len(match), gamma, lag, n, forced=forced))]
         if self.prediction is not None:
             n, found = self.prediction.match(context, deep)
             depth = deep if n >= max(PREDICTION_PRIOR) else gamma  # deep along a long run
-            found = found[:depth]
+            found = allowed(found[:depth])
             if found:
                 choice = self.choose(len(found), depth, lag, n, "prediction", forced)
                 if found[:1] == match[:1]:
@@ -264,7 +271,7 @@ class AdaptiveDrafter:
         if self.suffix is not None:
             run = self.suffix.match(context, deep)
             depth = deep if run.run >= DEEP_RUN else gamma  # deep along a long run
-            if tokens := run.tokens[:depth]:
+            if tokens := allowed(run.tokens[:depth]):
                 if tokens[:1] == match[:1] and run.run > self.ngrams.n_max:
                     # the lookup's match is the end of this longer run: the suffix drafts
                     # it, on its own α (else the one measured first would keep it)

@@ -94,6 +94,19 @@ def last_state(state: GrammarState, tokens: Sequence[int]) -> GrammarState | Non
     return states[-1] if len(states) == len(tokens) + 1 else None
 
 
+def allowed_run(state: GrammarState, tokens: Sequence[int]) -> int:
+    """How many of `tokens` the grammar takes in a row from `state` (which stays): a
+    draft past a refused token would be rejected there whatever it holds."""
+    here = state.clone()
+    for i, token in enumerate(tokens):
+        if here.free:
+            return len(tokens)
+        if not here.allows(token):
+            return i
+        here.accept(token)
+    return len(tokens)
+
+
 SHORTLIST = 64  # a row's best tokens checked before its whole vocabulary
 
 

@@ -658,3 +658,29 @@ def test_a_sampled_answers_forced_tokens_are_drafted_as_far_as_they_pay():
         d.draft([1, 2, 3, 4, 5, 6, 7], 8, sampled, rng, forced=4)
         d.accept([1, 2, 3, 4, 5, 6, 7, 9], Outcome(0, 0, 0.13, forced=4, forced_accepted=4))
     assert d.lead_worth(4) >= 3
+
+
+def test_a_free_match_is_drafted_only_as_far_as_the_grammar_takes_it():
+    """A keystroke's last middle comes back from the suffix index; where the character
+    typed next is another one, the opening grammar refuses the match past the spaces.
+    The round drafts what the grammar takes (priced so), not a deep pass of tokens the
+    target must reject."""
+    from localspec.decoding.estimates import PREDICTION_GAMMA_MAX as DEEP
+    from localspec.decoding.opening import Opening
+
+    model = ToyModel(scripted("x"), n_vocab=258)
+    d = AdaptiveDrafter(model)
+    d.model = None  # free sources alone
+    for k, t in enumerate(Q4_EPYC_T, 1):
+        d.verify.observe(k, t)
+    prompt = list(b"<fim_middle>")
+    context = [*prompt, *b"  return x + 1\n", *b"<fim_suffix>", *prompt]
+    for n in range(1, 40):
+        d.alpha[f"suffix{n}"] = Acceptance([0.98] * DEEP, [10] * DEEP)
+    params, rng = SamplingParams(), np.random.default_rng(0)
+    free = d.draft(context, 16, params, rng)
+    assert free.by == "suffix" and bytes(free.tokens).startswith(b"  return")
+    typed = Opening(model, "  y").start()  # the author typed `y`
+    assert d.draft(context, 16, params, rng, grammar=typed).tokens == list(b"  ")
+    going_on = Opening(model, "  re").start()  # typed as the middle began
+    assert bytes(d.draft(context, 16, params, rng, grammar=going_on).tokens) == bytes(free.tokens)
