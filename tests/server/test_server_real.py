@@ -425,6 +425,13 @@ def test_a_client_that_gives_up_on_a_whole_answer_frees_its_slot(client: openai.
         )
     wait_idle(server[0], within_s=10)  # the answer would run on for minutes
     assert "cancelled: the client left" in server[1].read_text()
+    # it asks again (for less): what was answered before it gave up comes back at once,
+    # from its slot's last answer (Engine.recall)
+    retry = client.chat.completions.create(
+        model=MODEL, messages=story["messages"], temperature=0, max_tokens=8
+    )
+    assert retry.model_extra["localspec"]["recalled"] == 8
+    assert retry.choices[0].finish_reason == "length" and retry.choices[0].message.content
 
 
 def test_abandoned_requests_during_streams_never_fill_the_queue(client: openai.OpenAI, server):
