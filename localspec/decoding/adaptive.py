@@ -21,7 +21,7 @@ al.: (1 - α^(k+1)) / (1 - α) for a constant α) in k·c + T(k+1) seconds. Each
 the source and k with the best E/time, k = 0 (plain decoding) included, so speculation
 that does not pay is switched off. A free source (n-grams, the suffix index, a
 prediction) is measured even when it is not drafted: what it proposed is set against the
-text the target goes on to write (a *shadow* draft), so its α stays current at no cost.
+text the target goes on to write (a *shadow* draft: shadows.py), so its α stays current.
 The draft model, whose guesses cost a pass, is probed again once the time since its last
 use would have paid for the probe PROBE_SHARE times over, so probing costs at most that
 share; never where the costs say it could not pay even on text it drafts well. Hybrid
@@ -79,7 +79,7 @@ from localspec.decoding.estimates import (
     Acceptance,
     VerifyCost,
 )
-from localspec.decoding.grammar import GrammarState, allowed_run, last_state
+from localspec.decoding.grammar import GrammarState, allowed_prefix, last_state
 from localspec.decoding.load import Load
 from localspec.decoding.prediction import Prediction
 from localspec.decoding.priors import (
@@ -95,6 +95,7 @@ from localspec.decoding.priors import (
     prediction_key,
 )
 from localspec.decoding.sampling import Probs, SamplingParams
+from localspec.decoding.shadows import Shadow, Shadows
 from localspec.decoding.suffix import DEEP_RUN, SUFFIX_PRIOR, SuffixIndex, suffix_key
 from localspec.drafting import GAMMA_MAX
 
@@ -106,23 +107,8 @@ EXPLORE_SEEN = 8  # a free source is tried deeper than timed once it was judged 
 # rounds of ~3): a draft model that has not read a new prompt pays it within the answer,
 # or not at all (it reads ahead between requests instead: `read_ahead`)
 FIM_CATCHUP_ROUNDS = 6
-MAX_SHADOWS = 64  # pending shadow drafts kept (a few rounds' worth of every free source)
 RECOVER = 0.02  # per token made without the draft model, its low α closes this share of
 # the gap to its prior
-
-
-@dataclass
-class Shadow:
-    """A free source's proposal that a round did not draft. The target's text after `at`
-    says how much of it a draft would have kept: at temperature 0 exactly; sampled, a
-    token matches with the target's probability for it, its chance of acceptance. Each
-    position is learned as soon as the text reaches it, so a repeated text raises α within
-    a few tokens, as drafting it would."""
-
-    key: str  # the acceptance it teaches
-    at: int  # where the proposal would have gone in the text
-    tokens: list[int]
-    checked: int = 0  # positions the text has reached so far
 
 
 @dataclass(frozen=True)
@@ -170,7 +156,7 @@ class AdaptiveDrafter:
         self.verify = VerifyCost(growth=tuple(growth))
         self.load: Load | None = None  # serve's slots, which share the target's passes
         self.draft_idle_s = 0.0  # decode time since the draft model was last used
-        self.shadows: list[Shadow] = []  # pending, the newest last
+        self.shadows = Shadows()
         self._text_len = 0  # the text's length after the last round
         self._last: Choice | None = None
         self._draft_s = 0.0
@@ -247,20 +233,16 @@ class AdaptiveDrafter:
             self._last, self._draft_s = Choice("none", 0, 1.0), 0.0
             return Draft(by="none", lead=keep, why=f"{keep} of {forced} forced tokens pay")
         lag = self.model.unread(context) if self.model else 0
-
-        def allowed(tokens: list[int]) -> list[int]:
-            """A free match up to a token the grammar refuses (a keystroke's last middle,
-            where the next character typed is another): priced as long as it can last."""
-            return tokens if grammar is None else tokens[: allowed_run(grammar, tokens)]
-
+        # each free match priced as far as the grammar takes it (a keystroke's last
+        # middle, where the character typed next is another, ends at the indentation)
         n, match = self.ngrams.match(context, gamma)
-        match = allowed(match)
+        match = allowed_prefix(grammar, match)
         self.draft_sharers(len(match), gamma, lag, n, forced)
         free = [("ngram", n, match, self.choose(len(match), gamma, lag, n, forced=forced))]
         if self.prediction is not None:
             n, found = self.prediction.match(context, deep)
             depth = deep if n >= max(PREDICTION_PRIOR) else gamma  # deep along a long run
-            found = allowed(found[:depth])
+            found = allowed_prefix(grammar, found[:depth])
             if found:
                 choice = self.choose(len(found), depth, lag, n, "prediction", forced)
                 if found[:1] == match[:1]:
@@ -271,7 +253,7 @@ class AdaptiveDrafter:
         if self.suffix is not None:
             run = self.suffix.match(context, deep)
             depth = deep if run.run >= DEEP_RUN else gamma  # deep along a long run
-            if tokens := allowed(run.tokens[:depth]):
+            if tokens := allowed_prefix(grammar, run.tokens[:depth]):
                 if tokens[:1] == match[:1] and run.run > self.ngrams.n_max:
                     # the lookup's match is the end of this longer run: the suffix drafts
                     # it, on its own α (else the one measured first would keep it)
@@ -321,30 +303,13 @@ class AdaptiveDrafter:
         for source, n, tokens in proposals:
             key = self.key(source, n)
             if tokens:
-                self.shadows.append(Shadow(key, at, list(tokens[: len(self.alpha[key].alpha)])))
-        del self.shadows[:-MAX_SHADOWS]
-
-    def settle_shadows(self, text: Sequence[int]) -> None:
-        """Each shadow learns the positions the text has reached; it is done at its first
-        miss or its last token."""
-        self._text_len = len(text)
-        pending = []
-        for s in self.shadows:
-            acceptance, hit = self.alpha[s.key], True
-            while hit and s.checked < len(s.tokens) and s.at + s.checked < len(text):
-                hit = text[s.at + s.checked] == s.tokens[s.checked]
-                acceptance.learn(s.checked, hit)
-                s.checked += 1
-            if hit and s.checked < len(s.tokens):
-                pending.append(s)
-            else:
-                acceptance.relax_from(s.checked)
-        self.shadows = pending
+                self.shadows.keep(Shadow(key, at, list(tokens[: len(self.alpha[key].alpha)])))
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         if self.model is not None:
             self.model.accept(tokens, outcome)
-        self.settle_shadows(tokens)
+        self._text_len = len(tokens)
+        self.shadows.settle(tokens, self.alpha)
         choice = self._last
         if choice is None:
             return

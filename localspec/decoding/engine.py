@@ -41,6 +41,7 @@ from localspec.decoding.events import (
 from localspec.decoding.grammar import (
     Grammar,
     GrammarState,
+    allowed_prefix,
     last_state,
     masked_argmax,
     masked_probs,
@@ -235,16 +236,7 @@ class Engine:
             config.grammar is None or n != last.start or not config.grammar.within(last.grammar)
         ):
             return []
-        here = state.clone() if state is not None else None
-        recalled: list[int] = []
-        for token in last.tokens[n:]:
-            if here is not None:
-                if not here.allows(token):
-                    break
-                if not self.target.is_eog(token):
-                    here.accept(token)
-            recalled.append(token)
-        return recalled
+        return allowed_prefix(state, last.tokens[n:])
 
     def readable(self, draft: Sequence[int]) -> int:
         """How many drafted tokens precede the first one past the target's vocabulary

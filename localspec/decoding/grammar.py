@@ -94,17 +94,22 @@ def last_state(state: GrammarState, tokens: Sequence[int]) -> GrammarState | Non
     return states[-1] if len(states) == len(tokens) + 1 else None
 
 
-def allowed_run(state: GrammarState, tokens: Sequence[int]) -> int:
-    """How many of `tokens` the grammar takes in a row from `state` (which stays): a
-    draft past a refused token would be rejected there whatever it holds."""
+def allowed_prefix(state: GrammarState | None, tokens: Sequence[int]) -> list[int]:
+    """`tokens` up to the first one the grammar refuses from `state` (which stays; all of
+    them without a grammar, or once it is free): a draft past a refused token would be
+    rejected there whatever it holds, and a choice it refuses is not this answer's."""
+    tokens = list(tokens)
+    if state is None:
+        return tokens
     here = state.clone()
     for i, token in enumerate(tokens):
         if here.free:
-            return len(tokens)
+            break
         if not here.allows(token):
-            return i
-        here.accept(token)
-    return len(tokens)
+            return tokens[:i]
+        if i + 1 < len(tokens):  # (an end token comes last: nothing follows it)
+            here.accept(token)
+    return tokens
 
 
 SHORTLIST = 64  # a row's best tokens checked before its whole vocabulary
