@@ -10,6 +10,12 @@ and the grammar's jump-forward drafts), and `llama-server` plainly, with the dra
 after the first over the time after it), TTFT, whether each answer parses and follows its
 schema, and whether it equals localspec's constrained plain decoding; where it does not,
 the first token where the two part, scored by the target (`audit_agreement`).
+
+The tokens a rate counts are those of the text the client saw, as the target's tokenizer
+splits it, the same count for every server (`shown_tokens`). A server's usage may count
+more: llama-server's grammar for Qwen's chat format lets the model open the JSON with a
+```json fence and close it with ```, which it decodes but does not stream, so its usage
+put 5-12% more tokens into the same span of streamed text.
 """
 
 from __future__ import annotations
@@ -141,19 +147,30 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+@dataclass(frozen=True)
+class Streamed:
+    """One streamed answer as its client saw it."""
+
+    tokens: int  # as the server's usage counts them
+    ttft_s: float
+    span_s: float  # from the first piece of text to the last
+    text: str
+
+
 @dataclass
 class JsonRow:
     case: str
     mode: str
-    tokens: int
+    tokens: int  # as the server's usage counts them
     ttft_s: float
-    tokens_per_s: float
+    tokens_per_s: float  # shown tokens after the first over the time after it
     text: str
     valid: bool
     why: str = ""  # why it is not valid
     agrees: bool | None = None  # equal to localspec-plain's answer
     audit: str = ""  # where it is not: the first difference, scored by the target
     token_ids: list[int] | None = None  # asked for where it is audited ([]: could not be)
+    shown_tokens: int = 0  # the text's, as the target splits it (0: a report of before)
 
 
 @dataclass
@@ -188,9 +205,9 @@ def ask(
     n: int,
     temperature: float = 0.0,
     repeat: int = 0,
-) -> dict:
+) -> Streamed:
     """One streamed request with the schema, greedy or sampled (the same sampler settings
-    and seed on every server): TTFT, tok/s, tokens and the text. A greedy repeat carries
+    and seed on every server). A greedy repeat carries
     a seed of its own: localspec answers the same greedy request from its last answer
     (Engine.recall), where the repeat is meant to time the work again."""
     body = {
@@ -225,13 +242,29 @@ def ask(
                     text += piece
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    span = (last or started) - (first or started)
-    return {
-        "tokens": tokens,
-        "ttft_s": (first or started) - started,
-        "tokens_per_s": (tokens - 1) / span if span > 0 else 0.0,
-        "text": text,
-    }
+    return Streamed(
+        tokens, (first or started) - started, (last or started) - (first or started), text
+    )
+
+
+def shown_tokens(client: httpx.Client, base: str, text: str) -> int:
+    """How many tokens the target splits `text` into (`base`'s /tokenize)."""
+    r = client.post(f"{base}/tokenize", json={"content": text})
+    if r.status_code != 200:
+        raise LocalspecError(f"{base}/tokenize answered {r.status_code}: {r.text[:200]}")
+    return len(r.json()["tokens"])
+
+
+def to_row(
+    client: httpx.Client, base: str, case: str, mode: str, got: Streamed, schema: dict[str, Any]
+) -> JsonRow:
+    """The report's row of `got`: its rate over the tokens shown, counted by `base`."""
+    shown = shown_tokens(client, base, got.text)
+    rate = (shown - 1) / got.span_s if got.span_s > 0 else 0.0
+    valid, why = check(got.text, schema)
+    return JsonRow(
+        case, mode, got.tokens, got.ttft_s, rate, got.text, valid, why, shown_tokens=shown
+    )
 
 
 def run_json(
@@ -262,8 +295,9 @@ def run_json(
                     progress(f"{case}: {mode}")
                     got = ask(client, bases[mode], prompt, schema, max_tokens, temperature, r)
                     settle(client, bases[mode])  # not on the next server's time
-                    valid, why = check(got["text"], schema)
-                    report.rows.append(JsonRow(case, mode, **got, valid=valid, why=why))
+                    report.rows.append(
+                        to_row(client, bases["localspec-plain"], case, mode, got, schema)
+                    )
         plain = {(r.case): r.text for r in report.rows if r.mode == "localspec-plain"}
         for row in report.rows if not temperature else []:
             if row.mode != "localspec-plain" and row.case in plain:
@@ -368,7 +402,9 @@ def to_markdown(report: JsonReport) -> str:
     lines = [
         f"# Structured output (response_format json_schema): {len(CASES)} schemas, {how}",
         "",
-        "Decode tok/s: client side, streamed, median over the cases. Valid: parses and "
+        "Decode tok/s: client side, streamed, median over the cases: the tokens of the "
+        "text shown (the target's tokenizer; the same count for every server) after the "
+        "first, over the time after it. Valid: parses and "
         "follows its schema. = plain: the same text as localspec's constrained plain "
         "decoding (greedy runs only).",
         "",

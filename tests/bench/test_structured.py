@@ -4,6 +4,7 @@ tests/server/test_structured_real.py)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from functools import partial
 
@@ -146,3 +147,23 @@ def test_a_difference_from_plain_decoding_is_scored_by_the_target(real_paths, re
     assert rows[4].audit.startswith("another grammar: token 0, '```'"), rows[4].audit
     md = to_markdown(JsonReport({}, rows))
     assert f"- classify localspec-auto: DEFECT: token {at}" in md
+
+
+def test_a_rate_counts_the_tokens_shown_not_those_decoded_out_of_sight():
+    """llama-server's grammar lets Qwen open the JSON with a ```json fence it decodes but
+    does not stream: its usage counts the fence, the client's span does not hold it."""
+    import httpx
+
+    from localspec.bench.structured import Streamed, to_row
+
+    def tokenize(request: httpx.Request) -> httpx.Response:
+        text = json.loads(request.content)["content"]
+        return httpx.Response(200, json={"tokens": list(range(len(text.split())))})
+
+    http = httpx.Client(transport=httpx.MockTransport(tokenize))
+    _, schema = CASES["classify"]
+    text = '{"language": "rust", "confidence": 1, "evidence": "fn main"}'  # 7 words
+    fenced = Streamed(tokens=12, ttft_s=0.5, span_s=1.5, text=text)
+    row = to_row(http, "http://tokenizer", "classify", "llama-server", fenced, schema)
+    assert row.shown_tokens == 7 and row.tokens == 12
+    assert row.tokens_per_s == pytest.approx(6 / 1.5) and row.valid

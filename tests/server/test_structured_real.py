@@ -48,12 +48,18 @@ def session(real_paths) -> Iterator[Session]:
 
 
 @pytest.fixture(scope="module")
-def client(session: Session) -> Iterator[openai.OpenAI]:
-    """The real SDK over the app in-process (TestClient is an httpx.Client)."""
+def http(session: Session) -> Iterator[TestClient]:
+    """The app in-process (TestClient is an httpx.Client)."""
     with TestClient(create_app(session, ServerOptions("coder"))) as http:
-        yield openai.OpenAI(
-            base_url="http://testserver/v1", api_key="x", max_retries=0, http_client=http
-        )
+        yield http
+
+
+@pytest.fixture(scope="module")
+def client(http: TestClient) -> openai.OpenAI:
+    """The real SDK over the app in-process."""
+    return openai.OpenAI(
+        base_url="http://testserver/v1", api_key="x", max_retries=0, http_client=http
+    )
 
 
 def goes_through(grammar: LlamaGrammar, target, text: str) -> bool:
@@ -98,6 +104,17 @@ def test_a_json_schema_answer_validates_and_equals_constrained_plain_decoding(
     if text != plain.text:  # a batched pass may move a near-tie, never a clear choice
         served = Finished(text, spec_tokens, plain.stop_reason, plain.stats)
         assert_lossless(served, pieces, plain)
+
+
+def test_the_bench_counts_a_streamed_answer_as_its_usage_does(http: TestClient):
+    """`bench --suite json` counts the tokens of the text a client saw (the target's
+    tokenizer, so alike for every server): for localspec's answers that is its usage."""
+    from localspec.bench.structured import ask, to_row
+
+    got = ask(http, "http://testserver", ASK, PERSON, 60)
+    row = to_row(http, "http://testserver", "person", "localspec-auto", got, PERSON)
+    assert row.valid and row.shown_tokens == got.tokens > 10, (row, got)
+    assert row.tokens_per_s == pytest.approx((got.tokens - 1) / got.span_s)
 
 
 def grammar_rounds(session: Session, grammar: LlamaGrammar) -> tuple[list[RoundEnd], Finished]:
