@@ -207,9 +207,9 @@ def ask(
     repeat: int = 0,
 ) -> Streamed:
     """One streamed request with the schema, greedy or sampled (the same sampler settings
-    and seed on every server). A greedy repeat carries
-    a seed of its own: localspec answers the same greedy request from its last answer
-    (Engine.recall), where the repeat is meant to time the work again."""
+    and seed on every server). A greedy repeat carries a seed of its own: localspec
+    answers the same greedy request from its last answer (Engine.recall), where the
+    repeat is meant to time the work again."""
     body = {
         "model": "any",
         "messages": [{"role": "user", "content": prompt}],
