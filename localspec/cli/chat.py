@@ -36,7 +36,13 @@ FROM_SETTINGS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("chat", help="open the chat (the default command)")
+    p = sub.add_parser(
+        "chat",
+        help="open the chat (the default command)",
+        description="The terminal chat, with tokens/s, acceptance and memory beside the "
+        "conversation. Conversations are saved as they happen (ctrl+o opens one, ctrl+n "
+        "starts one); ctrl+l picks another pair.",
+    )
     add_model_options(p)
     add_sampling_options(p)
     p.add_argument("--system", help="system prompt (default: from the settings)")

@@ -16,9 +16,24 @@ from localspec.cli.options import (
 from localspec.errors import LocalspecError
 from localspec.thinking import Thinking
 
+RUN_EXAMPLES = """examples:
+  localspec run "Explain a B-tree"
+  echo "Explain this diff" | localspec run --json --max-tokens 200
+  localspec run PROMPT --draft ngram      prompt lookup: no draft model at all
+  localspec run PROMPT --draft none       plain decoding, to compare with
+  localspec run PROMPT --temperature 0.7 --seed 1   sampled, distributed as the target's"""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="answer one prompt (argument or stdin)")
+    p = sub.add_parser(
+        "run",
+        help="answer one prompt (argument or stdin)",
+        description="""\
+Answer one prompt with speculative decoding: the answer streams to stdout, the
+figures (tokens/s, acceptance, γ) to stderr.""",
+        epilog=RUN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "prompt",
         nargs="*",

@@ -26,10 +26,26 @@ from localspec.models.memory import MAX_SLOTS
 
 LOOPBACK_NAMES = ("localhost",)
 CACHE_RAM_MIB = 8192  # llama-server's default
+SERVE_EXAMPLES = """examples:
+  localspec serve                                  the planner's pair on 127.0.0.1:8080
+  localspec serve -t qwen2.5-coder-7b-instruct -d qwen2.5-coder-0.5b-instruct
+  localspec serve --cache-reuse 256                for llama.vim and llama.vscode
+  ANTHROPIC_BASE_URL=http://127.0.0.1:8080 claude  Claude Code through it"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve the pair over the OpenAI and Anthropic APIs")
+    p = sub.add_parser(
+        "serve",
+        help="serve the pair over the OpenAI and Anthropic APIs",
+        description="""\
+Load the pair once and answer the OpenAI API at http://HOST:PORT/v1 (chat,
+completions with a suffix, Responses), Anthropic's Messages API at
+http://HOST:PORT, and llama-server's /infill and /completion for editors; several
+clients at once, each in a slot with its own cache. docs/serve.md has each
+editor's and agent's settings.""",
+        epilog=SERVE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_model_options(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")

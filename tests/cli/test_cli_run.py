@@ -70,6 +70,17 @@ def test_a_mistyped_command_line_gets_one_line_naming_the_commands_help(args, pr
     assert_usage_error(localspec(*args), prog, words)
 
 
+def test_every_command_says_what_it_does_and_the_main_ones_show_examples():
+    """After `localspec --help`, a command's own --help is a user's next stop."""
+    from localspec.cli import build_parser
+
+    parser = build_parser()
+    for name, command in parser.commands.items():
+        assert command.description, f"localspec {name} --help says nothing of what it does"
+    for name in ("run", "serve"):
+        assert "examples:\n  localspec" in parser.commands[name].format_help(), name
+
+
 @pytest.mark.real
 def test_incompatible_draft(real_paths, gemma_path):
     r = localspec("run", "hi", "--target", str(real_paths[0]), "--draft", str(gemma_path))
