@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Four slots of serve's `Worker` in-process, on real threads: tok/s of one batch of
 fresh chat prompts, with a cache per slot or one shared (`kv_unified`), plainly or with
-`--gamma auto`; and the share of the wall time spent in llama.cpp's passes.
+`--gamma auto` or a fixed γ; and the share of the wall time spent in llama.cpp's passes.
 
     .venv/bin/python scripts/slots_overhead.py --target T.gguf --draft D.gguf \\
         --mode auto --cache shared
@@ -41,7 +41,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
-    p.add_argument("--mode", choices=["plain", "auto"], default="auto")
+    p.add_argument("--mode", default="auto", help="plain, auto, or a fixed γ with the draft model")
     p.add_argument("--cache", choices=["per-slot", "shared"], default="shared")
     p.add_argument("--tokens", type=int, default=96)
     p.add_argument("--threads", type=int, default=2)
@@ -50,9 +50,8 @@ def main() -> None:
         n_ctx=2048, n_threads=args.threads, n_seq=len(PROMPTS), kv_unified=args.cache == "shared"
     )
     plain = args.mode == "plain"
-    config = SessionConfig(
-        args.target, "none" if plain else args.draft, 0 if plain else "auto", load, load
-    )
+    gamma: int | str = 0 if plain else args.mode if args.mode == "auto" else int(args.mode)
+    config = SessionConfig(args.target, "none" if plain else args.draft, gamma, load, load)
     session = open_session(config)
     worker = Worker(session, max_queue=8, parallel=len(PROMPTS))
     worker.start()

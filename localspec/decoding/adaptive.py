@@ -45,12 +45,11 @@ context's tail, in this conversation or an earlier one, and what most often foll
 with α per run length, drafted as deep along a long run.
 
 Under load (serve's slots, whose rounds share each pass: batching.py), each token a
-round adds delays the n slots decoding beside it, so a drafted token is priced n times:
-T_n(k) = T(1) + n (T(k) − T(1)), T as timed while the slot decoded alone (a shared
-pass's time holds the others' tokens too; until then, the priors). γ falls as slots fill
-and comes back as they empty; with one slot (n = 1) nothing changes. (This maximizes the
-pass's tokens/s where the slots draft alike: an extra token pays when it adds more than
-b·ΣE/T.)
+round adds delays the n slots decoding beside it, so a free source's token is priced n
+times: T_n(k) = T(n) + n (T(n + k − 1) − T(n)), T the shared passes' times. The draft
+model's steps are one pass for every slot drafting, which all wait for: the slots draft
+to one depth, the best for all of them (load.py, `common_depth`). γ falls as slots fill
+and comes back as they empty; with one slot (n = 1) nothing changes.
 
 The draft model stops early (p_min, per position) at a token too unsure to pay for what
 drafting on from it costs: its verify slot and the steps after it, against the tokens it
@@ -162,7 +161,6 @@ class AdaptiveDrafter:
         self._draft_s = 0.0
         self.alpha["lead"] = Acceptance.prior(SAMPLED_LEAD_PRIOR, PREDICTION_GAMMA_MAX)
         self._sampled = False  # this answer samples (its forced tokens are a bet)
-        self._sharers = 1.0  # under load: slots a draft step is shared by (draft_sharers)
 
     @property
     def busy_s(self) -> float:
@@ -181,20 +179,7 @@ class AdaptiveDrafter:
         c = self.model.step_s or self.cost_ratio * self.timings().a
         if self.load is None or (n := self.slots()) == 1:
             return c
-        return c * n / min(max(self._sharers, 1.0), n)
-
-    def draft_sharers(self, matched: int, gamma: int, lag: int, n: int, forced: int) -> None:
-        """Under load, how many slots this round's draft steps would be shared by. Priced
-        as measured alone, a step delays all n slots for one slot's draft, so where no
-        slot drafts none ever would, even where all drafting together pays (the draft
-        model's passes carry every slot's step for about one step's time). So each round
-        also asks whether it would draft were the steps shared by all; the slots that
-        would are counted as sharing them (Load.sharers)."""
-        if self.load is None or self.model is None or self.slots() == 1:
-            return
-        self._sharers = float(self.slots())
-        shared = self.choose(matched, gamma, lag, n, forced=forced)
-        self._sharers = self.load.sharers("draft" in shared.source and shared.gain > 1.0)
+        return c * n / min(max(self.load.drafting(), 1.0), n)
 
     def predict(self, prediction: Prediction | None) -> None:
         """The next answers' prediction (None: none); its α is measured afresh. A
@@ -237,7 +222,6 @@ class AdaptiveDrafter:
         # middle, where the character typed next is another, ends at the indentation)
         n, match = self.ngrams.match(context, gamma)
         match = allowed_prefix(grammar, match)
-        self.draft_sharers(len(match), gamma, lag, n, forced)
         free = [("ngram", n, match, self.choose(len(match), gamma, lag, n, forced=forced))]
         if self.prediction is not None:
             n, found = self.prediction.match(context, deep)
@@ -388,7 +372,14 @@ class AdaptiveDrafter:
             gains = [(1 + per * e) * a / t[k] for k, e in enumerate(expected, 1)]
             best = better(best, free, gains, 1, free_tokens=None)
             best = self.explore(best, free, ng, expected, gains, forced, a)
-        if self.model is not None:
+        if self.model is not None and self.load is not None and self.slots() > 1 and not forced:
+            # under load every drafting slot drafts to one depth (its steps are shared)
+            dm = self.alpha["draft"]
+            step = self.model.step_s or self.cost_ratio * self.timings().a
+            d, gain = self.load.depth(dm.expected(depth), step)
+            if d:
+                best = better(best, "draft", [gain], d, free_tokens=0)
+        elif self.model is not None:
             dm = self.alpha["draft"]
             # Its first try pays the catch-up of the whole prompt, so it has to pay by the
             # priors, not just time a batch size (on a CPU the dearest one, T(2)).

@@ -1,10 +1,12 @@
 """What `auto` prices a round by under serve's slots, whose rounds share each pass
-(server/batching.py): how many slots decode now, the shared passes' times, and how many
-slots a draft-model step is shared by (adaptive.py's module docstring: T_n(k))."""
+(server/batching.py): how many slots decode now, the shared passes' times, how many
+slots a draft-model step is shared by, and the depth the slots draft to together
+(adaptive.py's module docstring: T_n(k), and `common_depth` below)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from localspec.decoding.estimates import VerifyCost
@@ -20,18 +22,49 @@ class Load:
     # slots whose drafts share a draft-model pass, on average: a draft step delays every
     # slot, and is shared by those that draft in it
     drafting: Callable[[], float] = lambda: 1.0
-    slot: int = 0  # this slot's key in `willing`
-    # per slot, shared by all: whether its last round would draft with the draft model
-    # were its steps shared by every slot (AdaptiveDrafter.draft_sharers); one key per
-    # slot from the start, so that no thread's sum sees the dict change size
-    willing: dict[int, bool] = field(default_factory=dict)
+    slot: int = 0  # this slot's key in `expects`
+    # per slot, shared by all: E(k) - 1 for k = 1..γ of its draft model as its last round
+    # measured them (None: it drafts with none now); one key per slot from the start, so
+    # that no thread's reading sees the dict change size
+    expects: dict[int, list[float] | None] = field(default_factory=dict)
 
-    def sharers(self, willing: bool) -> float:
-        """The slots a draft step is expected to be shared by: as many as measured, or as
-        would draft together, this one included."""
-        self.willing[self.slot] = willing
-        return max(self.drafting(), float(sum(self.willing.values())))
+    def depth(self, expected: list[float], step_s: float) -> tuple[int, float]:
+        """The depth every slot drafts to this round, and its gain over plain decoding
+        (`common_depth`), with this slot's `expected` E(k) - 1 among the others'."""
+        self.expects[self.slot] = expected
+        drafting = [e for e in self.expects.values() if e]
+        n = max(self.slots(), len(drafting))
+        top = n * (1 + max(len(e) for e in drafting))
+        return common_depth(drafting, n, step_s, self.passes.table(top))
 
     def leave(self) -> None:
         """This slot's request ended: it drafts no more."""
-        self.willing[self.slot] = False
+        self.expects[self.slot] = None
+
+
+def common_depth(
+    expects: Sequence[Sequence[float]], n: int, step_s: float, table: Sequence[float]
+) -> tuple[int, float]:
+    """The draft depth D for every drafting slot, and the pass's tokens/s at D over plain
+    decoding's (D = 0, gain 1: drafting does not pay).
+
+    The slots' draft steps go through the draft model in one pass each, which every slot
+    waits for (batching.py), and such a pass costs about as much for one slot's token as
+    for four: slots that draft to different depths wait for the deepest one's steps, and
+    the shallow ones gain nothing by it. So under load the slots draft alike, to the D
+    with the best (n + Σ_i E_i(D)) / (D c + T(n + m D)): n slots in the passes, m of them
+    drafting (`expects`: each one's E(k) - 1), c a draft step (`step_s`), T the shared
+    passes' times (`table`, taken as never falling with more tokens). Four slots of the
+    F16 target on 2 cores drafting each to its own best depth ran level with plain
+    decoding; to one depth, 1.07-1.21x (docs/design.md, "Slots")."""
+    t = list(itertools.accumulate(table, max))
+    plain = n / t[n - 1]
+    best, gain = 0, 1.0
+    for d in range(1, max((len(e) for e in expects), default=0) + 1):
+        # a slot that may draft fewer (its answer's last tokens) drafts what it may
+        depths = [min(d, len(e)) for e in expects]
+        tokens = n + sum(e[k - 1] for e, k in zip(expects, depths, strict=True))
+        rate = tokens / (d * step_s + t[n + sum(depths) - 1]) / plain
+        if rate > gain:
+            best, gain = d, rate
+    return best, gain

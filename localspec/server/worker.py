@@ -176,7 +176,7 @@ class Worker:
         if draft is not None:
             draft.reset()
         slots = []
-        willing = dict.fromkeys(range(parallel), False)  # the slots' Loads share it
+        expects: dict[int, list[float] | None] = dict.fromkeys(range(parallel))  # shared
         for i in range(parallel):
             views = [SlotModel(target, i, self.batcher)]
             if draft is not None:
@@ -185,7 +185,11 @@ class Worker:
             engine = session.engine_for(views[0], views[1] if draft is not None else None, head)
             if isinstance(engine.drafter, AdaptiveDrafter):  # γ follows the load
                 engine.drafter.load = Load(
-                    self.batcher.load, self.batcher.passes(target), self._drafting, i, willing
+                    self.batcher.load,
+                    self.batcher.passes(target),
+                    self._drafting,
+                    i,
+                    expects,
                 )
             slots.append(Slot(i, engine, views, list(views)))
         return slots

@@ -16,7 +16,7 @@ from localspec.decoding.adaptive import (
 )
 from localspec.decoding.drafters import Outcome
 from localspec.decoding.events import RoundEnd
-from localspec.decoding.load import Load
+from localspec.decoding.load import Load, common_depth
 from localspec.decoding.sampling import SamplingParams
 
 
@@ -457,46 +457,67 @@ def test_under_load_gamma_falls_as_slots_fill_and_comes_back_as_they_empty():
     assert d.choose(matched=0, gamma=8) == alone
 
 
-def test_under_load_slots_that_would_draft_together_do_and_one_alone_does_not():
-    """A draft step delays every slot. Priced for one slot's draft, it costs four
-    slots' waiting, and where no slot drafts (the draft model's passes carry one slot's
-    step) none ever would; yet four drafting together share each step. So each round
-    also asks whether it would draft were its steps shared, and the slots that would
-    are counted as sharing them: four alike find each other within a round, and a slot
-    alone in its wish stays plain, as before."""
+def test_under_load_the_slots_draft_to_one_depth_and_a_slot_alone_in_its_wish_does_not():
+    """A draft step is one pass of the draft model for every slot drafting, and each slot
+    waits for it: a slot that drafts deeper than the others makes them all wait for its
+    steps. So the slots draft to one depth, the best for the pass's tokens/s over all of
+    them (each publishes its E(k) in the Load they share). Four alike find each other
+    within a round and all draft to the same depth; a slot whose draft model drafts well
+    among three whose drafts miss stays plain, and so do they."""
     a, b, c = 0.060, 0.004, 0.012  # a CPU pass grows by b a token; a draft step costs c
     passes = VerifyCost()
     for k in range(1, 48):
         passes.observe(k, a + b * (k - 1))
 
     def slots(alphas: list[float]) -> list[AdaptiveDrafter]:
-        willing: dict[int, bool] = {}
+        expects: dict[int, list[float] | None] = dict.fromkeys(range(len(alphas)))
         out = []
         for i, alpha in enumerate(alphas):
             d = drafter_with(a=a, b=b, c=c, alpha=alpha)
-            d.load = Load(lambda: len(alphas), passes, lambda: 1.0, i, willing)
+            d.load = Load(lambda: len(alphas), passes, lambda: 1.0, i, expects)
             out.append(d)
         return out
 
-    def round_of(d: AdaptiveDrafter) -> Choice:
-        d.draft_sharers(0, 8, 0, 4, 0)
-        return d.choose(matched=0, gamma=8)
-
     alike = slots([0.8] * 4)
-    first = [round_of(d).source for d in alike]
-    assert first[0] == "none" and first[-1] == "draft"  # the later see the others' wish
-    assert all(round_of(d).source == "draft" for d in alike)  # and the next round, all
+    first = [d.choose(matched=0, gamma=8) for d in alike]
+    assert first[0].source == "none" and first[-1].source == "draft"  # the later see more
+    again = [d.choose(matched=0, gamma=8) for d in alike]
+    assert {(c.source, c.k) for c in again} == {("draft", again[0].k)}  # one depth for all
     alone = slots([0.8, 0.2, 0.2, 0.2])
     for _ in range(2):
-        assert all(round_of(d).source == "none" for d in alone)
-    assert alone[0].load is not None and alone[0].load.willing == {
-        0: True,
-        1: False,
-        2: False,
-        3: False,
-    }
-    alike[3].load.leave()  # type: ignore[union-attr]
-    assert alike[0].load.willing[3] is False  # type: ignore[union-attr]
+        assert all(d.choose(matched=0, gamma=8).source == "none" for d in alone)
+    load = alike[3].load
+    assert load is not None
+    load.leave()
+    assert load.expects[3] is None  # it drafts no more: the others decide without it
+
+
+def test_the_common_depth_maximizes_the_passs_tokens_per_second():
+    """`common_depth` over plain data: GPU-like costs (a pass of 36 tokens about one of
+    4) let good drafts go deep; on a CPU, where four slots' pass of 12 tokens costs half
+    as much again as one of 4, the same drafts stay shallow; poor ones do not draft; a
+    slot that drafts poorly pulls the depth down for all; the gain is the pass's rate
+    over plain decoding's; a slot that may draft fewer tokens drafts what it may."""
+    good = [0.8 * (1 - 0.8**k) / 0.2 for k in range(1, 9)]  # E(k) - 1 at α = 0.8
+    poor = [0.2 * (1 - 0.2**k) / 0.8 for k in range(1, 9)]
+    gpu = [0.010 + 0.0001 * (k - 1) for k in range(1, 40)]
+    cpu = [0.100 + 0.010 * (k - 1) for k in range(1, 40)]
+    deep, _ = common_depth([good] * 4, 4, 0.0005, gpu)
+    shallow, gain = common_depth([good] * 4, 4, 0.020, cpu)
+    assert deep >= 5 and 1 <= shallow <= 3
+    rate = (4 + 4 * good[shallow - 1]) / (shallow * 0.020 + cpu[4 + 4 * shallow - 1])
+    assert gain == pytest.approx(rate / (4 / cpu[3]))
+    assert common_depth([poor] * 4, 4, 0.020, cpu) == (0, 1.0)
+    mixed, _ = common_depth([good, good, poor, poor], 4, 0.020, cpu)
+    assert mixed < shallow
+    assert common_depth([], 4, 0.020, cpu) == (0, 1.0)
+    # a slot that may draft one token more (its answer's last) does not hold the others
+    assert common_depth([good] * 3 + [good[:1]], 4, 0.0005, gpu)[0] >= 5
+    # a pass timed slower than a larger one (a noisy host) does not make the larger cheap
+    dip = cpu[:12] + [0.05] * 27
+    assert common_depth([good] * 4, 4, 0.020, dip) == common_depth(
+        [good] * 4, 4, 0.020, cpu[:12] + [cpu[11]] * 27
+    )
 
 
 def test_under_load_a_round_times_only_itself_alone():
