@@ -139,6 +139,9 @@ class Model(ABC):
         self.cancel: threading.Event | None = None
         self.busy_s = 0.0  # wall time inside decode calls, for overhead accounting
         self.decoded = 0  # tokens sent through the model so far
+        # the last call went through a pass with other sequences' tokens (serve's slots):
+        # its time is the pass's, not a measure of this call's cost
+        self.shared_pass = False
         self.restarts = 0  # cuts that failed, so that the cache started over
 
     def stop_if_cancelled(self, read: int) -> None:

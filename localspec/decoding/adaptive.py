@@ -179,7 +179,7 @@ class AdaptiveDrafter:
         c = self.model.step_s or self.cost_ratio * self.timings().a
         if self.load is None or (n := self.slots()) == 1:
             return c
-        return c * n / min(max(self.load.drafting(), 1.0), n)
+        return self.load.draft_step(c) * n / min(max(self.load.drafting(), 1.0), n)
 
     def predict(self, prediction: Prediction | None) -> None:
         """The next answers' prediction (None: none); its α is measured afresh. A
@@ -375,7 +375,7 @@ class AdaptiveDrafter:
         if self.model is not None and self.load is not None and self.slots() > 1 and not forced:
             # under load every drafting slot drafts to one depth (its steps are shared)
             dm = self.alpha["draft"]
-            step = self.model.step_s or self.cost_ratio * self.timings().a
+            step = self.load.draft_step(self.model.step_s or self.cost_ratio * self.timings().a)
             d, gain = self.load.depth(dm.expected(depth), step)
             if d:
                 best = better(best, "draft", [gain], d, free_tokens=0)

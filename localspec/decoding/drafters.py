@@ -245,10 +245,13 @@ class DraftModel(StepTimes):
         return len(seq) - end
 
     def _step(self, seq: list[int]) -> np.ndarray:
-        """One draft forward pass, timed (see `time_step`)."""
+        """One draft forward pass, timed (see `time_step`) where it ran alone: a pass
+        shared with other slots' tokens (a prompt's catch-up among them) says nothing of
+        this step's cost, and under load `auto` prices steps by the shared passes."""
         decoded, busy = self.model.decoded, self.model.busy_s
         logits = self.model.evaluate(seq, 1)[0]
-        self.time_step(self.model.decoded - decoded, self.model.busy_s - busy)
+        if not self.model.shared_pass:
+            self.time_step(self.model.decoded - decoded, self.model.busy_s - busy)
         return logits
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:

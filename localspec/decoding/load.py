@@ -27,6 +27,17 @@ class Load:
     # measured them (None: it drafts with none now); one key per slot from the start, so
     # that no thread's reading sees the dict change size
     expects: dict[int, list[float] | None] = field(default_factory=dict)
+    # the draft model's pass times by tokens in the pass (its steps, every drafting slot's
+    # token in each); None: no draft model
+    draft_passes: VerifyCost | None = None
+
+    def draft_step(self, fallback: float) -> float:
+        """Seconds of one draft step of the slots drafting now (`fallback` until such
+        a pass is timed)."""
+        if self.draft_passes is None or not self.draft_passes.seconds:
+            return fallback
+        m = round(min(max(self.drafting(), 1.0), self.slots()))
+        return self.draft_passes.table(m)[m - 1]
 
     def depth(self, expected: list[float], step_s: float) -> tuple[int, float]:
         """The depth every slot drafts to this round, and its gain over plain decoding

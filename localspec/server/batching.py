@@ -48,6 +48,7 @@ class Call:
     arrived: int
     done: int = 0  # tokens read so far
     seconds: float = 0.0  # in the passes that read them
+    shared: bool = False  # a pass that read them read other calls' tokens too
     result: np.ndarray | None = None
     error: BaseException | None = None
     finished: bool = False
@@ -190,6 +191,7 @@ class Batcher:
         for (call, n), logits in zip(chosen, rows, strict=True):
             call.done += n
             call.seconds += took
+            call.shared |= len(chosen) > 1
             if call.done == len(call.tokens):
                 call.result, call.finished = logits, True
 
@@ -213,7 +215,7 @@ class SlotModel(Model):
         call = self.batcher.call(
             self.shared, self.seq, tokens, pos, n_logits, self.short, self.cancel
         )
-        self._pass_s = call.seconds
+        self._pass_s, self.shared_pass = call.seconds, call.shared
         if call.error is not None:
             raise call.error
         assert call.result is not None

@@ -190,6 +190,7 @@ class Worker:
                     self._drafting,
                     i,
                     expects,
+                    None if draft is None else self.batcher.passes(draft),
                 )
             slots.append(Slot(i, engine, views, list(views)))
         return slots

@@ -705,3 +705,15 @@ def test_a_free_match_is_drafted_only_as_far_as_the_grammar_takes_it():
     assert d.draft(context, 16, params, rng, grammar=typed).tokens == list(b"  ")
     going_on = Opening(model, "  re").start()  # typed as the middle began
     assert bytes(d.draft(context, 16, params, rng, grammar=going_on).tokens) == bytes(free.tokens)
+
+
+def test_under_load_a_draft_step_is_priced_by_the_draft_models_shared_passes():
+    """A step of the slots drafting together is one pass of the draft model with a
+    token of each: its time by tokens in the pass, not one slot's step timed alone."""
+    passes, draft_passes = VerifyCost(), VerifyCost()
+    load = Load(lambda: 4, passes, lambda: 3.0, 0, {}, draft_passes)
+    assert load.draft_step(0.012) == 0.012  # no shared step timed yet: the fallback
+    for k, t in ((1, 0.010), (3, 0.016), (4, 0.019)):
+        draft_passes.observe(k, t)
+    assert load.draft_step(0.012) == pytest.approx(0.016)  # three slots draft
+    assert Load(lambda: 4, passes).draft_step(0.012) == 0.012  # no draft model's passes

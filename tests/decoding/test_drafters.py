@@ -2,6 +2,7 @@ import numpy as np
 
 from localspec.backends.toy import ToyModel, scripted
 from localspec.decoding.drafters import DraftModel, NgramIndex
+from localspec.decoding.sampling import SamplingParams
 
 
 def brute_force(ctx: list[int], gamma: int, n_max: int, n_min: int) -> list[int]:
@@ -51,3 +52,22 @@ def test_a_cut_draft_reads_a_new_conversation_whole_when_it_fits():
     # which 14 unread, fit the window, so it reads them all, not the first's cut of them
     new_chat = [1, 2, 3, 4, *(200 + i for i in range(14))]
     assert drafter.view(new_chat) == (new_chat, SINKS)
+
+
+def test_a_draft_step_in_a_pass_shared_with_other_slots_is_not_timed():
+    """Under serve's slots a step's call lasts the whole shared pass, with the others'
+    tokens in it (a prompt's catch-up among them: a 1-token step once timed at 600 ms
+    kept a slot from drafting for the rest of its answer). Only a step alone times it;
+    under load `auto` prices steps by the shared passes (Load.draft_step)."""
+    import numpy as np
+
+    model = ToyModel(scripted("abcdefgh"))
+    drafter = DraftModel(model, p_min=0.0)
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=0)
+    model.shared_pass = True
+    drafter.draft([1, 2, 3], 2, params, rng)
+    assert drafter.step_s == 0.0 and drafter.catchup_s == 0.0
+    model.shared_pass = False
+    drafter.draft([1, 2, 3], 3, params, rng)
+    assert drafter.step_s > 0.0
