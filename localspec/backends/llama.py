@@ -173,6 +173,7 @@ class LlamaModel(Model):
             rpc.keep_alive(options.rpc)
         self.n_ctx = ll.llama_n_ctx(self._ctx) // options.n_seq  # each sequence's share
         self.n_seq = options.n_seq
+        self.kv_unified = bool(cparams.kv_unified)
         self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps it at the context
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)

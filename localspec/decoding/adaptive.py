@@ -372,11 +372,12 @@ class AdaptiveDrafter:
             gains = [(1 + per * e) * a / t[k] for k, e in enumerate(expected, 1)]
             best = better(best, free, gains, 1, free_tokens=None)
             best = self.explore(best, free, ng, expected, gains, forced, a)
-        if self.model is not None and self.load is not None and self.slots() > 1 and not forced:
+        load = self.load
+        if self.model is not None and load and self.slots() > 1 and not (forced or load.splits):
             # under load every drafting slot drafts to one depth (its steps are shared)
             dm = self.alpha["draft"]
-            step = self.load.draft_step(self.model.step_s or self.cost_ratio * self.timings().a)
-            d, gain = self.load.depth(dm.expected(depth), step)
+            step = load.draft_step(self.model.step_s or self.cost_ratio * self.timings().a)
+            d, gain = load.depth(dm.expected(depth), step)
             if d:
                 best = better(best, "draft", [gain], d, free_tokens=0)
         elif self.model is not None:
@@ -445,13 +446,16 @@ class AdaptiveDrafter:
     def priced(self, top: int, prior: bool = False) -> list[float]:
         """T(1..top) as a round pays it: alone, the target's times; under the load of n
         slots, a pass of the others' n - 1 tokens and this round's k, each token beyond
-        the first priced n times (the module docstring: T_n)."""
+        the first priced n times (the module docstring: T_n); with a cache per slot, the
+        k - 1 beyond the others' in a pass of their own that all n wait for."""
         n = self.slots()
         if n == 1 or self.load is None:
             return self.verify.prior_table(top) if prior else self.verify.table(top)
         passes = self.load.passes
         t = passes.prior_table(n + top) if prior else passes.table(n + top)
         base = t[n - 1]  # T(n): every slot's token, this one's plain
+        if self.load.splits:  # its k - 1 extra tokens in a pass of their own, all waiting
+            return [base] + [base + n * t[k - 2] for k in range(2, top + 1)]
         return [base + n * (t[n + k - 2] - base) for k in range(1, top + 1)]
 
     def priced_batch(self, ks: np.ndarray) -> np.ndarray:

@@ -30,6 +30,9 @@ class Load:
     # the draft model's pass times by tokens in the pass (its steps, every drafting slot's
     # token in each); None: no draft model
     draft_passes: VerifyCost | None = None
+    # a cache per slot: llama.cpp reads a pass whose slots bring unequal token counts in
+    # several, the tokens beyond the others' in a pass of their own (LlamaModel)
+    splits: bool = False
 
     def draft_step(self, fallback: float) -> float:
         """Seconds of one draft step of the slots drafting now (`fallback` until such

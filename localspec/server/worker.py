@@ -191,6 +191,7 @@ class Worker:
                     i,
                     expects,
                     None if draft is None else self.batcher.passes(draft),
+                    splits=not target.kv_unified,
                 )
             slots.append(Slot(i, engine, views, list(views)))
         return slots

@@ -717,3 +717,30 @@ def test_under_load_a_draft_step_is_priced_by_the_draft_models_shared_passes():
         draft_passes.observe(k, t)
     assert load.draft_step(0.012) == pytest.approx(0.016)  # three slots draft
     assert Load(lambda: 4, passes).draft_step(0.012) == 0.012  # no draft model's passes
+
+
+def test_with_a_cache_per_slot_a_round_pays_for_the_pass_its_extra_tokens_get():
+    """With a cache per slot llama.cpp reads a pass whose slots bring unequal token
+    counts in several: a round's tokens beyond the others' go in a pass of their own,
+    which all the slots wait for (serve keeps one cache per slot where drafting under load
+    does not pay, as with the Q4_K_M pair on a CPU). So a 3-token n-gram match that pays
+    in one shared pass does not pay there; a sure 12-token prediction still does."""
+    from localspec.decoding.priors import prediction_key
+
+    a, b, c = 0.100, 0.010, 0.040
+    passes = VerifyCost()
+    for k in range(1, 48):
+        passes.observe(k, a + b * (k - 1))
+
+    def drafter(splits: bool) -> AdaptiveDrafter:
+        d = drafter_with(a=a, b=b, c=c, alpha=0.3)
+        d.alpha["ngram3"] = measured(0.7)
+        d.load = Load(lambda: 4, passes, splits=splits)
+        return d
+
+    assert drafter(splits=False).choose(matched=3, gamma=3, n=3).source == "ngram"
+    assert drafter(splits=True).choose(matched=3, gamma=3, n=3).source == "none"
+    sure = drafter(splits=True)
+    sure.alpha[prediction_key(8)] = Acceptance([0.98] * 16, [10] * 16)
+    choice = sure.choose(matched=12, gamma=12, n=8, free="prediction")
+    assert choice.source == "prediction" and choice.k >= 8
