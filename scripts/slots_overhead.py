@@ -5,6 +5,8 @@ fresh chat prompts, with a cache per slot or one shared (`kv_unified`), plainly 
 
     .venv/bin/python scripts/slots_overhead.py --target T.gguf --draft D.gguf \\
         --mode auto --cache shared
+    # the bench's chat prompts, four a round as serve_bench's clients suite sends them
+    ... --bench-round 1 --tokens 128 --ctx 16384
 (docs/bench/serve/2026-11-27-clients: the F16 target, 96 tokens; each mode once, then
 three rounds of the modes in turn)
 """
@@ -13,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import threading
 import time
+from pathlib import Path
 
 from localspec.backends.llama import LlamaModel, LoadOptions
 from localspec.decoding.engine import GenerationConfig
@@ -37,6 +41,14 @@ PROMPTS = [
 ]
 
 
+def bench_round(r: int) -> list[str]:
+    """The bench's chat prompts of round r, as scripts/serve_bench.py's clients suite
+    sends them, four at once."""
+    data = Path(__file__).parent.parent / "localspec/data/bench_prompts.json"
+    prompts = [p["prompt"] for p in json.loads(data.read_text()).values()]
+    return prompts[4 * r : 4 * r + 4]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True)
@@ -45,9 +57,16 @@ def main() -> None:
     p.add_argument("--cache", choices=["per-slot", "shared"], default="shared")
     p.add_argument("--tokens", type=int, default=96)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ctx", type=int, default=2048, help="tokens of cache, for all slots")
+    p.add_argument(
+        "--bench-round", type=int, help="the bench's chat prompts 4R..4R+3, not our four"
+    )
     args = p.parse_args()
     load = LoadOptions(
-        n_ctx=2048, n_threads=args.threads, n_seq=len(PROMPTS), kv_unified=args.cache == "shared"
+        n_ctx=args.ctx,
+        n_threads=args.threads,
+        n_seq=len(PROMPTS),
+        kv_unified=args.cache == "shared",
     )
     plain = args.mode == "plain"
     gamma: int | str = 0 if plain else args.mode if args.mode == "auto" else int(args.mode)
@@ -84,7 +103,7 @@ def main() -> None:
     answer(WARM)
     log = worker.batcher.log
     steps, seconds, started = log.steps, log.seconds, time.perf_counter()
-    ends = answer(PROMPTS)
+    ends = answer(PROMPTS if args.bench_round is None else bench_round(args.bench_round))
     wall = time.perf_counter() - started
     tokens = sum(e.stats.tokens for e in ends)
     print(

@@ -176,10 +176,17 @@ class AdaptiveDrafter:
         waits for a draft step, which the slots drafting in it share."""
         if self.model is None:
             return 0.0
-        c = self.model.step_s or self.cost_ratio * self.timings().a
+        step = self.draft_step()
         if self.load is None or (n := self.slots()) == 1:
-            return c
-        return self.load.draft_step(c) * n / min(max(self.load.drafting(), 1.0), n)
+            return step
+        return step * n / min(max(self.load.drafting(), 1.0), n)
+
+    def draft_step(self) -> float:
+        """Seconds of one draft-model step: as timed alone (its prior until then); under
+        load, a shared pass's with every drafting slot's token (Load.draft_step)."""
+        assert self.model is not None
+        c = self.model.step_s or self.cost_ratio * self.timings().a
+        return c if self.load is None or self.slots() == 1 else self.load.draft_step(c)
 
     def predict(self, prediction: Prediction | None) -> None:
         """The next answers' prediction (None: none); its α is measured afresh. A
@@ -376,8 +383,7 @@ class AdaptiveDrafter:
         if self.model is not None and load and self.slots() > 1 and not (forced or load.splits):
             # under load every drafting slot drafts to one depth (its steps are shared)
             dm = self.alpha["draft"]
-            step = load.draft_step(self.model.step_s or self.cost_ratio * self.timings().a)
-            d, gain = load.depth(dm.expected(depth), step)
+            d, gain = load.depth(dm.expected(depth), self.draft_step())
             if d:
                 best = better(best, "draft", [gain], d, free_tokens=0)
         elif self.model is not None:

@@ -59,8 +59,6 @@ def test_a_draft_step_in_a_pass_shared_with_other_slots_is_not_timed():
     tokens in it (a prompt's catch-up among them: a 1-token step once timed at 600 ms
     kept a slot from drafting for the rest of its answer). Only a step alone times it;
     under load `auto` prices steps by the shared passes (Load.draft_step)."""
-    import numpy as np
-
     model = ToyModel(scripted("abcdefgh"))
     drafter = DraftModel(model, p_min=0.0)
     rng = np.random.default_rng(0)
