@@ -210,12 +210,15 @@ class SlotModel(Model):
         self.n_ctx = shared.n_ctx
         self.short = False
         self._pass_s = 0.0  # the last call's time in passes
+        self.calls = self.shared_calls = 0  # its calls, and those that shared a pass
 
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
         call = self.batcher.call(
             self.shared, self.seq, tokens, pos, n_logits, self.short, self.cancel
         )
         self._pass_s, self.shared_pass = call.seconds, call.shared
+        self.calls += 1
+        self.shared_calls += call.shared
         if call.error is not None:
             raise call.error
         assert call.result is not None

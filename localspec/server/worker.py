@@ -372,13 +372,15 @@ class Worker:
         job.cached_tokens = min(common_prefix(slot.cached, job.prompt), len(job.prompt) - 1)
         batch: Delivery = []
         sent_first = finished = False
+        passes = self._passes(slot)
         events = engine.generate(job.prompt, job.config, job.cancel)
         try:
             for event in events:
                 batch.append(event)
                 if isinstance(event, Finished):
                     finished = True
-                    self._observe(job, event)
+                    calls, shared = (b - a for a, b in zip(passes, self._passes(slot), strict=True))
+                    self._observe(job, event, shared / calls if calls else 0.0)
                     # free before the client hears of it: its next request (the next
                     # keystroke, at once) finds this slot's cache, not another slot's
                     with self._lock:
@@ -420,15 +422,24 @@ class Worker:
         drafter = PredictionDrafter(job.predicted, engine.drafter)
         return Engine(engine.target, drafter, engine.gamma or GAMMA_MAX)
 
-    def _observe(self, job: Job, done: Finished) -> None:
+    @staticmethod
+    def _passes(slot: Slot) -> tuple[int, int]:
+        """The slot's calls to the target so far, and how many shared a pass."""
+        target = slot.engine.target
+        return (target.calls, target.shared_calls) if isinstance(target, SlotModel) else (0, 0)
+
+    def _observe(self, job: Job, done: Finished, shared: float = 0.0) -> None:
         if job.prediction:
             job.prediction_tokens = prediction_usage(job.prediction, done.tokens)
         accepted, rejected = job.prediction_tokens
         self.metrics.observe_answer(done.stats, len(done.tokens), accepted, rejected)
-        log.info("%s: %s", job.label, self.describe(done.stats, done.stop_reason))
+        log.info("%s: %s", job.label, self.describe(done.stats, done.stop_reason, shared))
 
-    def describe(self, s: Stats, stop_reason: str) -> str:
-        """The request's log line: tokens, speed, TTFT, acceptance, drafters, speedup."""
+    def describe(self, s: Stats, stop_reason: str, shared: float = 0.0) -> str:
+        """The request's log line: tokens, speed, TTFT, acceptance, drafters, speedup.
+        `shared`: the share of its target passes that carried other slots' tokens too;
+        its rate then is its share of those passes, and no match for plain decoding's
+        rate alone, so the line says how much it shared instead."""
         line = (
             f"{s.tokens} tokens ({stop_reason}), {s.tokens_per_s:.1f} tok/s, "
             f"TTFT {s.ttft_s:.2f}s, acceptance {s.acceptance_rate:.0%} "
@@ -436,6 +447,8 @@ class Worker:
         )
         if s.recalled:  # no pass made them: no speedup to tell
             return line + f", {s.recalled} recalled from the last answer"
+        if shared:
+            return line + f", {shared:.0%} of its passes shared with other requests"
         if (plain := self.plain_round_s()) and s.tokens_per_s:
             line += f", ≈{s.tokens_per_s * plain:.2f}x plain decoding"
         return line

@@ -9,6 +9,7 @@ model of its own) by the weaker near-tie rule of tests/decoding/test_real_engine
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -115,14 +116,21 @@ def plain(real_models, prompt: list[int], max_tokens: int) -> tuple[Finished, li
     return done, pieces
 
 
-def test_streams_at_once_each_answer_as_plain_decoding_does(worker, session, loop, real_models):
+def test_streams_at_once_each_answer_as_plain_decoding_does(
+    worker, session, loop, real_models, caplog
+):
     prompts = [chat(session, p) for p in PROMPTS]
     shared_before = worker.batcher.log.shared
-    jobs = [loop.job(p, 40) for p in prompts]
-    for job in jobs:
-        worker.submit(job)
-    ends = [loop.wait(job) for job in jobs]
+    jobs = [loop.job(p, 40, f"stream {i}") for i, p in enumerate(prompts)]
+    with caplog.at_level(logging.INFO, logger="localspec.server"):
+        for job in jobs:
+            worker.submit(job)
+        ends = [loop.wait(job) for job in jobs]
     assert worker.batcher.log.shared > shared_before + 10  # the rounds really met
+    # each log line says how much it shared, not a speedup its shared rate cannot tell
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stream ")]
+    assert len(lines) == len(jobs) and all("% of its passes shared with" in x for x in lines)
+    assert not any("plain decoding" in x for x in lines), lines
     for prompt, end in zip(prompts, ends, strict=True):
         assert isinstance(end, Finished), end
         want, pieces = plain(real_models, prompt, 40)
