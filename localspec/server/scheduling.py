@@ -21,6 +21,11 @@ ROUND_TOKENS = 17  # the largest round: a prediction drafted 16 deep, and the la
 SHORT_TOKENS = 64  # a request asking for at most this many tokens goes first
 SIMILAR = 0.5  # llama-server's --slot-prompt-similarity: a match worth keeping a slot for
 BUSY_CHUNK = 128  # a prompt's chunk in a step that also carries other slots' rounds
+# An idle slot's draft model reads ahead in chunks, and a request that comes meanwhile
+# waits for the chunk in flight: each chunk is sized to take about this long (on two
+# CPU cores 16 tokens of a 0.5B draft; on a GPU hundreds), between these bounds
+READ_AHEAD_S = 0.03
+READ_AHEAD_CHUNKS = (8, 512)
 
 
 @dataclass(frozen=True)
@@ -110,3 +115,14 @@ def plan_swap(
     survives = kept if restore is None else common_prefix(cached, saved[restore])
     held = any(common_prefix(s, cached) == len(cached) for s in saved)
     return Swap(len(cached) - survives >= KEEP_TOKENS and not held, restore)
+
+
+def read_ahead_chunk(n: int, took: float) -> int:
+    """The next chunk of an idle draft model's reading ahead, after a whole chunk of `n`
+    tokens took `took` seconds: as many as take about READ_AHEAD_S. A smaller chunk
+    reads less efficiently, which costs only idle time; a larger one makes a request
+    that comes meanwhile (the next keystroke, at once) wait longer."""
+    low, high = READ_AHEAD_CHUNKS
+    if took <= 0:
+        return high
+    return max(low, min(high, round(n * READ_AHEAD_S / took)))

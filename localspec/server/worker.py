@@ -45,11 +45,10 @@ from localspec.server.batching import Batcher, SlotModel
 from localspec.server.errors import ApiError
 from localspec.server.metrics import Metrics
 from localspec.server.prompt_cache import PromptCache, Saved
-from localspec.server.scheduling import SHORT_TOKENS, pick_slot, plan_swap
+from localspec.server.scheduling import SHORT_TOKENS, pick_slot, plan_swap, read_ahead_chunk
 from localspec.session import Session
 
 log = logging.getLogger("localspec.server")
-IDLE_CHUNK = 64  # tokens an idle slot's draft model reads at a time: a request waits one
 
 
 @dataclass(frozen=True)
@@ -116,6 +115,7 @@ class Slot:
         # its draft model may read ahead (set as its job ends, so that no one sees the
         # slot idle before its reading ahead begins; cleared once it has nothing to read)
         self.reading_ahead = False
+        self.read_chunk = 16  # tokens it reads ahead at a time (`read_ahead_chunk`)
         self.last_used = 0.0
         self.inbox: queue.Queue[Job | None] = queue.Queue()
 
@@ -333,7 +333,13 @@ class Worker:
         slot.take(None)
         try:
             with self.batcher.active():
-                return drafter.read_ahead(slot.cached, IDLE_CHUNK) > 0
+                started = time.perf_counter()
+                left = drafter.read_ahead(slot.cached, slot.read_chunk)
+                if left > 0:  # a whole chunk, timed
+                    slot.read_chunk = read_ahead_chunk(
+                        slot.read_chunk, time.perf_counter() - started
+                    )
+                return left > 0
         except Exception as e:  # the next request reads it within its rounds instead
             log.warning("reading ahead failed: %s", e)
             return False

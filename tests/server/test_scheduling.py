@@ -3,7 +3,16 @@ which slot a request goes to. The real slots: test_slots_real.py."""
 
 from __future__ import annotations
 
-from localspec.server.scheduling import BUSY_CHUNK, Swap, Want, pick_slot, plan_step
+from localspec.server.scheduling import (
+    BUSY_CHUNK,
+    READ_AHEAD_CHUNKS,
+    READ_AHEAD_S,
+    Swap,
+    Want,
+    pick_slot,
+    plan_step,
+    read_ahead_chunk,
+)
 
 
 def test_rounds_go_whole_and_a_long_prompt_is_cut_into_chunks_beside_them():
@@ -116,3 +125,14 @@ def test_ram_keeps_the_latest_prompts_within_its_budget():
     assert cache.entries() == [b, c] and cache.size == 80
     cache.put(saved([7], 101))  # larger than the whole budget: not kept
     assert cache.entries() == [b, c]
+
+
+def test_reading_ahead_comes_in_chunks_a_request_waits_little_for():
+    # the 0.5B Q4_0 draft on two CPU cores: 64 tokens in ~100 ms, 16 in ~28 ms
+    assert read_ahead_chunk(64, 0.100) == round(64 * READ_AHEAD_S / 0.100)
+    assert 14 <= read_ahead_chunk(16, 0.028) <= 18  # about where it stays
+    # on a GPU a chunk costs its fixed overhead: read as much as a pass takes
+    assert read_ahead_chunk(64, 0.002) == READ_AHEAD_CHUNKS[1]
+    # a loaded machine: never below a few tokens a pass
+    assert read_ahead_chunk(16, 1.0) == READ_AHEAD_CHUNKS[0]
+    assert read_ahead_chunk(16, 0.0) == READ_AHEAD_CHUNKS[1]
