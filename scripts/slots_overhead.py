@@ -113,7 +113,10 @@ def main() -> None:
     )
     for e in ends:
         s = e.stats
-        print(f"  {s.tokens} tokens, {s.rounds} rounds, drafted {s.drafted}, accepted {s.accepted}")
+        print(
+            f"  {s.tokens} tokens, {s.rounds} rounds, drafted {s.drafted}, "
+            f"accepted {s.accepted}, TTFT {s.ttft_s:.2f} s"
+        )
     assert isinstance(session.target, LlamaModel)
     passes = worker.batcher.passes(session.target)
     times = ", ".join(f"{k}: {t * 1000:.0f}" for k, t in sorted(passes.seconds.items()))
