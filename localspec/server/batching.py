@@ -49,6 +49,8 @@ class Call:
     done: int = 0  # tokens read so far
     seconds: float = 0.0  # in the passes that read them
     shared: bool = False  # a pass that read them read other calls' tokens too
+    # an idle slot's reading ahead: no round, so its passes teach nothing of rounds
+    idle: bool = False
     result: np.ndarray | None = None
     error: BaseException | None = None
     finished: bool = False
@@ -138,12 +140,14 @@ class Batcher:
         n_logits: int,
         short: bool = False,
         cancel: threading.Event | None = None,
+        idle: bool = False,
     ) -> Call:
         """`tokens` read into sequence `seq` at pos..: the finished call, with the logits
         of their last n_logits (or its error: Cancelled where `cancel` was set before all
         were read) and its time in passes."""
         with self._cv:
-            call = Call(model, seq, tokens, pos, n_logits, short, cancel, next(self._arrivals))
+            arrived = next(self._arrivals)
+            call = Call(model, seq, tokens, pos, n_logits, short, cancel, arrived, idle=idle)
             self._calls.append(call)
             self._cv.notify_all()
             while not call.finished:
@@ -180,7 +184,9 @@ class Batcher:
             return
         took = time.perf_counter() - started
         tokens = sum(n for _c, n in chosen)
-        if all(len(c.tokens) <= ROUND_TOKENS for c, _n in chosen):
+        # what `auto` prices rounds by: passes of rounds only (neither a prompt's chunk
+        # nor an idle slot's reading ahead, whose passes carry one slot's call each)
+        if all(len(c.tokens) <= ROUND_TOKENS and not c.idle for c, _n in chosen):
             self.passes(model).observe(tokens, took)
             mean = self._calls_per_pass.get(id(model), len(chosen))
             self._calls_per_pass[id(model)] = mean + 0.2 * (len(chosen) - mean)
@@ -198,7 +204,8 @@ class Batcher:
 
 class SlotModel(Model):
     """Sequence `seq` of a shared model, as a Model of its own: its own cached tokens,
-    its calls batched with the other slots'. Set `cancel` and `short` per request."""
+    its calls batched with the other slots'. Set `cancel` and `short` per request, and
+    `idle` while the slot reads ahead between requests."""
 
     def __init__(self, shared: LlamaModel, seq: int, batcher: Batcher) -> None:
         super().__init__()
@@ -209,12 +216,13 @@ class SlotModel(Model):
         self.n_vocab = shared.n_vocab
         self.n_ctx = shared.n_ctx
         self.short = False
+        self.idle = False
         self._pass_s = 0.0  # the last call's time in passes
         self.calls = self.shared_calls = 0  # its calls, and those that shared a pass
 
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
         call = self.batcher.call(
-            self.shared, self.seq, tokens, pos, n_logits, self.short, self.cancel
+            self.shared, self.seq, tokens, pos, n_logits, self.short, self.cancel, self.idle
         )
         self._pass_s, self.shared_pass = call.seconds, call.shared
         self.calls += 1

@@ -131,7 +131,7 @@ class Slot:
         for model in self.models:
             model.cancel = cancel
         for view in self.views:
-            view.short = short
+            view.short, view.idle = short, job is None
 
 
 class Worker:

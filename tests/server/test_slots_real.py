@@ -250,8 +250,11 @@ def test_an_idle_slot_reads_ahead_and_is_busy_until_it_has_read_all(
     job = loop.job(first, 8)  # times the slot's passes: `auto` needs T(1) to read ahead
     worker.submit(job)
     assert isinstance(loop.wait(job), Finished)
-    while worker.depth():  # its slot is free (else the next goes to another)
+    while worker.depth() or worker.reading_ahead():  # its slot free, its reading done
         time.sleep(0.005)
+    draft = session.draft_model
+    assert isinstance(draft, LlamaModel)
+    rounds = dict(worker.batcher.passes(draft).seconds), worker.batcher.calls_per_pass(draft)
     longer = chat(session, "What does this do?\n\n" + text * 2)
     job = loop.job(longer, 1)  # the target reads it; no round: the draft model does not
     worker.submit(job)
@@ -264,3 +267,7 @@ def test_an_idle_slot_reads_ahead_and_is_busy_until_it_has_read_all(
         assert time.monotonic() < deadline, "still reading ahead after 2 minutes"
         time.sleep(0.005)
     assert drafter.model.unread(slot.cached) <= 1  # idle: nothing left to read
+    # its chunks, one slot's each, are not rounds: what `auto` prices the slots' shared
+    # draft steps by (their times, how many slots share one) is as it was
+    after = dict(worker.batcher.passes(draft).seconds), worker.batcher.calls_per_pass(draft)
+    assert after == rounds
