@@ -454,7 +454,8 @@ class Worker:
         if s.recalled:  # no pass made them: no speedup to tell
             return line + f", {s.recalled} recalled from the last answer"
         if shared:
-            return line + f", {shared:.0%} of its passes shared with other requests"
+            share = f"{shared:.0%}" if shared >= 0.005 else "<1%"
+            return line + f", {share} of its passes shared with other requests"
         if (plain := self.plain_round_s()) and s.tokens_per_s:
             line += f", ≈{s.tokens_per_s * plain:.2f}x plain decoding"
         return line
