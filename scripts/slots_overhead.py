@@ -61,6 +61,13 @@ def main() -> None:
     p.add_argument(
         "--bench-round", type=int, help="the bench's chat prompts 4R..4R+3, not our four"
     )
+    p.add_argument(
+        "--warm",
+        choices=["four", "one"],
+        default="four",
+        help="before the measured batch: four other prompts at once, or one 8-token "
+        "answer alone (serve_bench's warm-up)",
+    )
     args = p.parse_args()
     load = LoadOptions(
         n_ctx=args.ctx,
@@ -77,12 +84,12 @@ def main() -> None:
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
 
-    def answer(prompts: list[str]) -> list[Finished]:
+    def answer(prompts: list[str], tokens: int = args.tokens) -> list[Finished]:
         jobs = [
             Job(
                 "bench",
                 session.render([{"role": "user", "content": text}]),
-                GenerationConfig(args.tokens, SamplingParams(temperature=0)),
+                GenerationConfig(tokens, SamplingParams(temperature=0)),
                 loop,
             )
             for text in prompts
@@ -100,7 +107,12 @@ def main() -> None:
 
         return [asyncio.run_coroutine_threadsafe(end(j), loop).result(600) for j in jobs]
 
-    answer(WARM)
+    if args.warm == "one":
+        answer(WARM[:1], 8)
+        while worker.depth() or worker.reading_ahead():  # as serve_bench waits (settle)
+            time.sleep(0.01)
+    else:
+        answer(WARM)
     log = worker.batcher.log
     steps, seconds, started = log.steps, log.seconds, time.perf_counter()
     ends = answer(PROMPTS if args.bench_round is None else bench_round(args.bench_round))

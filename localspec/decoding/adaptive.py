@@ -179,7 +179,7 @@ class AdaptiveDrafter:
         step = self.draft_step()
         if self.load is None or (n := self.slots()) == 1:
             return step
-        return step * n / min(max(self.load.drafting(), 1.0), n)
+        return step * n / self.load.sharers()
 
     def draft_step(self) -> float:
         """Seconds of one draft-model step: as timed alone (its prior until then); under

@@ -39,8 +39,12 @@ class Load:
         a pass is timed)."""
         if self.draft_passes is None or not self.draft_passes.seconds:
             return fallback
-        m = round(min(max(self.drafting(), 1.0), self.slots()))
+        m = round(self.sharers())
         return self.draft_passes.table(m)[m - 1]
+
+    def sharers(self) -> float:
+        """Slots that share a draft-model step, on average: at least one, at most all."""
+        return min(max(self.drafting(), 1.0), self.slots())
 
     def depth(self, expected: list[float], step_s: float) -> tuple[int, float]:
         """The depth every slot drafts to this round, and its gain over plain decoding

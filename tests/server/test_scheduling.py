@@ -129,7 +129,8 @@ def test_ram_keeps_the_latest_prompts_within_its_budget():
 
 def test_reading_ahead_comes_in_chunks_a_request_waits_little_for():
     # the 0.5B Q4_0 draft on two CPU cores: 64 tokens in ~100 ms, 16 in ~28 ms
-    assert read_ahead_chunk(64, 0.100) == round(64 * READ_AHEAD_S / 0.100)
+    n = read_ahead_chunk(64, 0.100)
+    assert n < 64 and abs(n * 0.100 / 64 - READ_AHEAD_S) < 0.100 / 64  # ~30 ms, a token near
     assert 14 <= read_ahead_chunk(16, 0.028) <= 18  # about where it stays
     # on a GPU a chunk costs its fixed overhead: read as much as a pass takes
     assert read_ahead_chunk(64, 0.002) == READ_AHEAD_CHUNKS[1]
