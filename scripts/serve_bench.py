@@ -24,7 +24,9 @@ round N of the bench's prompts, against `localspec serve --parallel N` and
 turns, a different one first each round. Per round: the aggregate tok/s (all tokens over
 the round's wall time) and each client's TTFT and tok/s. "An editor beside a chat"
 (`--suite editor`): a 32-token code completion's latency while a chat answer streams,
-over its latency alone, on the same servers. Two conversations taking turns (`--suite
+over its latency alone, on the same servers (with `--paste-chars N`, beside a chat
+request carrying an N-character code paste, sent a second before it, while the server
+reads the paste: an agent sending a file). Two conversations taking turns (`--suite
 alternate`): each turn's TTFT, the second turns' over the first's (does each find its
 context still cached?).
 
@@ -40,6 +42,7 @@ import os
 import statistics
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -385,6 +388,7 @@ def clients_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
 
 
 CHAT_BESIDE = "Write a very long story about a lighthouse keeper and a storm."
+PASTE_AFTER_S = 1.0  # --paste-chars: the completion comes this long after the paste
 COMPLETIONS = (
     'def fibonacci(n):\n    """The n-th Fibonacci number."""\n',
     "import json\n\n\ndef load_config(path):\n",
@@ -408,36 +412,58 @@ def complete_one(base: str, prompt: str, max_tokens: int, seed: int = 0) -> floa
     return time.perf_counter() - started
 
 
-def beside_a_chat(base: str, prompt: str, max_tokens: int, seed: int = 1) -> float:
+def paste(seed: int, chars: int) -> str:
+    """An agent's request carrying a file: the first `chars` of the standard library's
+    textwrap.py, headed by `seed` so that no cache holds it."""
+    code = Path(textwrap.__file__).read_text()[:chars]
+    return f"# paste {seed}\n{code}\n\nWhat does this module do?"
+
+
+def beside_a_chat(
+    base: str, prompt: str, max_tokens: int, seed: int = 1, paste_chars: int = 0
+) -> float:
     """complete_one's time while a chat answer streams (from its first token on); both
-    with `seed` (see complete_one), the chat's cut short the time before."""
+    with `seed` (see complete_one), the chat's cut short the time before. With
+    `paste_chars`, the chat carries a paste that long, and the completion comes
+    PASTE_AFTER_S after it, while the server reads it."""
     streaming, stop = threading.Event(), threading.Event()
+    opened: list[Any] = []
+    content = paste(seed, paste_chars) if paste_chars else CHAT_BESIDE
 
     def chat() -> None:
         client = openai.OpenAI(base_url=base, api_key="bench", max_retries=0, timeout=600)
-        stream = client.chat.completions.create(
-            model="x",
-            messages=[{"role": "user", "content": CHAT_BESIDE}],
-            max_tokens=1024,
-            temperature=0,
-            seed=seed,
-            stream=True,
-        )
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                streaming.set()
-            if stop.is_set():
-                break
-        stream.close()
+        try:
+            stream = client.chat.completions.create(
+                model="x",
+                messages=[{"role": "user", "content": content}],
+                max_tokens=1024,
+                temperature=0,
+                seed=seed,
+                stream=True,
+            )
+            opened.append(stream)
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    streaming.set()
+                if stop.is_set():
+                    break
+            stream.close()
+        except (httpx.HTTPError, openai.APIError):
+            pass  # closed from outside while the server read the paste
         streaming.set()
 
     thread = threading.Thread(target=chat)
     thread.start()
-    streaming.wait(timeout=600)
+    if paste_chars:
+        time.sleep(PASTE_AFTER_S)
+    else:
+        streaming.wait(timeout=600)
     try:
         return complete_one(base, prompt, max_tokens, seed)
     finally:
         stop.set()
+        for stream in opened:  # a paste still being read has sent no chunk to stop at
+            stream.close()
         thread.join(timeout=600)
         time.sleep(1)  # the cancelled chat leaves its slot
 
@@ -450,7 +476,9 @@ def editor_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
             for name in turns(list(bases), i):
                 alone = complete_one(bases[name], prompt, args.completion_tokens)
                 settle(bases[name])
-                during = beside_a_chat(bases[name], prompt, args.completion_tokens, i + 1)
+                during = beside_a_chat(
+                    bases[name], prompt, args.completion_tokens, i + 1, args.paste_chars
+                )
                 settle(bases[name])
                 rows.append(
                     {
@@ -460,6 +488,11 @@ def editor_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
                         "alone_s": alone,
                         "during_s": during,
                         "slowdown": during / alone,
+                        "beside": (
+                            f"a {args.paste_chars}-char paste being read"
+                            if args.paste_chars
+                            else "a streaming chat"
+                        ),
                         "tokens": args.completion_tokens,
                         "tokens_per_s": 0.0,
                         "ttft_s": during,
@@ -564,9 +597,10 @@ def many_report(rows: list[dict]) -> str:
     editor = [r for r in rows if r["suite"] == "editor"]
     if editor:
         lines += [
-            "### an editor beside a chat: a 32-token completion",
+            f"### an editor beside a chat: a {editor[0]['tokens']}-token completion",
             "",
-            "| server | alone s (median) | beside a streaming chat s | slowdown (median) | worst |",
+            f"| server | alone s (median) | beside {editor[0]['beside']} s | slowdown (median) "
+            "| worst |",
             "|---|---:|---:|---:|---:|",
         ]
         for name in dict.fromkeys(r["server"] for r in editor):
@@ -651,6 +685,13 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=4, help="concurrent clients (clients suite)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of N clients (clients suite)")
     p.add_argument("--completion-tokens", type=int, default=32, help="editor suite")
+    p.add_argument(
+        "--paste-chars",
+        type=int,
+        default=0,
+        help="editor suite: the chat carries a code paste this long, and the completion "
+        "comes while it is read (an agent's file beside an editor)",
+    )
     p.add_argument(
         "--parallel", type=int, default=1, help="localspec's slots in the chat suite (default 1)"
     )

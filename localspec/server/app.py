@@ -229,6 +229,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             asyncio.get_running_loop(),
             prepared.prediction,
             prepared.source,
+            middle=prepared.middle,
         )
         worker.submit(job)
         metrics.observe_request(endpoint(request), 200)

@@ -22,16 +22,17 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from localspec.backends.base import Cancelled, FimTokens, Model
 from localspec.backends.llama import LlamaModel, Part
 from localspec.decoding.estimates import VerifyCost
-from localspec.server.scheduling import ROUND_TOKENS, Want, plan_step
+from localspec.server.scheduling import MIN_CHUNK, ROUND_TOKENS, Pace, Want, plan_step
 
 
 @dataclass(eq=False)
@@ -66,15 +67,25 @@ class Call:
         return Part(self.seq, self.tokens[start : start + n], self.pos + start, scored)
 
 
+@dataclass(frozen=True)
+class PassRecord:
+    """One pass: its model, tokens read per sequence, and its time."""
+
+    model: str
+    reads: dict[int, int]
+    seconds: float
+
+
 @dataclass
 class StepLog:
-    """What the passes did, for tests and the bench: steps run, and how many of them
-    carried more than one slot's tokens."""
+    """What the passes did, for tests and the bench: steps run, how many of them
+    carried more than one slot's tokens, and the last passes."""
 
     steps: int = 0
     shared: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    recent: deque[PassRecord] = field(default_factory=lambda: deque(maxlen=1024))
 
 
 class Batcher:
@@ -84,8 +95,14 @@ class Batcher:
         self._calls: list[Call] = []
         self._arrivals = itertools.count()
         self._stopping = False
+        # A pass runs with the lock released, so that a slot can ask to join meanwhile:
+        # it then waits for that pass's end, and the next step waits for it. No slot's
+        # thread runs while a pass does (each may change its sequences' cache entries)
+        self._in_pass = False
+        self._joining = 0  # slots waiting for the pass in flight to end, to join
         self._passes: dict[int, VerifyCost] = {}  # per model: pass times by tokens in them
         self._calls_per_pass: dict[int, float] = {}  # per model: a moving average
+        self._prompt_token_s: dict[int, float] = {}  # per model: in passes of prompts alone
         self._thread = threading.Thread(target=self._run, name="localspec-passes", daemon=True)
         self._thread.start()
         self.log = StepLog()
@@ -100,16 +117,23 @@ class Batcher:
         """The passes' thread: a step whenever every active slot waits for one."""
         with self._cv:
             while not self._stopping:
-                if self._calls and len(self._calls) >= self._active:
+                if self._calls and len(self._calls) >= self._active and not self._joining:
                     self._step()
                 else:
                     self._cv.wait()
 
     @contextmanager
     def active(self) -> Iterator[None]:
-        """A slot decoding a request: the steps wait for its calls."""
+        """A slot decoding a request: the steps wait for its calls. A slot that comes
+        during a pass joins at its end (not at the end of every call in it: a paste's
+        prompt is read over many passes)."""
         with self._cv:
+            self._joining += 1
+            while self._in_pass:
+                self._cv.wait()
+            self._joining -= 1
             self._active += 1
+            self._cv.notify_all()
         try:
             yield
         finally:
@@ -150,15 +174,15 @@ class Batcher:
             call = Call(model, seq, tokens, pos, n_logits, short, cancel, arrived, idle=idle)
             self._calls.append(call)
             self._cv.notify_all()
-            while not call.finished:
+            while not call.finished or self._in_pass:
                 if self._stopping:
                     raise Cancelled(call.done)
                 self._cv.wait()
         return call
 
     def _step(self) -> None:
-        """One pass over the waiting calls of one model (the lock is held: every active
-        slot waits for it anyway)."""
+        """One pass over the waiting calls of one model (the lock is held, but for the
+        pass itself: every active slot waits for it anyway)."""
         for call in self._calls:
             if call.cancel is not None and call.cancel.is_set():
                 call.error, call.finished = Cancelled(call.done), True
@@ -172,12 +196,37 @@ class Batcher:
         self._calls = [c for c in self._calls if not c.finished]
         self._cv.notify_all()
 
+    def pace(self, model: LlamaModel, wants: Sequence[Want]) -> Pace:
+        """`model`'s passes as timed, for this step's `wants`: a prompt token's time, and
+        the time of the rounds among them alone (the batcher's fit of round passes; before
+        any, as many prompt tokens')."""
+        k = sum(w.need for w in wants if w.is_round)
+        token_s = self._prompt_token_s.get(id(model), 0.0)
+        rounds = self.passes(model)
+        rounds_s = rounds.table(k)[k - 1] if k and rounds.seconds else k * token_s
+        return Pace(token_s, rounds_s)
+
+    @contextmanager
+    def _unlocked(self) -> Iterator[None]:
+        """The pass's own time, without the lock (held once, by `_run`)."""
+        self._in_pass = True
+        self._cv.release()
+        try:
+            yield
+        finally:
+            self._cv.acquire()
+            self._in_pass = False
+            self._cv.notify_all()
+
     def _pass(self, model: LlamaModel, calls: list[Call]) -> None:
-        shares = plan_step([c.want(i) for i, c in enumerate(calls)], model.n_batch)
+        wants = [c.want(i) for i, c in enumerate(calls)]
+        shares = plan_step(wants, model.n_batch, self.pace(model, wants))
         chosen = [(calls[i], n) for i, n in shares.items()]
+        parts = [call.part(n) for call, n in chosen]
         started = time.perf_counter()
         try:
-            rows = model.decode_parts([call.part(n) for call, n in chosen])
+            with self._unlocked():
+                rows = model.decode_parts(parts)
         except Exception as e:  # every call in the pass failed with it
             for call, _n in chosen:
                 call.error, call.finished = e, True
@@ -190,10 +239,17 @@ class Batcher:
             self.passes(model).observe(tokens, took)
             mean = self._calls_per_pass.get(id(model), len(chosen))
             self._calls_per_pass[id(model)] = mean + 0.2 * (len(chosen) - mean)
+        elif tokens >= MIN_CHUNK and all(
+            len(c.tokens) > ROUND_TOKENS and not c.idle for c, _n in chosen
+        ):
+            # a pass of prompts alone: what sizes the next ones' chunks by time
+            last = self._prompt_token_s.get(id(model), took / tokens)
+            self._prompt_token_s[id(model)] = last + 0.3 * (took / tokens - last)
         self.log.steps += 1
         self.log.shared += len(chosen) > 1
         self.log.tokens += tokens
         self.log.seconds += took
+        self.log.recent.append(PassRecord(model.name, {c.seq: n for c, n in chosen}, took))
         for (call, n), logits in zip(chosen, rows, strict=True):
             call.done += n
             call.seconds += took

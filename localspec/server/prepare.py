@@ -73,6 +73,7 @@ class Prepared:
     opening: str = ""  # the typed text a middle opens with, not sent back (FIM)
     thinking: Thinking | None = None  # how the model writes its reasoning (None: it does not)
     after_result: bool = False  # the answer follows a tool's result (calls.rewriter)
+    middle: bool = False  # fill-in-the-middle: an editor waits on it (a short request)
 
     @classmethod
     def infill(
@@ -94,6 +95,7 @@ class Prepared:
             truncated=built.truncated,
             lines=lines,
             opening=opening,
+            middle=True,
         )
 
 

@@ -5,9 +5,12 @@ A slot's pending model call is a `Want`: a round (its last token and its draft, 
 tokens) or a prompt still to read. Each step fills one pass per model: whole rounds
 first, short requests (an editor's completion) before long ones, then prompt chunks in
 arrival order with what is left, so a long paste slows the others' rounds but never
-holds them back. A new request goes to the idle slot whose cache shares the longest
-prefix with its prompt, where that is most of it (llama-server's rule), so a chat and an
-editor each keep theirs.
+holds them back. A pass cannot be interrupted, so prompt chunks are sized by time (as
+Sarathi-Serve sizes them): a request that comes while prompts are read waits about
+PROMPT_PASS_S at most for the pass in flight, and beside a short request a paste's
+chunk takes no longer than the rest of the pass. A new request goes to the idle slot
+whose cache shares the longest prefix with its prompt, where that is most of it
+(llama-server's rule), so a chat and an editor each keep theirs.
 """
 
 from __future__ import annotations
@@ -18,9 +21,16 @@ from dataclasses import dataclass
 from localspec.backends.base import common_prefix
 
 ROUND_TOKENS = 17  # the largest round: a prediction drafted 16 deep, and the last token
-SHORT_TOKENS = 64  # a request asking for at most this many tokens goes first
+SHORT_TOKENS = 64  # a request asking for at most this many tokens goes first (a middle too)
 SIMILAR = 0.5  # llama-server's --slot-prompt-similarity: a match worth keeping a slot for
-BUSY_CHUNK = 128  # a prompt's chunk in a step that also carries other slots' rounds
+BUSY_CHUNK = 128  # prompts' tokens in a step that also carries long requests' rounds
+# A pass of prompts alone takes about this long: a request that comes meanwhile (the next
+# keystroke's completion while an agent's file is read) waits for it. But it reads at
+# least ALONE_MIN_CHUNK tokens: on two CPU cores smaller chunks read a prompt much slower
+# (the 1.5B target in chunks of 32: +24%, of 64: +6%, of 128: +1%, against 256)
+PROMPT_PASS_S = 0.5
+ALONE_MIN_CHUNK = 64
+MIN_CHUNK = 4  # beside a short request: a paste goes on, if slowly
 # An idle slot's draft model reads ahead in chunks, and a request that comes meanwhile
 # waits for the chunk in flight: each chunk is sized to take about this long (on two
 # CPU cores 16 tokens of a 0.5B draft; on a GPU hundreds), between these bounds
@@ -43,29 +53,75 @@ class Want:
         return self.need <= ROUND_TOKENS
 
 
-def plan_step(wants: Sequence[Want], budget: int) -> dict[int, int]:
-    """Tokens each slot reads in this step's pass, at most `budget` in all. A round goes
-    whole or waits; a prompt is cut into chunks (smaller while others have rounds in the
-    pass, unless it is a short request's), never leaving fewer tokens than its logits
-    rows for the next chunk."""
-    order = sorted(wants, key=lambda w: (not w.is_round, not w.short, w.arrived))
-    rounds = any(w.is_round for w in wants)
+@dataclass(frozen=True)
+class Pace:
+    """A model's passes as timed, to size prompts' chunks by time (0: not timed yet)."""
+
+    prompt_token_s: float = 0.0  # seconds a prompt token adds to a pass of prompts
+    rounds_s: float = 0.0  # this step's rounds' pass, without prompt tokens
+
+
+def prompt_chunk(pace: Pace, rounds: bool, short: bool, short_prompts: int, budget: int) -> int:
+    """Tokens long requests' prompts read in a step's pass, after its rounds and short
+    requests' prompts (`short_prompts` tokens). Beside a short request (its round or its
+    prompt), as many as take as long as the rest of the pass, so that an editor's
+    completion goes at least half as fast as alone while an agent's file is read; beside
+    long requests' rounds BUSY_CHUNK (chat answers give way more: reading a prompt
+    sooner lets one more slot share each pass); alone, as many as take PROMPT_PASS_S,
+    and no fewer than a CPU reads efficiently.
+    Untimed: BUSY_CHUNK beside others, else the whole budget."""
+    if rounds and not short:
+        return min(BUSY_CHUNK, budget)
+    if not short:
+        seconds = PROMPT_PASS_S
+    else:  # the rest of the pass
+        seconds = (pace.rounds_s if rounds else 0.0) + short_prompts * pace.prompt_token_s
+    if pace.prompt_token_s <= 0 or seconds <= 0:
+        return min(BUSY_CHUNK, budget) if rounds or short else budget
+    least = MIN_CHUNK if short else ALONE_MIN_CHUNK
+    return min(budget, max(least, round(seconds / pace.prompt_token_s)))
+
+
+def plan_step(wants: Sequence[Want], budget: int, pace: Pace = Pace()) -> dict[int, int]:
+    """Tokens each slot reads in this step's pass, at most `budget` in all: rounds whole
+    (or they wait), short requests' first, then short requests' prompts with what is left
+    (an editor waits on them), then long requests' prompts in arrival order, sharing one
+    chunk (`prompt_chunk`)."""
+    ahead = sorted(
+        (w for w in wants if w.is_round or w.short),
+        key=lambda w: (not w.is_round, not w.short, w.arrived),
+    )
+    behind = sorted((w for w in wants if not (w.is_round or w.short)), key=lambda w: w.arrived)
     shares: dict[int, int] = {}
     left = budget
-    for w in order:
-        if w.is_round:
-            n = w.need if w.need <= left else 0
-        else:
-            # a short request's prompt (an editor waits on it) takes what is left whole
-            n = min(w.need, left, budget if w.short or not rounds else BUSY_CHUNK)
-            if n < w.need and w.need - n < w.n_logits:
-                n = max(0, w.need - w.n_logits)
+    for w in ahead:
+        n = (w.need if w.need <= left else 0) if w.is_round else cut(w, left)
         if n:
             shares[w.slot] = n
             left -= n
-    if not shares and order:  # a pass always reads something (a round over the budget)
-        shares[order[0].slot] = min(order[0].need, budget)
+    taken = [w for w in ahead if w.slot in shares]
+    rounds = any(w.is_round for w in taken)
+    short = any(w.short for w in taken)
+    short_prompts = sum(shares[w.slot] for w in taken if not w.is_round)
+    chunk = min(left, prompt_chunk(pace, rounds, short, short_prompts, budget))
+    for w in behind:
+        n = cut(w, chunk)
+        if n:
+            shares[w.slot] = n
+            chunk -= n
+    if not shares and wants:  # a pass always reads something (a round over the budget)
+        first = (ahead + behind)[0]
+        shares[first.slot] = min(first.need, budget)
     return shares
+
+
+def cut(w: Want, most: int) -> int:
+    """A prompt's chunk of at most `most` tokens, leaving no fewer than its logits rows
+    (which must come together) for the next."""
+    n = min(w.need, most)
+    if n < w.need and w.need - n < w.n_logits:
+        n = max(0, w.need - w.n_logits)
+    return n
 
 
 def pick_slot(

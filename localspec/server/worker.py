@@ -79,11 +79,13 @@ class Job:
     predicted: Prediction | None = None  # set when it runs with a prediction
     prediction_tokens: tuple[int, int] = (0, 0)  # (accepted, rejected), once finished
     cached_tokens: int = 0  # of the prompt, found in its slot's cache (not read again)
+    middle: bool = False  # fill-in-the-middle
 
     @property
     def short(self) -> bool:
-        """An editor's completion, not a chat answer: goes first in a full pass."""
-        return self.config.max_tokens <= SHORT_TOKENS
+        """An editor's completion (a middle, or a few tokens), not a chat answer: goes
+        first in a full pass."""
+        return self.middle or self.config.max_tokens <= SHORT_TOKENS
 
     def deliver(self, batch: Delivery) -> None:
         """From a slot's thread: hand a batch to the handler's event loop."""

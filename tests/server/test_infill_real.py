@@ -21,6 +21,7 @@ from localspec.server.app import ServerOptions, create_app
 from localspec.server.infill import (
     ExtraChunk,
     InfillLines,
+    InfillRequest,
     Unopened,
     infill_prompt,
     middle_config,
@@ -205,6 +206,36 @@ def test_the_typed_text_opens_the_middle_but_its_whole_lines_close_the_prefix(se
     before_suffix = built.tokens[: built.tokens.index(fim.suf)]
     assert built.opening == "    ret" and before_suffix[-len(lines) :] == lines
     assert built.tokens[-1] == fim.mid
+
+
+def test_every_kind_of_middle_is_a_short_request(session):
+    """An editor waits on a middle, whatever it asks for (llama.vim's default n_predict
+    is 128): its job goes first in a full pass, as a request for a few tokens does."""
+    import asyncio
+
+    from localspec.server.prepare import prepare_completion, prepare_infill
+    from localspec.server.schemas import CompletionRequest
+    from localspec.server.worker import Job
+
+    fim = "<|fim_prefix|>" + PREFIX + "<|fim_suffix|>" + SUFFIX + "<|fim_middle|>"
+    middles = [
+        prepare_infill(
+            InfillRequest(**vim_body(PREFIX, SUFFIX, "", 4) | {"n_predict": 128}), session
+        ),
+        prepare_completion(
+            CompletionRequest(prompt=PREFIX, suffix=SUFFIX, max_tokens=128), session
+        ),
+        prepare_completion(CompletionRequest(prompt=fim, max_tokens=128), session),
+    ]
+    story = prepare_completion(
+        CompletionRequest(prompt="Once upon a time", max_tokens=128), session
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        jobs = [Job("x", p.prompt, p.config, loop, middle=p.middle) for p in [*middles, story]]
+    finally:
+        loop.close()
+    assert [job.short for job in jobs] == [True, True, True, False]
 
 
 def test_a_streamed_middle_is_the_whole_one_without_the_typed_text(client: TestClient):

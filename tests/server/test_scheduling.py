@@ -4,9 +4,13 @@ which slot a request goes to. The real slots: test_slots_real.py."""
 from __future__ import annotations
 
 from localspec.server.scheduling import (
+    ALONE_MIN_CHUNK,
     BUSY_CHUNK,
+    MIN_CHUNK,
+    PROMPT_PASS_S,
     READ_AHEAD_CHUNKS,
     READ_AHEAD_S,
+    Pace,
     Swap,
     Want,
     pick_slot,
@@ -26,9 +30,49 @@ def test_a_short_requests_prompt_is_not_held_to_small_chunks():
     assert plan_step(wants, budget=512) == {1: 1, 2: 511}
 
 
-def test_a_prompt_alone_reads_the_whole_budget():
+def test_a_prompt_alone_reads_the_whole_budget_until_its_passes_are_timed():
     assert plan_step([Want(0, 5000, 1)], budget=512) == {0: 512}
     assert plan_step([Want(0, 300, 1)], budget=512) == {0: 300}
+
+
+CPU = Pace(prompt_token_s=0.007, rounds_s=0.12)  # the 1.5B Q4_K_M target, 2 AVX-512 cores
+SLOW = Pace(prompt_token_s=0.027, rounds_s=0.1)  # the same on two AVX2 cores
+GPU = Pace(prompt_token_s=0.00006, rounds_s=0.015)
+
+
+def test_prompts_alone_read_what_takes_half_a_second_so_a_newcomer_waits_little():
+    # a keystroke's request that comes meanwhile waits for this pass
+    (n,) = plan_step([Want(0, 5000, 1)], budget=512, pace=CPU).values()
+    assert abs(n * CPU.prompt_token_s - PROMPT_PASS_S) <= CPU.prompt_token_s
+    assert plan_step([Want(0, 5000, 1)], budget=512, pace=GPU) == {0: 512}  # ~30 ms
+    # where fewer would read much slower, no fewer than that
+    assert plan_step([Want(0, 5000, 1)], budget=512, pace=SLOW) == {0: ALONE_MIN_CHUNK}
+    # two pastes share the pass, in order of arrival
+    shares = plan_step([Want(0, 5000, 1, arrived=0), Want(1, 900, 1, arrived=1)], 512, CPU)
+    assert shares == {0: n}
+
+
+def test_beside_a_short_requests_round_a_paste_takes_as_long_as_the_round():
+    wants = [Want(0, 5000, 1, arrived=0), Want(1, 4, 4, short=True, arrived=1)]
+    shares = plan_step(wants, budget=512, pace=CPU)
+    assert shares[1] == 4
+    assert abs(shares[0] * CPU.prompt_token_s - CPU.rounds_s) <= CPU.prompt_token_s
+    # a long request's round: a larger chunk (more slots decode sooner); on a GPU the
+    # round's time allows more than that
+    long_round = [Want(0, 5000, 1, arrived=0), Want(1, 4, 4, arrived=1)]
+    assert plan_step(long_round, budget=512, pace=CPU)[0] == BUSY_CHUNK
+    assert plan_step(wants, budget=512, pace=GPU)[0] == round(0.015 / 0.00006)
+    # never less than a few tokens, however slow the model
+    slow = Pace(prompt_token_s=0.5, rounds_s=0.1)
+    assert plan_step(wants, budget=512, pace=slow)[0] == MIN_CHUNK
+
+
+def test_a_short_requests_own_prompt_is_read_whole_and_a_paste_as_long_beside_it():
+    # a keystroke's request: 30 new tokens of its prompt (the rest is in its slot's cache)
+    wants = [Want(0, 5000, 1, arrived=0), Want(1, 30, 1, short=True, arrived=1)]
+    assert plan_step(wants, budget=512, pace=CPU) == {1: 30, 0: 30}
+    wants = [Want(0, 5000, 1, arrived=0), Want(1, 900, 1, short=True, arrived=1)]
+    assert plan_step(wants, budget=512, pace=CPU) == {1: 512}
 
 
 def test_when_the_pass_is_full_short_requests_go_first():

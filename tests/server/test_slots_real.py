@@ -24,7 +24,8 @@ from localspec.decoding.drafters import DraftModel, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished, Piece
 from localspec.decoding.sampling import SamplingParams
-from localspec.server.batching import SlotModel
+from localspec.server.batching import PassRecord, SlotModel
+from localspec.server.scheduling import PROMPT_PASS_S, SHORT_TOKENS
 from localspec.server.worker import Failed, Job, Worker
 from localspec.session import Session, SessionConfig, open_session
 
@@ -189,6 +190,53 @@ def test_a_short_completion_during_a_long_stream_finishes_first(worker, session,
     assert not story.cancel.is_set() and worker.depth() >= 1  # the story still streams
     worker.withdraw(story)
     assert isinstance(loop.wait(story), Failed)
+
+
+def test_a_completion_that_comes_while_a_paste_is_read_goes_between_its_chunks(
+    worker, session, loop, real_models
+):
+    """An agent's file is read in passes sized by time, not to the budget, so an
+    editor's completion that comes meanwhile waits for a short one; beside the
+    completion the paste's chunks shrink to the rest of the pass, and the completion
+    answers as it would alone."""
+    target = session.target
+    assert isinstance(target, LlamaModel)
+    paste = chat(session, "Summarize this log:\n" + "GET /api/items?page=7 200 0.004s\n" * 80)
+    assert 1200 < len(paste) < 2000
+    job = loop.job(paste, SHORT_TOKENS + 1, "paste")  # a long request: an agent's
+    worker.batcher.log.recent.clear()
+
+    def passes() -> list[PassRecord]:
+        return [r for r in list(worker.batcher.log.recent) if r.model == target.name]
+
+    worker.submit(job)
+    deadline = time.monotonic() + 300
+    while len(passes()) < 2:  # two passes read: the pace is timed, and sized one pass
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    prompt = session.tokenize_raw('def fibonacci(n):\n    """The n-th Fibonacci number."""\n')
+    completion = loop.job(prompt, 24, "completion")  # short: an editor's
+    worker.submit(completion)
+    done = loop.wait(completion)
+    worker.withdraw(job)
+    assert isinstance(done, Finished), done
+    loop.wait(job)
+    want, pieces = plain(real_models, prompt, 24)
+    assert_lossless(done, pieces, want)
+
+    paste_slot = next(s.index for s in worker.slots if s.cached[:10] == paste[:10])
+    completion_slot = next(s.index for s in worker.slots if s.cached[: len(prompt)] == prompt)
+    reads = [r.reads for r in passes()]
+    alone = [r[paste_slot] for r in reads if set(r) == {paste_slot}]
+    beside = [r[paste_slot] for r in reads if {paste_slot, completion_slot} <= set(r)]
+    assert len(alone) >= 2 and beside, reads  # the paste went on beside the completion
+    assert max(beside) < min(alone), reads  # and gave way to it
+    # once timed (from the real passes; the first may read the whole budget), its passes
+    # alone were sized by their time
+    token_s = worker.batcher.pace(target, []).prompt_token_s
+    assert token_s > 0
+    if token_s * target.n_batch > 2 * PROMPT_PASS_S:  # a whole budget's pass takes long here
+        assert max(alone[1:]) < target.n_batch, reads
 
 
 def test_a_cancelled_prompt_stops_between_chunks_and_frees_its_slot(worker, session, loop):

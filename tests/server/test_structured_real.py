@@ -198,7 +198,9 @@ def test_logprobs_come_from_the_verify_pass_and_match_a_plain_pass(
     session: Session, client: openai.OpenAI
 ):
 
-    messages = [{"role": "user", "content": "Name a prime number."}]
+    # every token clear of its runner-up by 2 logits or more: "Name a prime number."
+    # opens at a near-tie of 0.07 ("2" or "The"), which a batch of another size flips
+    messages = [{"role": "user", "content": "Name the first prime number."}]
     reply = client.chat.completions.create(
         model="coder", messages=messages, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3
     )
