@@ -227,6 +227,10 @@ def test_a_completion_that_comes_while_a_paste_is_read_goes_between_its_chunks(
     paste_slot = next(s.index for s in worker.slots if s.cached[:10] == paste[:10])
     completion_slot = next(s.index for s in worker.slots if s.cached[: len(prompt)] == prompt)
     reads = [r.reads for r in passes()]
+    # the completion came in while the paste was read, not once all of it was
+    joined = next(i for i, r in enumerate(reads) if completion_slot in r)
+    before = sum(r.get(paste_slot, 0) for r in reads[:joined])
+    assert before < len(paste) - job.cached_tokens, reads
     alone = [r[paste_slot] for r in reads if set(r) == {paste_slot}]
     beside = [r[paste_slot] for r in reads if {paste_slot, completion_slot} <= set(r)]
     assert len(alone) >= 2 and beside, reads  # the paste went on beside the completion
