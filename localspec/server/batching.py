@@ -9,7 +9,9 @@ for each other and meet in one target pass), `plan_step` decides what each call 
 one `decode_parts` pass reads it, and each call whose tokens are all read gets its logits. A
 prompt longer than its share goes on in the next step, so the others' rounds come in
 between; a call whose client left is dropped between steps. With one active slot a call
-runs at once.
+runs at once. The pass itself runs without the batcher's lock, so a slot that comes
+meanwhile (a keystroke's completion while a paste is read) joins the next step; no slot's
+thread runs during a pass, since each may change its sequences' cache between calls.
 
 Every pass runs on that one thread: llama.cpp's CPU backend (OpenMP) keeps a team of
 worker threads per calling thread, which it makes on the first pass from a thread and
@@ -32,7 +34,7 @@ import numpy as np
 from localspec.backends.base import Cancelled, FimTokens, Model
 from localspec.backends.llama import LlamaModel, Part
 from localspec.decoding.estimates import VerifyCost
-from localspec.server.scheduling import MIN_CHUNK, ROUND_TOKENS, Pace, Want, plan_step
+from localspec.server.scheduling import ALONE_MIN_CHUNK, ROUND_TOKENS, Pace, Want, plan_step
 
 
 @dataclass(eq=False)
@@ -239,10 +241,11 @@ class Batcher:
             self.passes(model).observe(tokens, took)
             mean = self._calls_per_pass.get(id(model), len(chosen))
             self._calls_per_pass[id(model)] = mean + 0.2 * (len(chosen) - mean)
-        elif tokens >= MIN_CHUNK and all(
+        elif tokens >= ALONE_MIN_CHUNK and all(
             len(c.tokens) > ROUND_TOKENS and not c.idle for c, _n in chosen
         ):
-            # a pass of prompts alone: what sizes the next ones' chunks by time
+            # a pass of prompts alone (a small one reads less efficiently): what sizes
+            # the next ones' chunks by time
             last = self._prompt_token_s.get(id(model), took / tokens)
             self._prompt_token_s[id(model)] = last + 0.3 * (took / tokens - last)
         self.log.steps += 1
