@@ -30,9 +30,9 @@ def test_a_short_requests_prompt_is_not_held_to_small_chunks():
     assert plan_step(wants, budget=512) == {1: 1, 2: 511}
 
 
-def test_a_prompt_alone_reads_the_whole_budget_until_its_passes_are_timed():
-    assert plan_step([Want(0, 5000, 1)], budget=512) == {0: 512}
-    assert plan_step([Want(0, 300, 1)], budget=512) == {0: 300}
+def test_a_prompt_alone_reads_a_middling_chunk_until_its_passes_are_timed():
+    assert plan_step([Want(0, 5000, 1)], budget=512) == {0: BUSY_CHUNK}
+    assert plan_step([Want(0, 100, 1)], budget=512) == {0: 100}
 
 
 CPU = Pace(prompt_token_s=0.007, rounds_s=0.12)  # the 1.5B Q4_K_M target, 2 AVX-512 cores

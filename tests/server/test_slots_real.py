@@ -235,7 +235,7 @@ def test_a_completion_that_comes_while_a_paste_is_read_goes_between_its_chunks(
     beside = [r[paste_slot] for r in reads if {paste_slot, completion_slot} <= set(r)]
     assert len(alone) >= 2 and beside, reads  # the paste went on beside the completion
     assert max(beside) < min(alone), reads  # and gave way to it
-    # once timed (from the real passes; the first may read the whole budget), its passes
+    # once timed (from the real passes; the first reads BUSY_CHUNK), its passes
     # alone were sized by their time
     token_s = worker.batcher.pace(target, []).prompt_token_s
     assert token_s > 0
