@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""What an idle draft model's reading ahead costs by chunk size:
-`python scripts/read_ahead_cost.py DRAFT.gguf`.
+"""What reading a prompt costs by chunk size: `python scripts/read_ahead_cost.py MODEL.gguf`.
 
 Reads the first `--tokens` tokens of the project's own engine.py into a fresh cache in
-chunks of each size (as serve's idle slots do between requests), three times, and prints
-the median time of the whole read and the time of one chunk at its start: a request that
-comes meanwhile waits for one chunk (localspec.server.scheduling.read_ahead_chunk).
+chunks of each size, three times, and prints the median time of the whole read and the
+time of one chunk at its start: a request that comes meanwhile waits for one chunk. With
+the draft model: serve's idle slots reading ahead between requests (`read_ahead_chunk`);
+with the target and `--chunks 32,64,128,256,512`: serve's prompt chunks (`prompt_chunk`,
+ALONE_MIN_CHUNK), both in localspec.server.scheduling.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("draft", help="the draft model's .gguf (serve's Q4_0 CPU copy, say)")
+    p.add_argument("model", help="a .gguf (the draft model's Q4_0 CPU copy, or the target)")
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--chunks", default="16,32,64,128", help="comma-separated chunk sizes")
     args = p.parse_args()
-    model = LlamaModel(args.draft, LoadOptions(n_ctx=4096, n_threads=args.threads))
+    model = LlamaModel(args.model, LoadOptions(n_ctx=4096, n_threads=args.threads))
     text = (ROOT / "localspec/decoding/engine.py").read_text()
     tokens = model.tokenize(text, special=False)[: args.tokens]
     for chunk in (int(c) for c in args.chunks.split(",")):

@@ -177,7 +177,7 @@ class Batcher:
             self._calls.append(call)
             self._cv.notify_all()
             while not call.finished or self._in_pass:
-                if self._stopping:
+                if self._stopping and not self._in_pass:
                     raise Cancelled(call.done)
                 self._cv.wait()
         return call
