@@ -65,7 +65,7 @@ def prompt_chunk(pace: Pace, rounds: bool, short: bool, short_prompts: int, budg
     """Tokens long requests' prompts read in a step's pass, after its rounds and short
     requests' prompts (`short_prompts` tokens). Beside a short request (its round or its
     prompt), as many as take as long as the rest of the pass, so that an editor's
-    completion goes at least half as fast as alone while an agent's file is read; beside
+    completion goes about half as fast as alone while an agent's file is read; beside
     long requests' rounds BUSY_CHUNK (chat answers give way more: reading a prompt
     sooner lets one more slot share each pass); alone, as many as take PROMPT_PASS_S,
     and no fewer than a CPU reads efficiently. Untimed: BUSY_CHUNK (the server's first
