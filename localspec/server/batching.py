@@ -58,6 +58,14 @@ class Call:
     error: BaseException | None = None
     finished: bool = False
 
+    @property
+    def kind(self) -> str:
+        """What its passes teach of: "idle" (a slot reading ahead: nothing), "round" (the
+        round passes' times), "prompt" (a prompt token's time)."""
+        if self.idle:
+            return "idle"
+        return "round" if len(self.tokens) <= ROUND_TOKENS else "prompt"
+
     def want(self, index: int) -> Want:
         need = len(self.tokens) - self.done
         return Want(index, need, self.n_logits, self.short, self.arrived)
@@ -235,15 +243,14 @@ class Batcher:
             return
         took = time.perf_counter() - started
         tokens = sum(n for _c, n in chosen)
+        kinds = {c.kind for c, _n in chosen}
         # what `auto` prices rounds by: passes of rounds only (neither a prompt's chunk
         # nor an idle slot's reading ahead, whose passes carry one slot's call each)
-        if all(len(c.tokens) <= ROUND_TOKENS and not c.idle for c, _n in chosen):
+        if kinds == {"round"}:
             self.passes(model).observe(tokens, took)
             mean = self._calls_per_pass.get(id(model), len(chosen))
             self._calls_per_pass[id(model)] = mean + 0.2 * (len(chosen) - mean)
-        elif tokens >= ALONE_MIN_CHUNK and all(
-            len(c.tokens) > ROUND_TOKENS and not c.idle for c, _n in chosen
-        ):
+        elif kinds == {"prompt"} and tokens >= ALONE_MIN_CHUNK:
             # a pass of prompts alone (a small one reads less efficiently): what sizes
             # the next ones' chunks by time
             last = self._prompt_token_s.get(id(model), took / tokens)

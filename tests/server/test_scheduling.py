@@ -62,7 +62,7 @@ def test_beside_a_short_requests_round_a_paste_takes_as_long_as_the_round():
     long_round = [Want(0, 5000, 1, arrived=0), Want(1, 4, 4, arrived=1)]
     assert plan_step(long_round, budget=512, pace=CPU)[0] == BUSY_CHUNK
     assert plan_step(wants, budget=512, pace=GPU)[0] == round(0.015 / 0.00006)
-    # never less than a few tokens, however slow the model
+    # at least one token, however slow the model: the paste never stops
     slow = Pace(prompt_token_s=0.5, rounds_s=0.1)
     assert plan_step(wants, budget=512, pace=slow)[0] == MIN_CHUNK
 
