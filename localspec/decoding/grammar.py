@@ -113,13 +113,18 @@ def allowed_prefix(state: GrammarState | None, tokens: Sequence[int]) -> list[in
 
 
 SHORTLIST = 64  # a row's best tokens checked before its whole vocabulary
+# and then its best 1024: of the whole-row masks (~20 ms each) in the json suite's
+# constrained answers, 7 in 8 found the best allowed token within them (rank 89-764)
+WIDE_SHORTLIST = 1024
 
 
-def allowed_best(state: GrammarState, row: np.ndarray) -> np.ndarray:
-    """The ids among the row's SHORTLIST best that the grammar allows, in id order (all
-    of a row no longer than that)."""
-    ids = np.sort(np.argpartition(row, -SHORTLIST)[-SHORTLIST:]) if len(row) > SHORTLIST else None
-    ids = np.arange(len(row)) if ids is None else ids
+def allowed_best(state: GrammarState, row: np.ndarray, size: int = SHORTLIST) -> np.ndarray:
+    """The ids among the row's `size` best that the grammar allows, in id order (all of a
+    row no longer than that); tokens that tie the last of them are among them too, so
+    the best allowed of these is the best allowed of all wherever there is one."""
+    if len(row) <= size:
+        return np.flatnonzero(state.allowed(np.arange(len(row))))
+    ids = np.flatnonzero(row >= np.partition(row, -size)[-size])
     return ids[state.allowed(ids)]
 
 
@@ -138,15 +143,17 @@ def shortlisted(state: GrammarState, row: np.ndarray) -> np.ndarray | None:
 
 def masked_argmax(state: GrammarState, row: np.ndarray) -> int:
     """The best token the grammar allows: the row's own argmax where it is allowed (one
-    token checked), else the best allowed among its SHORTLIST best (if any is allowed,
-    the best allowed of all is among them), else the argmax of the masked row (the whole
-    vocabulary checked: ~20 ms under llama.cpp's grammar for a 152k vocabulary, where
-    the shortlist takes well under 1). Ties go to the lower id, as np.argmax's do."""
+    token checked), else the best allowed among its SHORTLIST best, then among its
+    WIDE_SHORTLIST best (if any is allowed, the best allowed of all is among them), else
+    the argmax of the masked row (the whole vocabulary checked: ~20 ms under llama.cpp's
+    grammar for a 152k vocabulary, where a shortlist takes ~1). Ties go to the lower
+    id, as np.argmax's do."""
     best = int(np.argmax(row))
     if state.allows(best):
         return best
-    if len(ok := allowed_best(state, row)):
-        return int(ok[np.argmax(row[ok])])
+    for size in (SHORTLIST, WIDE_SHORTLIST):
+        if len(ok := allowed_best(state, row, size)):
+            return int(ok[np.argmax(row[ok])])
     return int(np.argmax(state.mask(row)))
 
 

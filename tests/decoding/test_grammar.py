@@ -193,8 +193,17 @@ def test_the_best_allowed_token_is_found_from_a_shortlist_as_from_the_whole_row(
     row = np.arange(n, dtype=np.float32)
     state = Allowed(np.array([n - 10, 3]))
     assert masked_argmax(state, row) == n - 10 and state.asked == 0
+    # nor where one of the best 1024 is (the best allowed of a JSON answer's rows ranked
+    # up to ~800 where none of the best 64 was)
+    state = Allowed(np.array([n - 800, 3]))
+    assert masked_argmax(state, row) == n - 800 and state.asked == 0
     state = Allowed(np.array([3, 7]))
     assert masked_argmax(state, row) == 7 and state.asked == 1
+    # ties with the last of a shortlist are in it: the lowest id of the best allowed
+    row = np.zeros(n, dtype=np.float32)
+    row[[10, 20]] = 1.0
+    state = Allowed(np.array([4000, 5]))
+    assert masked_argmax(state, row) == 5 and state.asked == 0
 
 
 def test_the_constrained_law_is_computed_from_a_shortlist_exactly_as_from_the_whole_row():
