@@ -19,7 +19,7 @@ before the next one's (localspec's draft model reads ahead after answering; /hea
 `reading_ahead`).
 
 Many clients (`--suite clients --clients N`): N streaming chat clients at once, each
-round N of the bench's prompts, against `localspec serve --parallel N` and
+round N of the bench's prompts (`--specbench`: Spec-Bench's, one a category), against `localspec serve --parallel N` and
 `llama-server -np N` with and without `-md` (the same context per slot); the servers take
 turns, a different one first each round. Per round: the aggregate tok/s (all tokens over
 the round's wall time) and each client's TTFT and tok/s. "An editor beside a chat"
@@ -54,7 +54,9 @@ import httpx
 import openai
 
 from localspec.bench import servers as bench_servers
+from localspec.bench import specbench
 from localspec.bench.servers import free_port, server
+from localspec.bench.suite import BenchError
 
 ROOT = Path(__file__).resolve().parent.parent
 EDITS = (
@@ -348,8 +350,20 @@ def turns(names: list[str], r: int) -> list[str]:
     return names[k:] + names[:k]
 
 
+def clients_prompts(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """The clients suite's prompts: the bench's own, or with --specbench one of each
+    Spec-Bench category (seed 0), as (name, {"prompt": ...})."""
+    if not args.specbench:
+        return list(json.loads((ROOT / "localspec/data/bench_prompts.json").read_text()).items())
+    try:
+        sample = specbench.load_sample(None, specbench.Sample(per_category=1))
+    except BenchError as e:
+        sys.exit(str(e))
+    return [(q.name, {"prompt": q.prompt}) for q in sample]
+
+
 def clients_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
-    prompts = list(json.loads((ROOT / "localspec/data/bench_prompts.json").read_text()).items())
+    prompts = clients_prompts(args)
     n = args.clients
     commands, ports = many_servers(args, n)
     rows: list[dict] = []
@@ -704,6 +718,12 @@ def main() -> None:
     p.add_argument(
         "--plain-too", action="store_true", help="and localspec without drafts (clients suite)"
     )
+    p.add_argument(
+        "--specbench",
+        action="store_true",
+        help="clients suite: Spec-Bench's first turns, one of each category (seed 0), "
+        "instead of the bench's prompts",
+    )
     p.add_argument("--run", action="store_true", help="also `localspec run` on each prompt")
     p.add_argument(
         "--peer-n-max", type=int, default=3, help="llama-server's draft length (its default: 3)"
@@ -719,7 +739,7 @@ def main() -> None:
         args.llama_server = args.llama_server or default_bin_dir() / "llama-server"
     if args.peer and not args.llama_server.exists():
         sys.exit(f"{args.llama_server} not found: run scripts/peer_speculative.sh build")
-    have = len(json.loads((ROOT / "localspec/data/bench_prompts.json").read_text()))
+    have = len(clients_prompts(args))
     if args.suite == "clients" and args.clients * args.rounds > have:
         # a prompt asked again would be drafted from its earlier answer (the slots' suffix
         # index keeps it), which llama-server's drafters do not do: not a fair round
