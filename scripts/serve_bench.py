@@ -21,8 +21,9 @@ before the next one's (localspec's draft model reads ahead after answering; /hea
 Many clients (`--suite clients --clients N`): N streaming chat clients at once, each
 round N of the bench's prompts (`--specbench`: Spec-Bench's, one a category), against
 `localspec serve --parallel N` and `llama-server -np N` with and without `-md` (the same
-context per slot); the servers take turns, a different one first each round. Per round: the aggregate tok/s (all tokens over
-the round's wall time) and each client's TTFT and tok/s. "An editor beside a chat"
+context per slot); the servers take turns, a different one first each round. Per round:
+the aggregate tok/s (all tokens over the round's wall time) and each client's TTFT and
+tok/s. "An editor beside a chat"
 (`--suite editor`): a 32-token code completion's latency while a chat answer streams,
 over its latency alone, on the same servers (with `--paste-chars N`, beside a chat
 request carrying an N-character code paste, sent a second before it, while the server
