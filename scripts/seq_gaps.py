@@ -2,8 +2,11 @@
 """What a pass of one token a slot costs by which slots bring one, with a cache per slot
 (serve's default where drafts do not pay under load): llama.cpp reads sequences whose
 ids leave a gap (0, 1, 3) in one micro-batch per run of ids, unless the gap is filled
-(`LlamaModel._fillers`). Medians of --repeats passes, the sets taking turns. To compare
-two versions, run it under each (PYTHONPATH pointing at the other's copy).
+(`LlamaModel._fillers`) or, once it lasts, closed by moving caches (`_close_gaps`).
+Each set of slots runs --run passes in a row, the sets taking turns, --repeats times:
+the mean of a pass over the runs (what a gap costs in all, moves included) and the
+median of each run's second half. To compare two versions, run it under each
+(PYTHONPATH pointing at the other's copy).
 
     .venv/bin/python scripts/seq_gaps.py --target T.gguf
 (docs/bench/serve/2026-12-02-gaps: the 1.5B Q4_K_M and F16 targets, 2 cores)
@@ -25,7 +28,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--run", type=int, default=12, help="passes in a row for each set")
     args = p.parse_args()
     model = LlamaModel(args.target, LoadOptions(n_ctx=2048, n_threads=args.threads, n_seq=4))
     text = model.tokenize(TEXT * 8)
@@ -43,13 +47,17 @@ def main() -> None:
 
     for seqs in SETS:  # warm: the graphs of each shape
         one_pass(seqs)
-    took: dict[tuple[int, ...], list[float]] = {seqs: [] for seqs in SETS}
+    runs: dict[tuple[int, ...], list[list[float]]] = {seqs: [] for seqs in SETS}
     for _ in range(args.repeats):
         for seqs in SETS:
-            took[seqs].append(one_pass(seqs))
+            runs[seqs].append([one_pass(seqs) for _ in range(args.run)])
+    print(f"{'slots':16} {'mean':>6} {'2nd half':>9}  (ms a pass)")
     for seqs in SETS:
+        passes = [t for run in runs[seqs] for t in run]
+        late = [t for run in runs[seqs] for t in run[len(run) // 2 :]]
         label = ", ".join(map(str, seqs))
-        print(f"slots {label:10} {statistics.median(took[seqs]) * 1e3:6.0f} ms", flush=True)
+        mean, median = statistics.mean(passes) * 1e3, statistics.median(late) * 1e3
+        print(f"slots {label:10} {mean:6.0f} {median:9.0f}", flush=True)
     model.close()
 
 

@@ -196,6 +196,11 @@ class LlamaModel(Model):
         # support them (0 for the others, Mamba among them).
         self._snapshots = ll.llama_n_rs_seq(self._ctx) if self._recurrent else 0
         self._last_pass: dict[int, int] = {}  # sequence -> tokens its last pass decoded
+        # a sequence's cache lives in llama.cpp's sequence where[seq] (`_close_gaps` moves
+        # them); every call into llama.cpp names that one
+        self._where = list(range(options.n_seq))
+        self._gap_cost = 0.0  # what the last passes lost to a gap between their sequences
+        self._move_s_per_byte = 1e-9  # what moving a cache costs: learnt, first guessed
         self._ubatch_s: dict[int, float] = {}  # a one-micro-batch pass's time, by tokens
         self.on_pass: list[Callable[[list[Part]], None]] = []  # hears of each pass (MTP)
         self.on_close: list[Callable[[], None]] = []  # contexts of this model to free first
@@ -222,19 +227,21 @@ class LlamaModel(Model):
         logits rows, copied where the pass had several (the next pass overwrites them).
         The parts go in by sequence id: with a cache per sequence, llama.cpp cuts a batch
         whose sequences come out of order into one micro-batch per sequence (four slots'
-        rounds then cost four passes, not one); and the sequences between them are filled
-        (`_fillers`)."""
+        rounds then cost four passes, not one); and a gap between their ids is closed where
+        it lasts (`_close_gaps`) or filled for the pass (`_fillers`)."""
         for part in parts:
             if part.pos + len(part.tokens) > self.n_ctx:
                 raise ContextFull(f"context of {self.n_ctx} tokens is full")
-        order = sorted(range(len(parts)), key=lambda i: parts[i].seq)
+        self._close_gaps(parts)
+        order = sorted(range(len(parts)), key=lambda i: self._where[parts[i].seq])
         ordered = [parts[i] for i in order]
         fillers = self._fillers(ordered)
         try:
-            self._run(sorted(ordered + fillers, key=lambda p: p.seq))
+            took = self._run(sorted(ordered + fillers, key=lambda p: self._where[p.seq]))
         finally:
             for filler in fillers:
                 self.remove_from(filler.seq, filler.pos)
+        self._count_gap_cost(ordered, took)
         logits = self._logits(sum(p.n_logits for p in ordered))
         if len(parts) == 1:
             return [logits]
@@ -245,32 +252,119 @@ class LlamaModel(Model):
             end += part.n_logits
         return rows
 
-    def _fillers(self, parts: list[Part]) -> list[Part]:
+    def _gaps(self, parts: list[Part]) -> tuple[int, list[int], list[int]] | None:
         """With a cache per sequence, llama.cpp reads a batch's sequences in one
         micro-batch only while their ids run on without a gap, and each brings as many
-        tokens: slots 0, 1 and 3 are read as 0 and 1, then 3. A sequence in a gap can
-        bring as many tokens at the end of its cache (no logits), dropped again after the
-        pass: one pass with more tokens instead of several. Filled where the passes as
-        timed say it pays, or before they are timed (2 cores, one token a slot: F16 1.5B,
-        0, 2 filled in 126 ms against 223; Q4_K_M, 0, 1, 3 in 108 against 123 but 0, 2 in
-        98 against 94). Not where a gap's cache or the batch is full, where the parts
-        bring unequal counts, nor for a recurrent model (its state cannot drop a token)."""
+        tokens: slots 0, 1 and 3 are read as 0 and 1, then 3. For parts that bring k
+        tokens each: k, the llama.cpp sequences they are in, and those in their gaps;
+        None where nothing is split for a gap (one cache, a recurrent model, whose state
+        cannot drop a token, unequal counts, which llama.cpp splits anyway)."""
         sizes = {len(p.tokens) for p in parts}
         if self.kv_unified or self._recurrent or len(parts) < 2 or len(sizes) > 1:
+            return None
+        held = sorted(self._where[p.seq] for p in parts)
+        gaps = [s for s in range(held[0], held[-1]) if s not in held]
+        return (sizes.pop(), held, gaps) if gaps else None
+
+    def _one_pass_pays(self, tokens: int, runs: list[int]) -> bool:
+        """Whether one micro-batch of `tokens` costs less than one for each run, as this
+        model's passes were timed; yes before they are."""
+        one, split = self._ubatch_s.get(tokens), [self._ubatch_s.get(n) for n in runs]
+        return one is None or not all(split) or one < sum(t or 0.0 for t in split)
+
+    def _count_gap_cost(self, parts: list[Part], took: float) -> None:
+        """Add what this pass lost to a gap (its time over one micro-batch's of as many
+        tokens, estimated from the timed ones) to the gap's cost so far; a pass without
+        a gap starts the count again."""
+        found = self._gaps(parts)
+        one = None if found is None else self._estimate(sum(len(p.tokens) for p in parts))
+        if found is None or one is None:
+            self._gap_cost = 0.0
+        else:
+            self._gap_cost += max(0.0, took - one)
+
+    def _estimate(self, tokens: int) -> float | None:
+        """A one-micro-batch pass's time for `tokens`, from the nearest timed sizes: in
+        between, on their line; above all, as the largest's per token; below, the
+        smallest's (a pass costs no less for fewer tokens)."""
+        timed = sorted(self._ubatch_s.items())
+        if not timed:
+            return None
+        below = [(n, t) for n, t in timed if n <= tokens]
+        above = [(n, t) for n, t in timed if n >= tokens]
+        if below and above:
+            (n0, t0), (n1, t1) = below[-1], above[0]
+            return t0 if n1 == n0 else t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
+        if below:
+            n0, t0 = below[-1]
+            return t0 * tokens / n0
+        return above[0][1]
+
+    def _close_gaps(self, parts: list[Part]) -> None:
+        """A gap that lasts (slot 1's answer ended while 0, 2 and 3 go on) is closed by
+        moving caches: the last sequence's into the gap, the gap's (an idle slot's kept
+        conversation, or nothing) where it was; each pass after it is one micro-batch with
+        no filler (F16 1.5B, 2 cores: 0, 1, 3 filled in 146 ms against 125 for 0, 1, 2).
+        Moving costs a copy of both caches (~20 ms for 1,000 tokens), so a gap is closed
+        once its passes have lost as much as that (the ski-rental rule: never more than
+        twice what the best choice, knowing how long the gap lasts, would lose). Not for
+        a model whose passes are heard (MTP)."""
+        found = None if self.on_pass or not self._gap_cost else self._gaps(parts)
+        if found is None:
+            return
+        _, held, _ = found
+        n = len(held)
+        start = max(range(self.n_seq - n + 1), key=lambda s: sum(s <= h < s + n for h in held))
+        outside = [h for h in held if not start <= h < start + n]
+        free = [s for s in range(start, start + n) if s not in held]
+        with self._mem_lock:
+            moved = outside + [s for s in free if self._has(s)]
+            size = sum(ll.llama_state_seq_get_size(self._ctx, s) for s in moved)
+            if self._gap_cost < self._move_s_per_byte * size:
+                return
+            started = time.perf_counter()
+            for a, b in zip(outside, free, strict=True):
+                if not self._swap(a, b):
+                    return
+            rate = (time.perf_counter() - started) / max(size, 1)
+            self._move_s_per_byte += 0.5 * (rate - self._move_s_per_byte)
+            self._gap_cost = 0.0
+
+    def _swap(self, a: int, b: int) -> bool:
+        """Exchange the caches of llama.cpp's sequences a and b, and who they belong to;
+        False (nothing changed) where llama.cpp could not copy one out."""
+        states = [self._get_state(s) if self._has(s) else bytearray() for s in (a, b)]
+        if None in states:
+            return False
+        for s in (a, b):
+            ll.llama_memory_seq_rm(self._mem, s, -1, -1)
+        for s, state in zip((b, a), states, strict=True):
+            if state and not self._set_state(s, state):
+                raise ModelError("llama.cpp could not move a sequence's cache")
+        i, j = self._where.index(a), self._where.index(b)
+        self._where[i], self._where[j] = b, a
+        return True
+
+    def _fillers(self, parts: list[Part]) -> list[Part]:
+        """A sequence in a gap (`_gaps`) can bring as many tokens at the end of its cache
+        (no logits), dropped again after the pass: one pass with more tokens instead of
+        several. Filled where the passes as timed say it pays, or before they are timed
+        (2 cores, one token a slot: F16 1.5B, 0, 2 filled in 126 ms against 223;
+        Q4_K_M, 0, 1, 3 in 108 against 123 but 0, 2 in 98 against 94). Not where a gap's
+        cache or the batch is full."""
+        found = self._gaps(parts)
+        if found is None:
             return []
-        k = sizes.pop()
-        seqs = sorted(p.seq for p in parts)
-        gaps = [s for s in range(seqs[0], seqs[-1]) if s not in seqs]
-        if not gaps or k * (len(parts) + len(gaps)) > self.n_batch:
+        k, held, gaps = found
+        if k * (len(held) + len(gaps)) > self.n_batch:
             return []
-        split = [self._ubatch_s.get(k * n) for n in id_runs(seqs)]
-        filled = self._ubatch_s.get(k * (len(parts) + len(gaps)))
-        if filled is not None and all(split) and filled >= sum(t or 0.0 for t in split):
+        if not self._one_pass_pays(k * (len(held) + len(gaps)), [k * n for n in id_runs(held)]):
             return []
-        fillers = [Part(s, [0] * k, self.seq_len(s), 0) for s in gaps]
+        fillers = [Part(s, [0] * k, self.seq_len(s), 0) for s in map(self._where.index, gaps)]
         return [] if any(f.pos + k > self.n_ctx for f in fillers) else fillers
 
-    def _run(self, parts: list[Part]) -> None:
+    def _run(self, parts: list[Part]) -> float:
+        """One llama_decode of `parts` (in this order); its time."""
         batch, i = self._batch, 0
         for part in parts:
             self._last_pass[part.seq] = len(part.tokens)
@@ -279,7 +373,7 @@ class LlamaModel(Model):
                 batch.token[i] = tok
                 batch.pos[i] = part.pos + j
                 batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = part.seq
+                batch.seq_id[i][0] = self._where[part.seq]
                 batch.logits[i] = int(j >= first_scored)
                 i += 1
         batch.n_tokens = i
@@ -287,18 +381,21 @@ class LlamaModel(Model):
         rc = ll.llama_decode(self._ctx, batch)
         if rc != 0:
             raise ContextFull(f"llama_decode failed ({rc}): KV cache full")
-        if self._one_ubatch(parts):  # what `_fillers` weighs
-            took, last = time.perf_counter() - started, self._ubatch_s.get(i)
+        took = time.perf_counter() - started
+        if self._one_ubatch(parts):  # what `_fillers` and `_close_gaps` weigh
+            last = self._ubatch_s.get(i)
             self._ubatch_s[i] = took if last is None else last + 0.2 * (took - last)
         for hear in self.on_pass:
             hear(parts)
+        return took
 
     def _one_ubatch(self, parts: list[Part]) -> bool:
         """Whether llama.cpp read these parts (in this order) in one micro-batch."""
         if self.kv_unified or len(parts) == 1:
             return True
         counts = {len(p.tokens) for p in parts}
-        return len(counts) == 1 and all(b.seq == a.seq + 1 for a, b in itertools.pairwise(parts))
+        held = [self._where[p.seq] for p in parts]
+        return len(counts) == 1 and all(b == a + 1 for a, b in itertools.pairwise(held))
 
     def _logits(self, n: int) -> np.ndarray:
         if n == 0:
@@ -318,7 +415,7 @@ class LlamaModel(Model):
                 if drop > self._snapshots or drop >= self._last_pass.get(seq, 0):
                     return False
                 self._last_pass[seq] = 0  # a snapshot is used once
-            return bool(ll.llama_memory_seq_rm(self._mem, seq, pos, -1))
+            return bool(ll.llama_memory_seq_rm(self._mem, self._where[seq], pos, -1))
 
     def keep_state(self, seq: int) -> None:
         """A copy of sequence `seq`'s recurrent state as it is now (its attention
@@ -328,13 +425,13 @@ class LlamaModel(Model):
             if not self._recurrent:
                 return
             flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part only
-            size = ll.llama_state_seq_get_size_ext(self._ctx, seq, flags)
+            size = ll.llama_state_seq_get_size_ext(self._ctx, self._where[seq], flags)
             kept = self._checkpoints.get(seq)
             if kept is not None and len(kept[1]) == size:
                 buf = kept[1]
             else:
                 buf = (ctypes.c_uint8 * size)()
-            ll.llama_state_seq_get_data_ext(self._ctx, buf, size, seq, flags)
+            ll.llama_state_seq_get_data_ext(self._ctx, buf, size, self._where[seq], flags)
             self._checkpoints[seq] = (self.seq_len(seq), buf)
 
     def back_to_state(self, seq: int, pos: int) -> int | None:
@@ -346,9 +443,10 @@ class LlamaModel(Model):
                 return None
             held, buf = kept
             flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-            if not ll.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), seq, flags):
+            at = self._where[seq]
+            if not ll.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), at, flags):
                 return None
-            ll.llama_memory_seq_rm(self._mem, seq, held, -1)  # the attention layers' entries
+            ll.llama_memory_seq_rm(self._mem, at, held, -1)  # the attention layers' entries
             self._last_pass[seq] = 0
             return held
 
@@ -356,21 +454,29 @@ class LlamaModel(Model):
         """Sequence `seq`'s cache entries (llama.cpp's sequence state), copied once; None
         for a recurrent model, whose snapshots would not come back with it."""
         with self._mem_lock:
-            if self._recurrent:
-                return None
-            size = ll.llama_state_seq_get_size(self._ctx, seq)
-            state = bytearray(size)
-            got = ll.llama_state_seq_get_data(self._ctx, c_bytes(state), size, seq)
-            return state if got == size else None
+            return None if self._recurrent else self._get_state(self._where[seq])
+
+    def _has(self, at: int) -> bool:
+        return ll.llama_memory_seq_pos_max(self._mem, at) >= 0
+
+    def _get_state(self, at: int) -> bytearray | None:
+        size = ll.llama_state_seq_get_size(self._ctx, at)
+        state = bytearray(size)
+        got = ll.llama_state_seq_get_data(self._ctx, c_bytes(state), size, at)
+        return state if got == size else None
+
+    def _set_state(self, at: int, state: bytearray) -> bool:
+        return bool(ll.llama_state_seq_set_data(self._ctx, c_bytes(state), len(state), at))
 
     def load_seq(self, seq: int, state: bytearray) -> bool:
         """Sequence `seq`'s cache as `save_seq` saw it; False (and the sequence empty)
         where llama.cpp could not (no room in a shared cache)."""
         with self._mem_lock:
-            ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
-            if ll.llama_state_seq_set_data(self._ctx, c_bytes(state), len(state), seq):
+            at = self._where[seq]
+            ll.llama_memory_seq_rm(self._mem, at, -1, -1)
+            if self._set_state(at, state):
                 return True
-            ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            ll.llama_memory_seq_rm(self._mem, at, -1, -1)
             return False
 
     def save_state(self) -> bytearray | None:
@@ -389,7 +495,7 @@ class LlamaModel(Model):
 
     def seq_len(self, seq: int) -> int:
         with self._mem_lock:
-            return ll.llama_memory_seq_pos_max(self._mem, seq) + 1
+            return ll.llama_memory_seq_pos_max(self._mem, self._where[seq]) + 1
 
     def move(self, seq: int, gap: tuple[int, int], chunk: tuple[int, int]) -> bool:
         """Drop sequence `seq`'s entries at positions [gap) and move those at [chunk)
@@ -398,9 +504,10 @@ class LlamaModel(Model):
         with self._mem_lock:
             if self._recurrent or not ll.llama_memory_can_shift(self._mem):
                 return False
-            if not ll.llama_memory_seq_rm(self._mem, seq, *gap):
+            at = self._where[seq]
+            if not ll.llama_memory_seq_rm(self._mem, at, *gap):
                 return False
-            ll.llama_memory_seq_add(self._mem, seq, *chunk, gap[0] - gap[1])
+            ll.llama_memory_seq_add(self._mem, at, *chunk, gap[0] - gap[1])
             return True
 
     def _move(self, gap: tuple[int, int], chunk: tuple[int, int]) -> bool:

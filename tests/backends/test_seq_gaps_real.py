@@ -1,6 +1,7 @@
 """Serve's slots with a cache each, on the real target: a pass over sequences 0, 1 and 3
 fills sequence 2 with a token for the pass (llama.cpp reads sequences with a gap between
-their ids in two micro-batches) and drops it after, leaving sequence 2 as it was."""
+their ids in two micro-batches) and drops it after, leaving sequence 2 as it was; a gap
+that lasts is closed by moving the caches, each sequence going on as before."""
 
 from __future__ import annotations
 
@@ -95,3 +96,62 @@ def test_runs_of_ids():
     assert id_runs([0, 2, 3]) == [1, 2]
     assert id_runs([0, 1, 2, 3]) == [4]
     assert id_runs([1]) == [1]
+
+
+def test_estimates_of_a_pass_from_the_timed_ones(model: LlamaModel):
+    model._ubatch_s.clear()
+    assert model._estimate(3) is None
+    model._ubatch_s.update({2: 0.08, 4: 0.12})
+    assert model._estimate(3) == pytest.approx(0.10)  # on their line
+    assert model._estimate(8) == pytest.approx(0.24)  # the largest's per token
+    assert model._estimate(1) == pytest.approx(0.08)  # no less than the smallest
+    model._ubatch_s.clear()
+
+
+def test_a_gap_counts_its_cost_until_a_pass_runs_without_one(model: LlamaModel):
+    model._ubatch_s.clear()
+    model._ubatch_s.update({1: 1e-6, 2: 1e-6, 3: 1e-6})  # a pass of one micro-batch: ~free
+    model._move_s_per_byte = 1.0  # moving: never worth it here
+    prompts = [model.tokenize(t) for t in TEXTS]
+    for seq, tokens in enumerate(prompts):
+        read(model, seq, tokens)
+    where = list(model._where)
+    model._gap_cost = 0.0
+    held = {s: model._where[s] for s in range(4)}
+    gapped = [Part(s, [1], model.seq_len(s), 1) for s in sorted(held, key=held.get)[::2]]
+    model.decode_parts(gapped)
+    first = model._gap_cost
+    assert first > 0
+    model.decode_parts([Part(p.seq, [1], p.pos + 1, 1) for p in gapped])
+    assert model._gap_cost > first
+    assert model._where == where  # not moved: it would cost more than the gap lost
+    model.decode_parts([Part(0, [1], model.seq_len(0), 1)])
+    assert model._gap_cost == 0.0
+    model._move_s_per_byte = 1e-9
+    model._ubatch_s.clear()
+
+
+def test_a_lasting_gap_is_closed_by_moving_caches(model: LlamaModel):
+    prompts = [model.tokenize(t) for t in TEXTS]
+    for seq, tokens in enumerate(prompts):
+        read(model, seq, tokens[:-1])
+    lengths = [model.seq_len(s) for s in range(4)]
+    gap = model._where.index(2)  # the slot in llama.cpp's sequence 2
+    active = [s for s in range(4) if s != gap]
+    model._gap_cost = 1.0  # the gap has lost a second already
+
+    parts = [Part(s, [prompts[s][-1]], lengths[s], 1) for s in active]
+    rows = model.decode_parts(parts)
+
+    held = sorted(model._where[s] for s in active)
+    assert held == list(range(held[0], held[0] + 3))  # one run: one micro-batch
+    assert model._one_ubatch(sorted(parts, key=lambda p: model._where[p.seq]))
+    assert model._gap_cost == 0.0
+    assert [model.seq_len(s) for s in range(4)] == [n + (s != gap) for s, n in enumerate(lengths)]
+    for part, row in zip(parts, rows, strict=True):
+        alone = read(model, part.seq, prompts[part.seq])
+        assert np.abs(row - alone).max() < NOISE, part.seq
+    # the idle slot's cache moved with it and goes on from its own last token
+    last = model.decode_parts([Part(gap, [prompts[gap][-1]], lengths[gap], 1)])[0]
+    fresh = read(model, gap, prompts[gap])
+    assert np.abs(last - fresh).max() < NOISE
