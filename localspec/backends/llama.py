@@ -479,6 +479,19 @@ class LlamaModel(Model):
             ll.llama_memory_seq_rm(self._mem, at, -1, -1)
             return False
 
+    def copy_seq(self, src: int, dst: int, n: int) -> int | None:
+        """Sequence `src`'s first n cache entries as sequence `dst`'s, its own dropped:
+        how many it holds then; None (`dst` as it was) where `src` cannot be copied out
+        (a recurrent model)."""
+        with self._mem_lock:
+            state = self.save_seq(src)
+            if state is None:
+                return None
+            if not self.load_seq(dst, state):
+                return 0
+            ll.llama_memory_seq_rm(self._mem, self._where[dst], n, -1)
+            return min(n, self.seq_len(dst))
+
     def save_state(self) -> bytearray | None:
         return self.save_seq(0)
 

@@ -487,7 +487,10 @@ class AdaptiveDrafter:
         ks = np.arange(1, GAMMA_MAX + 1)
         t = self.priced_batch(np.arange(1, GAMMA_MAX + 2))  # t[k] = T(k + 1)
         tokens = (1 - GOOD_ALPHA ** (ks + 1)) / (1 - GOOD_ALPHA)  # Leviathan et al.'s E(k)
-        return bool(np.max(tokens * t[0] / (ks * self.draft_cost + t[ks])) > 1.0)
+        cost = ks * self.draft_cost + t[ks]
+        if not np.all(cost > 0):  # nothing timed yet: no sign that it pays
+            return False
+        return bool(np.max(tokens * t[0] / cost) > 1.0)
 
     def p_min(self, choice: Choice) -> list[float]:
         """Draft-model early stop, per token the draft model drafts this round: the

@@ -66,12 +66,13 @@ class Answer:
 
     # --- not streamed ----------------------------------------------------------------
     async def collect(
-        self, request: Request, build: Callable[[list[Event], Finished], dict[str, Any]]
+        self, request: Request | None, build: Callable[[list[Event], Finished], dict[str, Any]]
     ) -> dict[str, Any]:
         """Wait for the whole answer; a client that leaves meanwhile cancels it at once
-        (its disconnect is the next message the request receives)."""
+        (its disconnect is the next message the request receives; None: the caller
+        watches, for several answers at once)."""
         events: list[Event] = []
-        watcher = asyncio.create_task(self.watch(request))
+        watcher = asyncio.create_task(self.watch(request)) if request is not None else None
         try:
             async for event in self.events():
                 events.append(event)
@@ -79,7 +80,8 @@ class Answer:
                     return build(events, event)
             raise ApiError(500, "the answer ended without finishing")
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
 
     async def watch(self, request: Request) -> None:
         while (await request.receive())["type"] != "http.disconnect":

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from localspec import version
 from localspec.decoding.events import Event, Finished
 from localspec.decoding.opening import pieces_of
-from localspec.server import anthropic, native, responses
+from localspec.server import anthropic, choices, native, responses
 from localspec.server.answer import Answer, as_function_call, as_function_call_chunks, short_id, sse
 from localspec.server.errors import ApiError, error_body
 from localspec.server.guard import Guard, GuardMiddleware
@@ -218,11 +218,54 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     ) -> Answer:
         """The request prepared (off the event loop) and queued: its answer, to be shaped
         from the worker's events as they come."""
-        prepared = await run_in_threadpool(prepare)
+        return (await answers(request, lambda: [prepare()], label, kind))[0]
+
+    async def answers(
+        request: Request, prepare: Callable[[], list[Prepared]], label: str, kind: str, n: int = 1
+    ) -> list[Answer]:
+        """`answer` for a request with n answers to each of its prompts (choices.py): a job
+        each, those after a prompt's first copying its cache (`Job.twin`), a seed each
+        (the request's + j) where it sets one; all queued, or none."""
+        made: list[Answer] = []
+        for prepared in await run_in_threadpool(prepare):
+            first: Job | None = None
+            for j in range(n):
+                job = make_job(prepared, label, first, j)
+                first = first or job
+                made.append(
+                    Answer(
+                        job,
+                        prepared,
+                        options.model_id,
+                        kind,
+                        worker.withdraw,
+                        session.target.token_bytes,
+                    )
+                )
+        if len(made) > 1:
+            for i, a in enumerate(made):
+                a.job.label = f"{label} ({i + 1} of {len(made)})"
+        submitted: list[Job] = []
+        try:
+            for a in made:
+                worker.submit(a.job)
+                submitted.append(a.job)
+        except ApiError:
+            for job in submitted:
+                worker.withdraw(job)
+            raise
+        metrics.observe_request(endpoint(request), 200)
+        return made
+
+    def make_job(prepared: Prepared, label: str, twin: Job | None, j: int) -> Job:
         config = prepared.config
         if options.max_tokens is not None and config.max_tokens > options.max_tokens:
             config = replace(config, max_tokens=options.max_tokens)
-        job = Job(
+        if j and config.sampling.seed is not None:
+            config = replace(
+                config, sampling=replace(config.sampling, seed=config.sampling.seed + j)
+            )
+        return Job(
             label,
             prepared.prompt,
             config,
@@ -230,40 +273,45 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             prepared.prediction,
             prepared.source,
             middle=prepared.middle,
-        )
-        worker.submit(job)
-        metrics.observe_request(endpoint(request), 200)
-        return Answer(
-            job, prepared, options.model_id, kind, worker.withdraw, session.target.token_bytes
+            twin=twin,
         )
 
     @app.post("/v1/chat/completions", dependencies=guarded)
     @app.post("/chat/completions", dependencies=guarded)
     async def chat_completions(request: Request) -> Response:
         body = fill(parse(ChatRequest, await read_body(request, options.max_body_bytes)))
-        chat = await answer(
-            request, lambda: prepare_chat(body, session), f"chat {short_id()}", "chat.completion"
+        chats = await answers(
+            request,
+            lambda: [prepare_chat(body, session)],
+            f"chat {short_id()}",
+            "chat.completion",
+            body.choices,
         )
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            chunks = chat.stream_chat(usage)
+            chunks = choices.stream(chats, [chat.stream_chat(usage) for chat in chats])
             return sse(as_function_call_chunks(chunks) if body.answers_functions else chunks)
-        reply = await chat.collect(request, chat.chat_body)
+        reply = await choices.collect(chats, request, lambda chat: chat.chat_body)
         return JSONResponse(as_function_call(reply) if body.answers_functions else reply)
 
     @app.post("/v1/completions", dependencies=guarded)
     async def completions(request: Request) -> Response:
         body = fill(parse(CompletionRequest, await read_body(request, options.max_body_bytes)))
-        completion = await answer(
+        prompts = body.prompts()
+        completions = await answers(
             request,
-            lambda: prepare_completion(body, session),
+            lambda: [prepare_completion(body, session, prompt) for prompt in prompts],
             f"completion {short_id()}",
             "text_completion",
+            body.choices,
         )
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(completion.stream_completion(usage))
-        return JSONResponse(await completion.collect(request, completion.completion_body))
+            streams = [c.stream_completion(usage) for c in completions]
+            return sse(choices.stream(completions, streams))
+        return JSONResponse(
+            await choices.collect(completions, request, lambda c: c.completion_body)
+        )
 
     @app.post("/v1/messages", dependencies=guarded)
     async def messages(request: Request) -> Response:

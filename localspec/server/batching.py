@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec.backends.base import Cancelled, FimTokens, Model
+from localspec.backends.base import Cancelled, FimTokens, Model, common_prefix
 from localspec.backends.llama import LlamaModel, Part
 from localspec.decoding.estimates import VerifyCost
 from localspec.server.scheduling import ALONE_MIN_CHUNK, ROUND_TOKENS, Pace, Want, plan_step
@@ -316,6 +316,16 @@ class SlotModel(Model):
         loaded = self.shared.load_seq(self.seq, state)
         self.cached = list(tokens) if loaded else []
         return loaded
+
+    def copy_from(self, other: SlotModel, tokens: list[int]) -> int:
+        """Another slot's cache, as far as it holds `tokens`, copied into this one (which
+        loses its own); how many tokens that is."""
+        held = common_prefix(list(other.cached), tokens)  # a copy: its thread may append
+        n = self.shared.copy_seq(other.seq, self.seq, held)
+        if n is None:
+            return 0
+        self.cached = list(tokens[:n])
+        return n
 
     def checkpoint(self) -> None:
         self.shared.keep_state(self.seq)

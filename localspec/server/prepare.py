@@ -183,9 +183,12 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
     )
 
 
-def prepare_completion(body: CompletionRequest, session: Session) -> Prepared:
+def prepare_completion(
+    body: CompletionRequest, session: Session, given: str | list[int] | None = None
+) -> Prepared:
+    """The request's prompt (or `given`, one of its batch) ready for the worker."""
     body.refuse_unsupported()
-    given = body.one_prompt()
+    given = body.prompts()[0] if given is None else given
     if body.suffix:  # OpenAI's fill-in-the-middle: the prompt before the cursor
         if not isinstance(given, str):
             raise ApiError(400, "a prompt with a suffix must be text, not token ids", "prompt")

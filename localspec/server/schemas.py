@@ -1,7 +1,7 @@
 """The request bodies the server reads, as OpenAI defines them, and what they ask of the
 engine. Unknown fields are ignored (clients send many); fields the server cannot honour
-(n > 1, echo, best_of, DRY or mirostat switched on) are refused with a 400 that names
-them, never ignored.
+(echo, best_of, DRY or mirostat switched on) are refused with a 400 that names them,
+never ignored.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ T = TypeVar("T", bound=BaseModel)
 # llama-server's sampling where its own endpoints' requests say nothing (/completion, /infill)
 LLAMA_SERVER_DEFAULTS = SamplingParams(temperature=0.8)
 MAX_STOPS = 64  # OpenAI allows 4; Continue sends 14 for Qwen-Coder, and users add theirs
+MAX_CHOICES = 16  # answers to one request (n, times a batch's prompts): each takes a slot
 # llama.cpp's other samplers, by the values that turn each off (what llama.vscode's chat
 # sends): taken so, refused otherwise, as the speculative sampler does not apply them
 SAMPLERS_OFF: dict[str, Callable[[float], bool]] = {
@@ -296,10 +297,15 @@ class GenerationBody(Body):
             raise ApiError(400, f"at most {MAX_STOPS} stop sequences", "stop")
         return tuple(s for s in stops if s)
 
+    @property
+    def choices(self) -> int:
+        """Answers asked for each prompt (OpenAI's `n`)."""
+        return 1 if self.n is None else self.n
+
     def refuse_unsupported(self) -> None:
         """A 400 for each field the server cannot honour."""
-        if self.n not in (None, 1):
-            raise ApiError(400, "n must be 1: one answer per request", "n")
+        if not 1 <= self.choices <= MAX_CHOICES:
+            raise ApiError(400, f"n must be between 1 and {MAX_CHOICES}", "n")
         for name, off in SAMPLERS_OFF.items():
             if (value := getattr(self, name)) is not None and not off(value):
                 raise ApiError(
@@ -405,14 +411,20 @@ class CompletionRequest(GenerationBody):
             raise ApiError(400, "logprobs must be between 0 and 20", "logprobs")
         return int(self.logprobs)
 
-    def one_prompt(self) -> str | list[int]:
-        """The prompt's text or token ids; a 400 for a batch of several."""
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, each text or token ids: one, or a batch (each answered `n` times,
+        at most MAX_CHOICES answers in all)."""
         prompt = self.prompt
         if isinstance(prompt, str) or all(isinstance(t, int) for t in prompt):
-            return cast(str | list[int], prompt)
-        if len(prompt) != 1:
-            raise ApiError(400, "prompt must be one prompt: one answer per request", "prompt")
-        return cast(str | list[int], prompt[0])
+            return [cast(str | list[int], prompt)]
+        if len(prompt) * self.choices > MAX_CHOICES:
+            raise ApiError(
+                400,
+                f"{len(prompt)} prompts x n {self.choices} asks for more than "
+                f"{MAX_CHOICES} answers",
+                "prompt",
+            )
+        return [cast(str | list[int], p) for p in prompt]
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
@@ -439,6 +451,11 @@ class LlamaCompletionRequest(GenerationBody):
         if self.json_schema is None:
             return None
         return {"type": "json_schema", "json_schema": {"schema": self.json_schema}}
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.choices != 1:
+            raise ApiError(400, "n must be 1 here: /v1/completions answers n times", "n")
 
 
 def parse(kind: type[T], body: bytes) -> T:

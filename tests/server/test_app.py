@@ -200,7 +200,7 @@ def test_plain_completions(client: TestClient):
         ([list(b"<|assistant|>")], None),  # a batch of one, as lm-eval's local-completions
         (["<|assistant|>"], None),
         ([], "the prompt is empty"),
-        ([[1], [2]], "prompt must be one prompt: one answer per request"),
+        ([[1]] * 17, "17 prompts x n 1 asks for more than 16 answers"),
         ([1, 258], "prompt: token ids must be in [0, 258)"),
     ],
 )
@@ -210,6 +210,42 @@ def test_a_completions_prompt_takes_openais_four_shapes(client: TestClient, prom
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == REPLY[:5]
     else:
         assert assert_error(r, 400, "prompt")["message"] == error
+
+
+def test_n_answers_come_as_numbered_choices_with_one_usage(client: TestClient):
+    """OpenAI's `n` (one slot here: the answers take turns in it), and a batch of prompts
+    answered n times each: choice i * n + j is prompt i's answer j."""
+    body = client.post("/v1/chat/completions", json=chat(n=3, seed=1), headers=AUTH).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert {c["message"]["content"] for c in body["choices"]} == {REPLY}
+    one = client.post("/v1/chat/completions", json=chat(), headers=AUTH).json()["usage"]
+    usage = body["usage"]
+    assert usage["prompt_tokens"] == one["prompt_tokens"]  # one prompt, counted once
+    assert usage["completion_tokens"] == 3 * one["completion_tokens"]
+    batch = {"prompt": ["<|assistant|>", "x<|assistant|>"], "n": 2, "max_tokens": 5}
+    body = client.post("/v1/completions", json=batch, headers=AUTH).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in body["choices"]] == [REPLY[:5]] * 4
+    assert body["usage"]["prompt_tokens"] == len(b"<|assistant|>") * 2 + 1
+    assert body["usage"]["completion_tokens"] == 20
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json=chat(n=2, stream=True, stream_options={"include_usage": True}),
+        headers=AUTH,
+    ) as r:
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(line) for line in lines[:-1]]
+    texts = ["", ""]
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            texts[choice["index"]] += choice["delta"].get("content") or ""
+    assert texts == [REPLY, REPLY]
+    assert len({c["id"] for c in chunks}) == 1
+    usages = [c for c in chunks if not c["choices"]]
+    assert len(usages) == 1 and usages[0]["usage"]["completion_tokens"] == 2 * len(REPLY)
+    assert_error(client.post("/completion", json={"prompt": "x", "n": 2}, headers=AUTH), 400, "n")
 
 
 def test_llama_servers_own_completion_endpoint(client: TestClient):
@@ -263,7 +299,8 @@ def test_llama_cpps_other_samplers_are_taken_off_and_refused_on(client: TestClie
         (json.dumps(chat(max_tokens=0)).encode(), 400, "max_tokens"),
         (json.dumps(chat(max_tokens=-2)).encode(), 400, "max_tokens"),
         (json.dumps(chat(temperature="hot")).encode(), 400, "temperature"),
-        (json.dumps(chat(n=2)).encode(), 400, "n"),
+        (json.dumps(chat(n=0)).encode(), 400, "n"),
+        (json.dumps(chat(n=17)).encode(), 400, "n"),
         (json.dumps(chat(presence_penalty=2.5)).encode(), 400, "presence_penalty"),
         (json.dumps(chat(frequency_penalty="x")).encode(), 400, "frequency_penalty"),
         (json.dumps(chat(logit_bias={"hello": 1})).encode(), 400, "logit_bias"),
@@ -416,7 +453,7 @@ def test_llama_servers_tokenize_detokenize_and_props(client: TestClient):
 
 def test_metrics_parse_and_count(client: TestClient):
     client.post("/v1/chat/completions", json=chat(temperature=0), headers=AUTH)
-    client.post("/v1/chat/completions", json=chat(n=3), headers=AUTH)
+    client.post("/v1/chat/completions", json=chat(n=17), headers=AUTH)
     for i in range(3):  # a scanner's paths: one series, not one each
         client.post(f"/wp-admin/{i}.php", headers=AUTH)
     text = client.get("/metrics", headers=AUTH).text

@@ -235,7 +235,7 @@ def test_bad_requests_get_4xx_in_the_error_shape(client: openai.OpenAI, server):
         (b"{", 400),
         (json.dumps({**good, "messages": 3}).encode(), 400),
         (json.dumps({**good, "max_tokens": 0}).encode(), 400),
-        (json.dumps({**good, "n": 2}).encode(), 400),
+        (json.dumps({**good, "n": 17}).encode(), 400),
         (
             json.dumps(
                 {**good, "messages": [{"role": "user", "content": "word " * 3000}]}
@@ -249,8 +249,8 @@ def test_bad_requests_get_4xx_in_the_error_shape(client: openai.OpenAI, server):
         assert r.status_code == status, (body[:80], r.text)
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
         assert ask(client, max_tokens=2).choices[0].message.content
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        ask(client, n=2)
+    with pytest.raises(openai.BadRequestError, match="n must be between 1 and 16"):
+        ask(client, n=0)
 
 
 def test_the_api_key_is_enforced(server):
@@ -354,6 +354,33 @@ def test_plain_completions(client: openai.OpenAI, server):
     assert isinstance(json.loads(shaped.json()["content"])["a"], int)
     bad = httpx.post(completion, json=ask | {"json_schema": {"type": "x"}}, headers=headers)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "json_schema"
+
+
+def test_n_answers_and_a_batch_of_prompts(client: openai.OpenAI, server):
+    """OpenAI's `n` and a batch of prompts, through the SDK: greedy, each choice is the
+    answer alone; the second of n copies the prompt the first read (the log says so)."""
+    alone = ask(client)
+    both = ask(client, n=2)
+    assert [c.index for c in both.choices] == [0, 1]
+    assert [c.message.content for c in both.choices] == [alone.choices[0].message.content] * 2
+    assert both.usage.prompt_tokens == alone.usage.prompt_tokens  # one prompt, once
+    assert both.usage.completion_tokens == 2 * alone.usage.completion_tokens
+    assert "tokens of its prompt copied from chat" in server[1].read_text()
+    texts = ["", ""]
+    for chunk in client.chat.completions.create(
+        model=MODEL, messages=ASK, temperature=0, max_tokens=16, n=2, stream=True
+    ):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == [alone.choices[0].message.content] * 2
+    prompts = ["def add(a, b):\n", "def sub(a, b):\n"]
+    batch = client.completions.create(model=MODEL, prompt=prompts, max_tokens=8, temperature=0)
+    each = [
+        client.completions.create(model=MODEL, prompt=p, max_tokens=8, temperature=0)
+        for p in prompts
+    ]
+    assert [c.text for c in batch.choices] == [e.choices[0].text for e in each]
+    assert batch.usage.prompt_tokens == sum(e.usage.prompt_tokens for e in each)
 
 
 def test_a_logit_bias_and_penalties_shape_the_answer(client: openai.OpenAI, server):

@@ -139,6 +139,30 @@ def test_streams_at_once_each_answer_as_plain_decoding_does(
         assert_lossless(end, pieces, want)
 
 
+def test_n_answers_copy_the_prompt_the_first_one_read(worker, session, loop, real_models, caplog):
+    """OpenAI's `n`: the answers after the first copy the prompt from the first's slot
+    once it is read (they read only its last token again), and each answers as plain
+    decoding does: a cache copied wrong would answer otherwise."""
+    prompt = chat(session, "List four colours of the rainbow, one per line.")
+    first = loop.job(prompt, 24, "choice 0")
+    rest = [
+        Job(f"choice {i}", prompt, GenerationConfig(24, GREEDY), loop.loop, twin=first)
+        for i in (1, 2)
+    ]
+    with caplog.at_level(logging.INFO, logger="localspec.server"):
+        for job in [first, *rest]:
+            worker.submit(job)
+        ends = [loop.wait(job) for job in [first, *rest]]
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum(f"tokens of its prompt copied from {first.label}" in x for x in lines) == 2, lines
+    assert first.cached_tokens < len(prompt) - 1  # the first read it
+    assert [job.cached_tokens for job in rest] == [len(prompt) - 1] * 2
+    want, pieces = plain(real_models, prompt, 24)
+    for end in ends:
+        assert isinstance(end, Finished), end
+        assert_lossless(end, pieces, want)
+
+
 def test_every_slots_caches_equal_a_fresh_evaluation(worker, session, loop, real_models):
     """After interleaved rounds (the test above, and these), each slot's cache in both
     models holds exactly its tokens, and scores the next token as a fresh read does."""
