@@ -240,6 +240,7 @@ class Worker:
 
     def _end(self, job: Job, batch: Delivery, where: str = "") -> None:
         """`job` was cancelled: its last events, then why, to its client and the log."""
+        job.read.set()  # an answer that would copy its prompt waits no longer
         job.deliver([*batch, SHUTTING_DOWN if self.stopping else CANCELLED])
         why = "the server is shutting down" if self.stopping else "the client left"
         log.info("%s cancelled%s: %s", job.label, where, why)
