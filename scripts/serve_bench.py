@@ -325,8 +325,15 @@ def many_servers(args: argparse.Namespace, parallel: int) -> tuple[dict, dict]:
     with --slots, localspec with that many slots instead, and with --one-slot-too also
     `localspec-1slot` (one slot: how requests were served before slots), with
     --plain-too `localspec-plain` (no drafts: the server's own cost, apart from auto's),
-    with --no-ram-too `localspec-noram` (no prompts kept in RAM: `--cache-ram 0`)."""
-    names = ("localspec", "localspec-1slot", "localspec-plain", "localspec-noram")
+    with --no-ram-too `localspec-noram` (no prompts kept in RAM: `--cache-ram 0`), with
+    --split-too `localspec-split` (a cache per slot: `--no-kv-unified`)."""
+    names = (
+        "localspec",
+        "localspec-1slot",
+        "localspec-plain",
+        "localspec-noram",
+        "localspec-split",
+    )
     ports = {name: free_port() for name in (*names, "llama-spec", "llama-plain")}
     slots = args.slots or parallel
     commands = {"localspec": localspec_server(args, ports["localspec"], parallel=slots)}
@@ -335,6 +342,9 @@ def many_servers(args: argparse.Namespace, parallel: int) -> tuple[dict, dict]:
         commands["localspec-noram"] = [*noram, "--cache-ram", "0"]
     if args.one_slot_too:
         commands["localspec-1slot"] = localspec_server(args, ports["localspec-1slot"])
+    if args.split_too:
+        split = localspec_server(args, ports["localspec-split"], parallel=slots)
+        commands["localspec-split"] = [*split, "--no-kv-unified"]
     if args.plain_too:
         commands["localspec-plain"] = localspec_server(
             args, ports["localspec-plain"], draft=False, parallel=slots
@@ -716,6 +726,9 @@ def main() -> None:
         "--alternate-slots", type=int, default=2, help="every server's slots (alternate suite)"
     )
     p.add_argument("--no-ram-too", action="store_true", help="and localspec with --cache-ram 0")
+    p.add_argument(
+        "--split-too", action="store_true", help="and localspec with --no-kv-unified (clients)"
+    )
     p.add_argument(
         "--plain-too", action="store_true", help="and localspec without drafts (clients suite)"
     )

@@ -91,6 +91,14 @@ editor's and agent's settings.""",
         f"(default: as many as fit in memory, at most {MAX_SLOTS})",
     )
     g.add_argument(
+        "--kv-unified",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the slots' caches in one buffer (as llama-server's --kv-unified): slots "
+        "drafting to unequal depths share a pass, each token attending over every slot's "
+        "cells (default: on a GPU, or with a draft model cheap beside the target)",
+    )
+    g.add_argument(
         "--max-tokens",
         "--n-predict",
         "-n",
@@ -257,6 +265,14 @@ def default_slots(config) -> int:  # config: SessionConfig
 CHEAP_DRAFT = 0.25  # draft bytes over target bytes under which drafts pay beside others
 
 
+def one_cache(parallel: int, asked: bool | None, config) -> bool:  # config: SessionConfig
+    """Whether the slots share one KV cache: as `--kv-unified` asks, else where drafts
+    can pay under load."""
+    if parallel <= 1:
+        return False
+    return drafts_under_load(config) if asked is None else asked
+
+
 def drafts_under_load(config) -> bool:  # config: SessionConfig
     """Whether speculation can pay while several slots share the passes, so that the
     slots share one KV cache (llama.cpp passes unequal rounds in one go then; see
@@ -301,7 +317,7 @@ def serve(args: argparse.Namespace) -> int:
                 "machine can use it (set --api-key or LOCALSPEC_API_KEY)"
             )
         parallel = args.parallel or default_slots(config)
-        unified = parallel > 1 and drafts_under_load(config)
+        unified = one_cache(parallel, args.kv_unified, config)
         config = replace(
             config,
             target_load=replace(config.target_load, n_seq=parallel, kv_unified=unified),

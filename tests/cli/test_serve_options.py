@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from localspec.backends.llama import LoadOptions
-from localspec.cli.serve import drafts_under_load
+from localspec.cli.serve import drafts_under_load, one_cache
 from localspec.session import SessionConfig
 
 
@@ -26,6 +26,11 @@ def test_one_cache_for_the_slots_only_with_a_cheap_draft_on_a_cpu(tmp_path: Path
     assert drafts_under_load(SessionConfig(f16, draft, "auto", cpu, cpu))  # 0.16
     assert not drafts_under_load(SessionConfig(q4, draft, "auto", cpu, cpu))  # 0.44
     assert not drafts_under_load(SessionConfig(f16, "ngram", "auto", cpu, cpu))
+    # --kv-unified / --no-kv-unified decide it; one slot has no one to share with
+    f16_pair = SessionConfig(f16, draft, "auto", cpu, cpu)
+    assert one_cache(4, None, f16_pair) and not one_cache(4, False, f16_pair)
+    assert one_cache(4, True, SessionConfig(q4, draft, "auto", cpu, cpu))
+    assert not one_cache(1, True, f16_pair)
 
 
 def test_a_moe_target_is_sized_by_the_bytes_a_token_reads(tmp_path: Path, monkeypatch):
