@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import statistics
-import sys
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,8 +22,6 @@ from pathlib import Path
 
 import httpx
 import serve_bench as sb
-
-from localspec.bench.peer import default_bin_dir
 
 CODE = inspect.getsource(textwrap.TextWrapper._wrap_chunks)[:2200]  # not ours: ~550 tokens
 
@@ -55,21 +52,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--logs", type=Path, default=Path("choices-bench-logs"))
     a = p.parse_args()
-    args = argparse.Namespace(
-        target=a.target,
-        draft=a.target,  # unused: neither server drafts
-        threads=a.threads,
-        ctx=a.ctx,
-        llama_server=default_bin_dir() / "llama-server",
-        gpu=False,
-    )
-    if not args.llama_server.exists():
-        sys.exit(f"{args.llama_server} not found: run scripts/peer_speculative.sh build")
-    ports = {"localspec": sb.free_port(), "llama-server": sb.free_port()}
-    commands = {
-        "localspec": sb.localspec_server(args, ports["localspec"], draft=False, parallel=4),
-        "llama-server": sb.llama_server(args, ports["llama-server"], False, 4),
-    }
+    commands, ports = sb.plain_pair(a.target, a.threads, a.ctx)
     a.logs.mkdir(parents=True, exist_ok=True)
     walls: dict[tuple[str, str], list[float]] = {}
     tries = 0

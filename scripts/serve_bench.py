@@ -214,6 +214,30 @@ def llama_server(args: argparse.Namespace, port: int, draft: bool, parallel: int
     return [*cmd, "--spec-draft-n-max", str(args.peer_n_max)]
 
 
+def plain_pair(target: str, threads: int, ctx: int, parallel: int = 4) -> tuple[dict, dict]:
+    """(commands, ports): `localspec serve --draft none` and `llama-server`, both decoding
+    plainly with `parallel` slots of `ctx` tokens (scripts/slots_plain_ab.py and
+    scripts/choices_bench.py: the two differ only in how they serve the slots)."""
+    from localspec.bench.peer import default_bin_dir
+
+    args = argparse.Namespace(
+        target=target,
+        draft=target,  # unused: neither server drafts
+        threads=threads,
+        ctx=ctx,
+        llama_server=default_bin_dir() / "llama-server",
+        gpu=False,
+    )
+    if not args.llama_server.exists():
+        sys.exit(f"{args.llama_server} not found: run scripts/peer_speculative.sh build")
+    ports = {"localspec": free_port(), "llama-server": free_port()}
+    commands = {
+        "localspec": localspec_server(args, ports["localspec"], draft=False, parallel=parallel),
+        "llama-server": llama_server(args, ports["llama-server"], False, parallel),
+    }
+    return commands, ports
+
+
 def chat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     prompts = json.loads((ROOT / "localspec/data/bench_prompts.json").read_text())
     chosen = list(prompts.items())[: args.prompts]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +22,6 @@ from pathlib import Path
 import serve_bench as sb
 
 from localspec.bench import specbench
-from localspec.bench.peer import default_bin_dir
 
 
 def main() -> None:
@@ -36,21 +34,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--logs", type=Path, default=Path("slots-plain-ab-logs"))
     a = p.parse_args()
-    args = argparse.Namespace(
-        target=a.target,
-        draft=a.target,  # unused: neither server drafts
-        threads=a.threads,
-        ctx=a.ctx,
-        llama_server=default_bin_dir() / "llama-server",
-        gpu=False,
-    )
-    if not args.llama_server.exists():
-        sys.exit(f"{args.llama_server} not found: run scripts/peer_speculative.sh build")
-    ports = {"localspec": sb.free_port(), "llama-server": sb.free_port()}
-    commands = {
-        "localspec": sb.localspec_server(args, ports["localspec"], draft=False, parallel=4),
-        "llama-server": sb.llama_server(args, ports["llama-server"], False, 4),
-    }
+    commands, ports = sb.plain_pair(a.target, a.threads, a.ctx)
     questions = specbench.load_sample(None, specbench.Sample(per_category=1))
     sets = [int(s) for s in a.sets.split(",")]
     a.logs.mkdir(parents=True, exist_ok=True)

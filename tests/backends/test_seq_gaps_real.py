@@ -40,6 +40,26 @@ def read(model: LlamaModel, seq: int, tokens: list[int]) -> np.ndarray:
     return model.decode_parts([Part(seq, tokens, 0, 1)])[0]
 
 
+def assert_each_goes_on_as_read_afresh(
+    model: LlamaModel,
+    prompts: list[list[int]],
+    lengths: list[int],
+    gap: int,
+    parts: list[Part],
+    rows: list[np.ndarray],
+) -> None:
+    """After a pass over the others' last prompt tokens: each scored as a fresh read of
+    its prompt does, and the gap's slot (filled for the pass, or its cache moved) holds
+    its own tokens and goes on from its own last one."""
+    assert [model.seq_len(s) for s in range(4)] == [n + (s != gap) for s, n in enumerate(lengths)]
+    for part, row in zip(parts, rows, strict=True):
+        alone = read(model, part.seq, prompts[part.seq])
+        assert np.abs(row - alone).max() < NOISE, part.seq
+    last = model.decode_parts([Part(gap, [prompts[gap][-1]], lengths[gap], 1)])[0]
+    fresh = read(model, gap, prompts[gap])
+    assert np.abs(last - fresh).max() < NOISE
+
+
 def test_a_pass_with_a_gap_leaves_the_gap_as_it_was_and_answers_as_without_it(
     model: LlamaModel,
 ):
@@ -56,14 +76,7 @@ def test_a_pass_with_a_gap_leaves_the_gap_as_it_was_and_answers_as_without_it(
     parts = [Part(s, [prompts[s][-1]], lengths[s], 1) for s in (3, 0, 1)]  # any order
     rows = model.decode_parts(parts)
 
-    assert [model.seq_len(s) for s in range(4)] == [n + (s != gap) for s, n in enumerate(lengths)]
-    for part, row in zip(parts, rows, strict=True):
-        alone = read(model, part.seq, prompts[part.seq])
-        assert np.abs(row - alone).max() < NOISE, part.seq
-    # the gap's cache goes on from its own last token, not the filler
-    last = model.decode_parts([Part(gap, [prompts[gap][-1]], lengths[gap], 1)])[0]
-    fresh = read(model, gap, prompts[gap])
-    assert np.abs(last - fresh).max() < NOISE
+    assert_each_goes_on_as_read_afresh(model, prompts, lengths, gap, parts, rows)
 
 
 def test_a_gap_is_filled_with_as_many_tokens_where_the_passes_say_it_pays(model: LlamaModel):
@@ -147,11 +160,4 @@ def test_a_lasting_gap_is_closed_by_moving_caches(model: LlamaModel):
     assert held == list(range(held[0], held[0] + 3))  # one run: one micro-batch
     assert model._one_ubatch(sorted(parts, key=lambda p: model._where[p.seq]))
     assert model._gap_cost == 0.0
-    assert [model.seq_len(s) for s in range(4)] == [n + (s != gap) for s, n in enumerate(lengths)]
-    for part, row in zip(parts, rows, strict=True):
-        alone = read(model, part.seq, prompts[part.seq])
-        assert np.abs(row - alone).max() < NOISE, part.seq
-    # the idle slot's cache moved with it and goes on from its own last token
-    last = model.decode_parts([Part(gap, [prompts[gap][-1]], lengths[gap], 1)])[0]
-    fresh = read(model, gap, prompts[gap])
-    assert np.abs(last - fresh).max() < NOISE
+    assert_each_goes_on_as_read_afresh(model, prompts, lengths, gap, parts, rows)
