@@ -495,6 +495,24 @@ def test_abandoned_requests_during_streams_never_fill_the_queue(client: openai.O
     assert "cancelled while waiting" in server[1].read_text()
 
 
+def test_a_client_that_gives_up_on_n_answers_frees_every_slot(client: openai.OpenAI, server):
+    """Three answers on two slots (the third waits): a client that leaves, streamed or
+    not, ends all three within a round, the waiting one included."""
+    story = {"model": MODEL, "messages": [{"role": "user", "content": STORY}], "n": 3}
+    ask_long = {**story, "max_tokens": 1500, "temperature": 0.7}
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server[0]}/v1/chat/completions", json=ask_long, headers=auth, timeout=6)
+    wait_idle(server[0], within_s=10)
+    streamed = client.chat.completions.create(**ask_long, stream=True)
+    next(iter(streamed))
+    streamed.close()
+    wait_idle(server[0], within_s=10)
+    log = server[1].read_text()
+    assert "(3 of 3) cancelled while waiting" in log
+    assert log.count("cancelled: the client left") >= 4
+
+
 def test_another_model_name_is_served_and_max_tokens_clamped(client: openai.OpenAI):
     answer = client.chat.completions.create(
         model="gpt-4o-mini", messages=ASK, temperature=0, max_tokens=2
