@@ -359,10 +359,11 @@ def test_plain_completions(client: openai.OpenAI, server):
 def test_n_answers_and_a_batch_of_prompts(client: openai.OpenAI, server):
     """OpenAI's `n` and a batch of prompts, through the SDK: greedy, each choice is the
     answer alone; the second of n copies the prompt the first read (the log says so).
-    A prompt no other test asks: a slot that holds it already has nothing to copy."""
-    rivers = [{"role": "user", "content": "Name three rivers of Europe, separated by commas."}]
-    alone = ask(client, rivers)
-    both = ask(client, rivers, n=2)
+    A prompt no other test asks (a slot that holds it already has nothing to copy), and
+    answers long enough that the first still decodes when the second copies from it."""
+    rivers = [{"role": "user", "content": "List twenty rivers of Europe, one per line."}]
+    alone = ask(client, rivers, max_tokens=48)
+    both = ask(client, rivers, n=2, max_tokens=48)
     assert [c.index for c in both.choices] == [0, 1]
     assert [c.message.content for c in both.choices] == [alone.choices[0].message.content] * 2
     assert both.usage.prompt_tokens == alone.usage.prompt_tokens  # one prompt, once
@@ -370,7 +371,7 @@ def test_n_answers_and_a_batch_of_prompts(client: openai.OpenAI, server):
     assert "tokens of its prompt copied from chat" in server[1].read_text()
     texts = ["", ""]
     for chunk in client.chat.completions.create(
-        model=MODEL, messages=rivers, temperature=0, max_tokens=16, n=2, stream=True
+        model=MODEL, messages=rivers, temperature=0, max_tokens=48, n=2, stream=True
     ):
         for choice in chunk.choices:
             texts[choice.index] += choice.delta.content or ""
