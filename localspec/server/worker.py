@@ -89,6 +89,7 @@ class Job:
     twin: Job | None = None
     read: threading.Event = field(default_factory=threading.Event)  # prompt read, or ended
     copyable: bool = False  # its slot's cache holds its prompt (its first piece came)
+    slot: int | None = None  # the index of the slot it was given
 
     @property
     def short(self) -> bool:
@@ -295,7 +296,7 @@ class Worker:
                 return
             job = self._waiting.pop(0)
             slot = self.slots[pick_slot(job.prompt, idle, self._keeps)]
-            slot.job = job
+            slot.job, job.slot = job, slot.index
             slot.inbox.put(job)
 
     def _keeps(self, cached: Sequence[int], prompt: Sequence[int]) -> int:
@@ -394,15 +395,18 @@ class Worker:
     def _copy_twin(self, slot: Slot, job: Job) -> None:
         """The prompt of an answer after the first of a request's n, copied from the
         first's slot, which has read it (~20 ms for 1,000 tokens of the 1.5B here,
-        against ~25 s to read them on 2 cores). No pass runs meanwhile: this slot is
-        active and has made no call yet."""
+        against ~25 s to read them on 2 cores), whether the first still runs there or
+        has ended (a short or well-drafted answer may end before this slot is free).
+        No pass runs meanwhile: this slot is active and has made no call yet."""
         twin = job.twin
-        if twin is None or common_prefix(slot.cached, job.prompt) >= len(job.prompt) - 1:
+        if twin is None or twin.slot is None or not twin.copyable:
             return
-        with self._lock:  # the first's slot keeps its job, and its cache, till copied
-            source = next((s for s in self.slots if s.job is twin), None)
-            if source is None or source is slot or not twin.copyable:
+        with self._lock:  # the first's slot keeps its cache while it runs, or idles
+            source = self.slots[twin.slot]
+            if source is slot or source.job not in (twin, None):
                 return
+            if common_prefix(source.cached, job.prompt) <= common_prefix(slot.cached, job.prompt):
+                return  # this slot holds as much already
             pairs = zip(slot.models, source.models, strict=True)
             copied = [
                 mine.copy_from(theirs, job.prompt)

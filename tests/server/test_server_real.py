@@ -359,8 +359,8 @@ def test_plain_completions(client: openai.OpenAI, server):
 def test_n_answers_and_a_batch_of_prompts(client: openai.OpenAI, server):
     """OpenAI's `n` and a batch of prompts, through the SDK: greedy, each choice is the
     answer alone; the second of n copies the prompt the first read (the log says so).
-    A prompt no other test asks (a slot that holds it already has nothing to copy), and
-    answers long enough that the first still decodes when the second copies from it."""
+    A prompt no other test asks (a slot that holds it already has nothing to copy); the
+    first may have ended by then (its answer is drafted from the one alone)."""
     rivers = [{"role": "user", "content": "List twenty rivers of Europe, one per line."}]
     alone = ask(client, rivers, max_tokens=48)
     both = ask(client, rivers, n=2, max_tokens=48)

@@ -163,6 +163,36 @@ def test_n_answers_copy_the_prompt_the_first_one_read(worker, session, loop, rea
         assert_lossless(end, pieces, want)
 
 
+def test_a_first_answer_that_ended_is_still_copied_from(
+    worker, session, loop, real_models, caplog, monkeypatch
+):
+    """The second of n may get its slot only after the first has ended (a short or well
+    drafted answer, a slot busy reading ahead): it still copies from the first's slot,
+    idle now, which holds the prompt, and answers as plain decoding does."""
+    prompt = chat(session, "Name three planets, one per line.")
+    first = loop.job(prompt, 8, "first of two")
+    second = Job("second of two", prompt, GenerationConfig(8, GREEDY), loop.loop, twin=first)
+    await_twin = worker._await_twin
+
+    def after_the_first(job):  # the race, made certain: the first's slot is idle
+        await_twin(job)
+        while job is second and worker.slots[first.slot].job is not None:
+            time.sleep(0.01)
+
+    monkeypatch.setattr(worker, "_await_twin", after_the_first)
+    with caplog.at_level(logging.INFO, logger="localspec.server"):
+        worker.submit(first)
+        worker.submit(second)
+        ends = [loop.wait(job) for job in (first, second)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("second of two: " in x and "copied from first of two" in x for x in lines), lines
+    assert second.cached_tokens == len(prompt) - 1
+    want, pieces = plain(real_models, prompt, 8)
+    for end in ends:
+        assert isinstance(end, Finished), end
+        assert_lossless(end, pieces, want)
+
+
 def test_every_slots_caches_equal_a_fresh_evaluation(worker, session, loop, real_models):
     """After interleaved rounds (the test above, and these), each slot's cache in both
     models holds exactly its tokens, and scores the next token as a fresh read does."""
