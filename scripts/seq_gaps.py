@@ -2,7 +2,7 @@
 """What a pass of one token a slot costs by which slots bring one, with a cache per slot
 (serve's default where drafts do not pay under load): llama.cpp reads sequences whose
 ids leave a gap (0, 1, 3) in one micro-batch per run of ids, unless the gap is filled
-(`LlamaModel._fillers`) or, once it lasts, closed by moving caches (`_close_gaps`).
+(`Layout.fillers`) or, once it lasts, closed by moving caches (`Layout.moves`).
 Each set of slots runs --run passes in a row, the sets taking turns, --repeats times:
 the mean of a pass over the runs (what a gap costs in all, moves included) and the
 median of each run's second half. To compare two versions, run it under each
@@ -18,7 +18,8 @@ import argparse
 import statistics
 import time
 
-from localspec.backends.llama import LlamaModel, LoadOptions, Part
+from localspec.backends.llama import LlamaModel, LoadOptions
+from localspec.backends.seq_layout import Part
 
 SETS = [(0, 1, 2, 3), (0, 1, 2), (0, 1, 3), (0, 2, 3), (0, 1), (0, 2), (0, 3), (0,)]
 TEXT = "Write a long story about a lighthouse keeper who finds a message in a bottle. "

@@ -12,7 +12,6 @@ happens to a cut they do not cover). Nothing here samples: logits go back to the
 from __future__ import annotations
 
 import ctypes
-import itertools
 import os
 import threading
 import time
@@ -27,6 +26,7 @@ import numpy as np
 from localspec.backends import rpc
 from localspec.backends.base import ContextFull, FimTokens, LoadFailed, Model, ModelError
 from localspec.backends.gguf import GGUF_MAGIC
+from localspec.backends.seq_layout import Layout, Part
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 
@@ -65,28 +65,6 @@ class LoadOptions:
     # a MoE's routed experts of the first this many layers stay in RAM, the rest of the
     # layers offloaded (llama.cpp's --n-cpu-moe; the planner chooses it)
     cpu_moe: int = 0
-
-
-@dataclass(frozen=True)
-class Part:
-    """One sequence's share of a batched decode: `tokens` at positions pos.., and the
-    logits of its last n_logits."""
-
-    seq: int
-    tokens: list[int]
-    pos: int
-    n_logits: int
-
-
-def id_runs(seqs: Sequence[int]) -> list[int]:
-    """The lengths of the runs of consecutive ids in sorted `seqs`: (0, 1, 3) -> [2, 1]."""
-    runs = [1]
-    for a, b in itertools.pairwise(seqs):
-        if b == a + 1:
-            runs[-1] += 1
-        else:
-            runs.append(1)
-    return runs
 
 
 class _BuftOverride(ctypes.Structure):
@@ -196,12 +174,9 @@ class LlamaModel(Model):
         # support them (0 for the others, Mamba among them).
         self._snapshots = ll.llama_n_rs_seq(self._ctx) if self._recurrent else 0
         self._last_pass: dict[int, int] = {}  # sequence -> tokens its last pass decoded
-        # a sequence's cache lives in llama.cpp's sequence where[seq] (`_close_gaps` moves
-        # them); every call into llama.cpp names that one
-        self._where = list(range(options.n_seq))
-        self._gap_cost = 0.0  # what the last passes lost to a gap between their sequences
-        self._move_s_per_byte = 1e-9  # what moving a cache costs: learnt, first guessed
-        self._ubatch_s: dict[int, float] = {}  # a one-micro-batch pass's time, by tokens
+        # a sequence's cache lives in llama.cpp's sequence layout.where[seq] (moved to
+        # close gaps between slots); every call into llama.cpp names that one (`_at`)
+        self.layout = Layout(options.n_seq, self.kv_unified, self._recurrent, self.n_batch)
         self.on_pass: list[Callable[[list[Part]], None]] = []  # hears of each pass (MTP)
         self.on_close: list[Callable[[], None]] = []  # contexts of this model to free first
         # sequence -> (position, its recurrent state there): see `checkpoint`
@@ -225,110 +200,51 @@ class LlamaModel(Model):
     def decode_parts(self, parts: list[Part]) -> list[np.ndarray]:
         """One pass over several sequences' tokens (at most n_batch in all); each part's
         logits rows, copied where the pass had several (the next pass overwrites them).
-        The parts go in by sequence id: with a cache per sequence, llama.cpp cuts a batch
-        whose sequences come out of order into one micro-batch per sequence (four slots'
-        rounds then cost four passes, not one); and a gap between their ids is closed where
-        it lasts (`_close_gaps`) or filled for the pass (`_fillers`)."""
+        The parts go in by llama.cpp sequence, and a gap between those is closed where it
+        lasts or filled for the pass (seq_layout.py)."""
         for part in parts:
             if part.pos + len(part.tokens) > self.n_ctx:
                 raise ContextFull(f"context of {self.n_ctx} tokens is full")
         self._close_gaps(parts)
-        order = sorted(range(len(parts)), key=lambda i: self._where[parts[i].seq])
-        ordered = [parts[i] for i in order]
-        fillers = self._fillers(ordered)
+        ordered = self.layout.order(parts)
+        fillers = self.layout.fillers(ordered, self.seq_len, self.n_ctx)
         try:
-            took = self._run(sorted(ordered + fillers, key=lambda p: self._where[p.seq]))
+            took = self._run(self.layout.order(ordered + fillers))
         finally:
             for filler in fillers:
                 self.remove_from(filler.seq, filler.pos)
-        self._count_gap_cost(ordered, took)
+        self.layout.count_gap_cost(ordered, took)
         logits = self._logits(sum(p.n_logits for p in ordered))
         if len(parts) == 1:
             return [logits]
-        rows: list[np.ndarray] = [logits[:0]] * len(parts)
+        rows: dict[int, np.ndarray] = {}
         end = 0
-        for i, part in zip(order, ordered, strict=True):
-            rows[i] = logits[end : end + part.n_logits].copy()
+        for part in ordered:
+            rows[id(part)] = logits[end : end + part.n_logits].copy()
             end += part.n_logits
-        return rows
-
-    def _gaps(self, parts: list[Part]) -> tuple[int, list[int], list[int]] | None:
-        """With a cache per sequence, llama.cpp reads a batch's sequences in one
-        micro-batch only while their ids run on without a gap, and each brings as many
-        tokens: slots 0, 1 and 3 are read as 0 and 1, then 3. For parts that bring k
-        tokens each: k, the llama.cpp sequences they are in, and those in their gaps;
-        None where nothing is split for a gap (one cache, a recurrent model, whose state
-        cannot drop a token, unequal counts, which llama.cpp splits anyway)."""
-        sizes = {len(p.tokens) for p in parts}
-        if self.kv_unified or self._recurrent or len(parts) < 2 or len(sizes) > 1:
-            return None
-        held = sorted(self._where[p.seq] for p in parts)
-        gaps = [s for s in range(held[0], held[-1]) if s not in held]
-        return (sizes.pop(), held, gaps) if gaps else None
-
-    def _one_pass_pays(self, tokens: int, runs: list[int]) -> bool:
-        """Whether one micro-batch of `tokens` costs less than one for each run, as this
-        model's passes were timed; yes before they are."""
-        one, split = self._ubatch_s.get(tokens), [self._ubatch_s.get(n) for n in runs]
-        return one is None or not all(split) or one < sum(t or 0.0 for t in split)
-
-    def _count_gap_cost(self, parts: list[Part], took: float) -> None:
-        """Add what this pass lost to a gap (its time over one micro-batch's of as many
-        tokens, estimated from the timed ones) to the gap's cost so far; a pass without
-        a gap starts the count again."""
-        found = self._gaps(parts)
-        one = None if found is None else self._estimate(sum(len(p.tokens) for p in parts))
-        if found is None or one is None:
-            self._gap_cost = 0.0
-        else:
-            self._gap_cost += max(0.0, took - one)
-
-    def _estimate(self, tokens: int) -> float | None:
-        """A one-micro-batch pass's time for `tokens`, from the nearest timed sizes: in
-        between, on their line; above all, as the largest's per token; below, the
-        smallest's (a pass costs no less for fewer tokens)."""
-        timed = sorted(self._ubatch_s.items())
-        if not timed:
-            return None
-        below = [(n, t) for n, t in timed if n <= tokens]
-        above = [(n, t) for n, t in timed if n >= tokens]
-        if below and above:
-            (n0, t0), (n1, t1) = below[-1], above[0]
-            return t0 if n1 == n0 else t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
-        if below:
-            n0, t0 = below[-1]
-            return t0 * tokens / n0
-        return above[0][1]
+        return [rows[id(part)] for part in parts]
 
     def _close_gaps(self, parts: list[Part]) -> None:
-        """A gap that lasts (slot 1's answer ended while 0, 2 and 3 go on) is closed by
-        moving caches: the last sequence's into the gap, the gap's (an idle slot's kept
-        conversation, or nothing) where it was; each pass after it is one micro-batch with
-        no filler (F16 1.5B, 2 cores: 0, 1, 3 filled in 146 ms against 125 for 0, 1, 2).
-        Moving costs a copy of both caches (~20 ms for 1,000 tokens), so a gap is closed
-        once its passes have lost as much as that (the ski-rental rule: never more than
-        twice what the best choice, knowing how long the gap lasts, would lose). Not for
-        a model whose passes are heard (MTP)."""
-        found = None if self.on_pass or not self._gap_cost else self._gaps(parts)
-        if found is None:
+        """Move caches where the layout says a lasting gap has lost more than that costs
+        (not where MTP hears the passes: its own caches would not follow)."""
+        if self.on_pass:
             return
-        _, held, _ = found
-        n = len(held)
-        start = max(range(self.n_seq - n + 1), key=lambda s: sum(s <= h < s + n for h in held))
-        outside = [h for h in held if not start <= h < start + n]
-        free = [s for s in range(start, start + n) if s not in held]
         with self._mem_lock:
-            moved = outside + [s for s in free if self._has(s)]
-            size = sum(ll.llama_state_seq_get_size(self._ctx, s) for s in moved)
-            if self._gap_cost < self._move_s_per_byte * size:
+            moves = self.layout.moves(parts, self._state_size)
+            if moves is None:
                 return
             started = time.perf_counter()
-            for a, b in zip(outside, free, strict=True):
+            for a, b in moves.swaps:
                 if not self._swap(a, b):
                     return
-            rate = (time.perf_counter() - started) / max(size, 1)
-            self._move_s_per_byte += 0.5 * (rate - self._move_s_per_byte)
-            self._gap_cost = 0.0
+            self.layout.moved(moves, time.perf_counter() - started)
+
+    def _at(self, seq: int) -> int:
+        """The llama.cpp sequence that holds sequence `seq`'s cache."""
+        return self.layout.where[seq]
+
+    def _state_size(self, at: int) -> int:
+        return ll.llama_state_seq_get_size(self._ctx, at) if self._has(at) else 0
 
     def _swap(self, a: int, b: int) -> bool:
         """Exchange the caches of llama.cpp's sequences a and b, and who they belong to;
@@ -341,27 +257,8 @@ class LlamaModel(Model):
         for s, state in zip((b, a), states, strict=True):
             if state and not self._set_state(s, state):
                 raise ModelError("llama.cpp could not move a sequence's cache")
-        i, j = self._where.index(a), self._where.index(b)
-        self._where[i], self._where[j] = b, a
+        self.layout.swapped(a, b)
         return True
-
-    def _fillers(self, parts: list[Part]) -> list[Part]:
-        """A sequence in a gap (`_gaps`) can bring as many tokens at the end of its cache
-        (no logits), dropped again after the pass: one pass with more tokens instead of
-        several. Filled where the passes as timed say it pays, or before they are timed
-        (2 cores, one token a slot: F16 1.5B, 0, 2 filled in 126 ms against 223;
-        Q4_K_M, 0, 1, 3 in 108 against 123 but 0, 2 in 98 against 94). Not where a gap's
-        cache or the batch is full."""
-        found = self._gaps(parts)
-        if found is None:
-            return []
-        k, held, gaps = found
-        if k * (len(held) + len(gaps)) > self.n_batch:
-            return []
-        if not self._one_pass_pays(k * (len(held) + len(gaps)), [k * n for n in id_runs(held)]):
-            return []
-        fillers = [Part(s, [0] * k, self.seq_len(s), 0) for s in map(self._where.index, gaps)]
-        return [] if any(f.pos + k > self.n_ctx for f in fillers) else fillers
 
     def _run(self, parts: list[Part]) -> float:
         """One llama_decode of `parts` (in this order); its time."""
@@ -373,7 +270,7 @@ class LlamaModel(Model):
                 batch.token[i] = tok
                 batch.pos[i] = part.pos + j
                 batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = self._where[part.seq]
+                batch.seq_id[i][0] = self._at(part.seq)
                 batch.logits[i] = int(j >= first_scored)
                 i += 1
         batch.n_tokens = i
@@ -382,20 +279,10 @@ class LlamaModel(Model):
         if rc != 0:
             raise ContextFull(f"llama_decode failed ({rc}): KV cache full")
         took = time.perf_counter() - started
-        if self._one_ubatch(parts):  # what `_fillers` and `_close_gaps` weigh
-            last = self._ubatch_s.get(i)
-            self._ubatch_s[i] = took if last is None else last + 0.2 * (took - last)
+        self.layout.observe(parts, took)
         for hear in self.on_pass:
             hear(parts)
         return took
-
-    def _one_ubatch(self, parts: list[Part]) -> bool:
-        """Whether llama.cpp read these parts (in this order) in one micro-batch."""
-        if self.kv_unified or len(parts) == 1:
-            return True
-        counts = {len(p.tokens) for p in parts}
-        held = [self._where[p.seq] for p in parts]
-        return len(counts) == 1 and all(b == a + 1 for a, b in itertools.pairwise(held))
 
     def _logits(self, n: int) -> np.ndarray:
         if n == 0:
@@ -415,7 +302,7 @@ class LlamaModel(Model):
                 if drop > self._snapshots or drop >= self._last_pass.get(seq, 0):
                     return False
                 self._last_pass[seq] = 0  # a snapshot is used once
-            return bool(ll.llama_memory_seq_rm(self._mem, self._where[seq], pos, -1))
+            return bool(ll.llama_memory_seq_rm(self._mem, self._at(seq), pos, -1))
 
     def keep_state(self, seq: int) -> None:
         """A copy of sequence `seq`'s recurrent state as it is now (its attention
@@ -425,13 +312,13 @@ class LlamaModel(Model):
             if not self._recurrent:
                 return
             flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part only
-            size = ll.llama_state_seq_get_size_ext(self._ctx, self._where[seq], flags)
+            size = ll.llama_state_seq_get_size_ext(self._ctx, self._at(seq), flags)
             kept = self._checkpoints.get(seq)
             if kept is not None and len(kept[1]) == size:
                 buf = kept[1]
             else:
                 buf = (ctypes.c_uint8 * size)()
-            ll.llama_state_seq_get_data_ext(self._ctx, buf, size, self._where[seq], flags)
+            ll.llama_state_seq_get_data_ext(self._ctx, buf, size, self._at(seq), flags)
             self._checkpoints[seq] = (self.seq_len(seq), buf)
 
     def back_to_state(self, seq: int, pos: int) -> int | None:
@@ -443,7 +330,7 @@ class LlamaModel(Model):
                 return None
             held, buf = kept
             flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-            at = self._where[seq]
+            at = self._at(seq)
             if not ll.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), at, flags):
                 return None
             ll.llama_memory_seq_rm(self._mem, at, held, -1)  # the attention layers' entries
@@ -454,7 +341,7 @@ class LlamaModel(Model):
         """Sequence `seq`'s cache entries (llama.cpp's sequence state), copied once; None
         for a recurrent model, whose snapshots would not come back with it."""
         with self._mem_lock:
-            return None if self._recurrent else self._get_state(self._where[seq])
+            return None if self._recurrent else self._get_state(self._at(seq))
 
     def _has(self, at: int) -> bool:
         return ll.llama_memory_seq_pos_max(self._mem, at) >= 0
@@ -472,7 +359,7 @@ class LlamaModel(Model):
         """Sequence `seq`'s cache as `save_seq` saw it; False (and the sequence empty)
         where llama.cpp could not (no room in a shared cache)."""
         with self._mem_lock:
-            at = self._where[seq]
+            at = self._at(seq)
             ll.llama_memory_seq_rm(self._mem, at, -1, -1)
             if self._set_state(at, state):
                 return True
@@ -489,7 +376,7 @@ class LlamaModel(Model):
                 return None
             if not self.load_seq(dst, state):
                 return 0
-            ll.llama_memory_seq_rm(self._mem, self._where[dst], n, -1)
+            ll.llama_memory_seq_rm(self._mem, self._at(dst), n, -1)
             return min(n, self.seq_len(dst))
 
     def save_state(self) -> bytearray | None:
@@ -508,7 +395,7 @@ class LlamaModel(Model):
 
     def seq_len(self, seq: int) -> int:
         with self._mem_lock:
-            return ll.llama_memory_seq_pos_max(self._mem, self._where[seq]) + 1
+            return ll.llama_memory_seq_pos_max(self._mem, self._at(seq)) + 1
 
     def move(self, seq: int, gap: tuple[int, int], chunk: tuple[int, int]) -> bool:
         """Drop sequence `seq`'s entries at positions [gap) and move those at [chunk)
@@ -517,7 +404,7 @@ class LlamaModel(Model):
         with self._mem_lock:
             if self._recurrent or not ll.llama_memory_can_shift(self._mem):
                 return False
-            at = self._where[seq]
+            at = self._at(seq)
             if not ll.llama_memory_seq_rm(self._mem, at, *gap):
                 return False
             ll.llama_memory_seq_add(self._mem, at, *chunk, gap[0] - gap[1])

@@ -29,7 +29,8 @@ import llama_cpp as ll
 import numpy as np
 
 from localspec.backends.base import ModelError, shared_prefix
-from localspec.backends.llama import LlamaModel, Part
+from localspec.backends.llama import LlamaModel
+from localspec.backends.seq_layout import Part
 
 WINDOW = 512  # the most unread positions a catch-up reads (older ones are skipped)
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from localspec.backends.base import Cancelled, FimTokens, Model, common_prefix
-from localspec.backends.llama import LlamaModel, Part
+from localspec.backends.llama import LlamaModel
+from localspec.backends.seq_layout import Part
 from localspec.decoding.estimates import VerifyCost
 from localspec.server.scheduling import ALONE_MIN_CHUNK, ROUND_TOKENS, Pace, Want, plan_step
 

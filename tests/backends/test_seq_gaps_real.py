@@ -1,7 +1,8 @@
 """Serve's slots with a cache each, on the real target: a pass over sequences 0, 1 and 3
 fills sequence 2 with a token for the pass (llama.cpp reads sequences with a gap between
 their ids in two micro-batches) and drops it after, leaving sequence 2 as it was; a gap
-that lasts is closed by moving the caches, each sequence going on as before."""
+that lasts is closed by moving the caches, each sequence going on as before. The
+decisions alone: tests/backends/test_seq_layout.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from localspec.backends.llama import LlamaModel, LoadOptions, Part, id_runs
+from localspec.backends.llama import LlamaModel, LoadOptions
+from localspec.backends.seq_layout import Part
 
 pytestmark = pytest.mark.real
 
@@ -68,8 +70,8 @@ def test_a_pass_with_a_gap_leaves_the_gap_as_it_was_and_answers_as_without_it(
         read(model, seq, tokens[:-1])
     lengths = [model.seq_len(s) for s in range(4)]
     gap = 2
-    model._ubatch_s.clear()  # untimed: filled
-    assert model._fillers([Part(s, [1], 0, 1) for s in (0, 1, 3)]) == [
+    model.layout.ubatch_s.clear()  # untimed: filled
+    assert model.layout.fillers([Part(s, [1], 0, 1) for s in (0, 1, 3)], model.seq_len, 512) == [
         Part(gap, [0], lengths[gap], 0)
     ]
 
@@ -79,69 +81,27 @@ def test_a_pass_with_a_gap_leaves_the_gap_as_it_was_and_answers_as_without_it(
     assert_each_goes_on_as_read_afresh(model, prompts, lengths, gap, parts, rows)
 
 
-def test_a_gap_is_filled_with_as_many_tokens_where_the_passes_say_it_pays(model: LlamaModel):
-    model._ubatch_s.clear()
-    rounds = [Part(s, [1, 2, 3], 0, 3) for s in (0, 3)]
-    assert [(f.seq, len(f.tokens)) for f in model._fillers(rounds)] == [(1, 3), (2, 3)]
-    # one pass of 4 slots' tokens against two of one slot's (a compute-bound CPU's Q4)
-    model._ubatch_s.update({3: 0.05, 12: 0.12})
-    assert model._fillers(rounds) == []
-    model._ubatch_s[12] = 0.09  # a GPU's, or F16 on a CPU: more tokens cost little
-    assert len(model._fillers(rounds)) == 2
-    model._ubatch_s.clear()
-
-
-def test_no_filler_where_the_sequences_run_on_or_a_gap_is_full(model: LlamaModel):
-    model._ubatch_s.clear()
-    assert model._fillers([Part(s, [1], 0, 1) for s in (0, 1, 2)]) == []
-    assert model._fillers([Part(1, [1], 0, 1)]) == []
-    assert model._fillers([Part(0, [1, 2], 0, 2), Part(2, [1], 0, 1)]) == []  # unequal
-    full = model.tokenize("x " * 600)[: model.n_ctx]
-    read(model, 1, full)
-    try:
-        assert model._fillers([Part(0, [1], 0, 1), Part(2, [1], 0, 1)]) == []
-    finally:
-        model.remove_from(1, 0)
-
-
-def test_runs_of_ids():
-    assert id_runs([0, 1, 3]) == [2, 1]
-    assert id_runs([0, 2, 3]) == [1, 2]
-    assert id_runs([0, 1, 2, 3]) == [4]
-    assert id_runs([1]) == [1]
-
-
-def test_estimates_of_a_pass_from_the_timed_ones(model: LlamaModel):
-    model._ubatch_s.clear()
-    assert model._estimate(3) is None
-    model._ubatch_s.update({2: 0.08, 4: 0.12})
-    assert model._estimate(3) == pytest.approx(0.10)  # on their line
-    assert model._estimate(8) == pytest.approx(0.24)  # the largest's per token
-    assert model._estimate(1) == pytest.approx(0.08)  # no less than the smallest
-    model._ubatch_s.clear()
-
-
 def test_a_gap_counts_its_cost_until_a_pass_runs_without_one(model: LlamaModel):
-    model._ubatch_s.clear()
-    model._ubatch_s.update({1: 1e-6, 2: 1e-6, 3: 1e-6})  # a pass of one micro-batch: ~free
-    model._move_s_per_byte = 1.0  # moving: never worth it here
+    model.layout.ubatch_s.clear()
+    model.layout.ubatch_s.update({1: 1e-6, 2: 1e-6, 3: 1e-6})  # a pass of one micro-batch: ~free
+    model.layout.move_s_per_byte = 1.0  # moving: never worth it here
     prompts = [model.tokenize(t) for t in TEXTS]
     for seq, tokens in enumerate(prompts):
         read(model, seq, tokens)
-    where = list(model._where)
-    model._gap_cost = 0.0
-    held = {s: model._where[s] for s in range(4)}
+    where = list(model.layout.where)
+    model.layout.gap_cost = 0.0
+    held = {s: model.layout.where[s] for s in range(4)}
     gapped = [Part(s, [1], model.seq_len(s), 1) for s in sorted(held, key=held.get)[::2]]
     model.decode_parts(gapped)
-    first = model._gap_cost
+    first = model.layout.gap_cost
     assert first > 0
     model.decode_parts([Part(p.seq, [1], p.pos + 1, 1) for p in gapped])
-    assert model._gap_cost > first
-    assert model._where == where  # not moved: it would cost more than the gap lost
+    assert model.layout.gap_cost > first
+    assert model.layout.where == where  # not moved: it would cost more than the gap lost
     model.decode_parts([Part(0, [1], model.seq_len(0), 1)])
-    assert model._gap_cost == 0.0
-    model._move_s_per_byte = 1e-9
-    model._ubatch_s.clear()
+    assert model.layout.gap_cost == 0.0
+    model.layout.move_s_per_byte = 1e-9
+    model.layout.ubatch_s.clear()
 
 
 def test_a_lasting_gap_is_closed_by_moving_caches(model: LlamaModel):
@@ -149,15 +109,15 @@ def test_a_lasting_gap_is_closed_by_moving_caches(model: LlamaModel):
     for seq, tokens in enumerate(prompts):
         read(model, seq, tokens[:-1])
     lengths = [model.seq_len(s) for s in range(4)]
-    gap = model._where.index(2)  # the slot in llama.cpp's sequence 2
+    gap = model.layout.where.index(2)  # the slot in llama.cpp's sequence 2
     active = [s for s in range(4) if s != gap]
-    model._gap_cost = 1.0  # the gap has lost a second already
+    model.layout.gap_cost = 1.0  # the gap has lost a second already
 
     parts = [Part(s, [prompts[s][-1]], lengths[s], 1) for s in active]
     rows = model.decode_parts(parts)
 
-    held = sorted(model._where[s] for s in active)
+    held = sorted(model.layout.where[s] for s in active)
     assert held == list(range(held[0], held[0] + 3))  # one run: one micro-batch
-    assert model._one_ubatch(sorted(parts, key=lambda p: model._where[p.seq]))
-    assert model._gap_cost == 0.0
+    assert model.layout.one_ubatch(model.layout.order(parts))
+    assert model.layout.gap_cost == 0.0
     assert_each_goes_on_as_read_afresh(model, prompts, lengths, gap, parts, rows)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from localspec.backends.llama import Part
+from localspec.backends.seq_layout import Part
 from localspec.server.batching import Batcher
 
 
