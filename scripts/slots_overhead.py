@@ -7,6 +7,8 @@ fresh chat prompts, with a cache per slot or one shared (`kv_unified`), plainly 
         --mode auto --cache shared
     # the bench's chat prompts, four a round as serve_bench's clients suite sends them
     ... --bench-round 1 --tokens 128 --ctx 16384
+    # Spec-Bench's first turns, one of each category (seed 0), the Rth four
+    ... --specbench 0 --tokens 128 --ctx 16384
 (docs/bench/serve/2026-11-27-clients: the F16 target, 96 tokens; each mode once, then
 three rounds of the modes in turn)
 """
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 from localspec.backends.llama import LlamaModel, LoadOptions
+from localspec.bench import specbench
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.events import Finished
 from localspec.decoding.sampling import SamplingParams
@@ -61,6 +64,7 @@ def main() -> None:
     p.add_argument(
         "--bench-round", type=int, help="the bench's chat prompts 4R..4R+3, not our four"
     )
+    p.add_argument("--specbench", type=int, help="Spec-Bench's first turns 4R..4R+3")
     p.add_argument(
         "--warm",
         choices=["four", "one"],
@@ -114,8 +118,14 @@ def main() -> None:
     else:
         answer(WARM)
     log = worker.batcher.log
+    log.recent = type(log.recent)(maxlen=1 << 16)
     steps, seconds, started = log.steps, log.seconds, time.perf_counter()
-    ends = answer(PROMPTS if args.bench_round is None else bench_round(args.bench_round))
+    if args.specbench is not None:
+        questions = specbench.load_sample(None, specbench.Sample(per_category=1))
+        prompts = [q.prompt for q in questions[4 * args.specbench : 4 * args.specbench + 4]]
+    else:
+        prompts = PROMPTS if args.bench_round is None else bench_round(args.bench_round)
+    ends = answer(prompts)
     wall = time.perf_counter() - started
     tokens = sum(e.stats.tokens for e in ends)
     print(
@@ -123,6 +133,11 @@ def main() -> None:
         f"included), {wall:.1f} s, {log.steps - steps} steps, "
         f"{(log.seconds - seconds) / wall:.0%} of it in llama.cpp's passes"
     )
+    for name in dict.fromkeys(r.model for r in log.recent):
+        mine = [r for r in log.recent if r.model == name]
+        read = sum(sum(r.reads.values()) for r in mine)
+        took = sum(r.seconds for r in mine)
+        print(f"  {name}: {len(mine)} passes, {read} tokens, {took:.1f} s ({took / wall:.0%})")
     for e in ends:
         s = e.stats
         print(
