@@ -383,7 +383,7 @@ class AdaptiveDrafter:
         if self.model is not None and load and self.slots() > 1 and not (forced or load.splits):
             # under load every drafting slot drafts to one depth (its steps are shared)
             dm = self.alpha["draft"]
-            d, gain = load.depth(dm.expected(depth), self.draft_step())
+            d, gain = load.depth(dm.expected(depth), self.draft_step(), fixed)
             if d:
                 best = better(best, "draft", [gain], d, free_tokens=0)
         elif self.model is not None:

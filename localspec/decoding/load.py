@@ -46,14 +46,15 @@ class Load:
         """Slots that share a draft-model step, on average: at least one, at most all."""
         return min(max(self.drafting(), 1.0), self.slots())
 
-    def depth(self, expected: list[float], step_s: float) -> tuple[int, float]:
+    def depth(self, expected: list[float], step_s: float, fixed: float = 0.0) -> tuple[int, float]:
         """The depth every slot drafts to this round, and its gain over plain decoding
-        (`common_depth`), with this slot's `expected` E(k) - 1 among the others'."""
+        (`common_depth`), with this slot's `expected` E(k) - 1 among the others' and its
+        `fixed` seconds a drafted round adds (its draft model's catch-up share)."""
         self.expects[self.slot] = expected
         drafting = [e for e in self.expects.values() if e]
         n = max(self.slots(), len(drafting))
         top = n * (1 + max(len(e) for e in drafting))
-        return common_depth(drafting, n, step_s, self.passes.table(top))
+        return common_depth(drafting, n, step_s, self.passes.table(top), fixed)
 
     def leave(self) -> None:
         """This slot's request ended: it drafts no more."""
@@ -61,7 +62,11 @@ class Load:
 
 
 def common_depth(
-    expects: Sequence[Sequence[float]], n: int, step_s: float, table: Sequence[float]
+    expects: Sequence[Sequence[float]],
+    n: int,
+    step_s: float,
+    table: Sequence[float],
+    fixed: float = 0.0,
 ) -> tuple[int, float]:
     """The draft depth D for every drafting slot, and the pass's tokens/s at D over plain
     decoding's (D = 0, gain 1: drafting does not pay).
@@ -70,11 +75,13 @@ def common_depth(
     waits for (batching.py), and such a pass costs about as much for one slot's token as
     for four: slots that draft to different depths wait for the deepest one's steps, and
     the shallow ones gain nothing by it. So under load the slots draft alike, to the D
-    with the best (n + Σ_i E_i(D)) / (D c + T(n + m D)): n slots in the passes, m of them
+    with the best (n + Σ_i E_i(D)) / (f + D c + T(n + m D)): n slots in the passes, m of them
     drafting (`expects`: each one's E(k) - 1), c a draft step (`step_s`), T the shared
-    passes' times (`table`, taken as never falling with more tokens). Four slots of the
-    F16 target on 2 cores drafting each to its own best depth ran level with plain
-    decoding; to one depth, 1.07-1.21x (docs/design.md, "Slots")."""
+    passes' times (`table`, taken as never falling with more tokens), and `fixed` the
+    seconds the deciding slot's drafted round adds besides (its draft model's catch-up on
+    the prompt, a share of it a round: passes all the slots wait for, as the steps). Four
+    slots of the F16 target on 2 cores drafting each to its own best depth ran level with
+    plain decoding; to one depth, 1.07-1.21x (docs/design.md, "Slots")."""
     t = list(itertools.accumulate(table, max))
     plain = n / t[n - 1]
     best, gain = 0, 1.0
@@ -82,7 +89,7 @@ def common_depth(
         # a slot that may draft fewer (its answer's last tokens) drafts what it may
         depths = [min(d, len(e)) for e in expects]
         tokens = n + sum(e[k - 1] for e, k in zip(expects, depths, strict=True))
-        rate = tokens / (d * step_s + t[n + sum(depths) - 1]) / plain
+        rate = tokens / (fixed + d * step_s + t[n + sum(depths) - 1]) / plain
         if rate > gain:
             best, gain = d, rate
     return best, gain

@@ -513,6 +513,10 @@ def test_the_common_depth_maximizes_the_passs_tokens_per_second():
     assert common_depth([], 4, 0.020, cpu) == (0, 1.0)
     # a slot that may draft one token more (its answer's last) does not hold the others
     assert common_depth([good] * 3 + [good[:1]], 4, 0.0005, gpu)[0] >= 5
+    # a draft model still to read its prompt pays that too: a marginal depth no longer pays
+    _, marginal = common_depth([good] * 4, 4, 0.020, cpu)
+    assert common_depth([good] * 4, 4, 0.020, cpu, fixed=0.5)[1] < marginal
+    assert common_depth([good] * 4, 4, 0.020, cpu, fixed=1.0) == (0, 1.0)
     # a pass timed slower than a larger one (a noisy host) does not make the larger cheap
     dip = cpu[:12] + [0.05] * 27
     assert common_depth([good] * 4, 4, 0.020, dip) == common_depth(
