@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Four slots of serve's `Worker` in-process, on real threads: tok/s of one batch of
-fresh chat prompts, with a cache per slot or one shared (`kv_unified`), plainly or with
-`--gamma auto` or a fixed γ; and the share of the wall time spent in llama.cpp's passes.
+"""Four slots (--clients) of serve's `Worker` in-process, on real threads: tok/s of one
+batch of fresh chat prompts, with a cache per slot or one shared (`kv_unified`), plainly
+or with `--gamma auto` or a fixed γ; the share of the wall time spent in llama.cpp's
+passes; and what a round cost as it ran (draft passes before each target pass).
 
     .venv/bin/python scripts/slots_overhead.py --target T.gguf --draft D.gguf \\
         --mode auto --cache shared
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -27,6 +29,8 @@ from localspec.bench import specbench
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.events import Finished
 from localspec.decoding.sampling import SamplingParams
+from localspec.server.batching import PassRecord
+from localspec.server.scheduling import ROUND_TOKENS
 from localspec.server.worker import Failed, Job, Worker
 from localspec.session import SessionConfig, open_session
 
@@ -52,6 +56,42 @@ def bench_round(r: int) -> list[str]:
     return prompts[4 * r : 4 * r + 4]
 
 
+def print_rounds(records: list[PassRecord], target: str) -> None:
+    """The target's passes of rounds alone (no prompt's chunk), by whether a slot in
+    them drafted, and the draft model's passes before each: what a drafted round costs
+    as it ran, against what `auto` priced (`Load.depth`: d steps of one token a
+    drafting slot, then one pass of every slot's round)."""
+    before: list[PassRecord] = []
+    rounds: dict[bool, list[tuple[list[PassRecord], PassRecord]]] = {True: [], False: []}
+    for r in records:
+        if r.model != target:
+            before.append(r)
+            continue
+        if max(r.reads.values()) <= ROUND_TOKENS:
+            rounds[sum(r.reads.values()) > len(r.reads)].append((before, r))
+        before = []
+    for drafted, rs in rounds.items():
+        if not rs:
+            continue
+        steps = [d for d, _ in rs]
+        mean = statistics.mean
+        slots = mean(len(t.reads) for _, t in rs)
+        tokens = mean(sum(t.reads.values()) for _, t in rs)
+        print(
+            f"  {'drafted' if drafted else 'plain'} rounds: {len(rs)} target passes of "
+            f"{slots:.2f} slots, {tokens:.2f} tokens, "
+            f"{mean(t.seconds for _, t in rs) * 1e3:.0f} ms; before each "
+            f"{mean(len(d) for d in steps):.2f} draft passes, "
+            f"{mean(sum(x.seconds for x in d) for d in steps) * 1e3:.0f} ms"
+        )
+        if drafts := [x for d in steps for x in d]:
+            print(
+                f"    a draft pass: {mean(len(x.reads) for x in drafts):.2f} slots, "
+                f"{mean(sum(x.reads.values()) for x in drafts):.2f} tokens, "
+                f"{mean(x.seconds for x in drafts) * 1e3:.0f} ms"
+            )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True)
@@ -65,6 +105,7 @@ def main() -> None:
         "--bench-round", type=int, help="the bench's chat prompts 4R..4R+3, not our four"
     )
     p.add_argument("--specbench", type=int, help="Spec-Bench's first turns 4R..4R+3")
+    p.add_argument("--clients", type=int, default=4, help="slots, and prompts at once")
     p.add_argument(
         "--warm",
         choices=["four", "one"],
@@ -76,14 +117,14 @@ def main() -> None:
     load = LoadOptions(
         n_ctx=args.ctx,
         n_threads=args.threads,
-        n_seq=len(PROMPTS),
+        n_seq=args.clients,
         kv_unified=args.cache == "shared",
     )
     plain = args.mode == "plain"
     gamma: int | str = 0 if plain else args.mode if args.mode == "auto" else int(args.mode)
     config = SessionConfig(args.target, "none" if plain else args.draft, gamma, load, load)
     session = open_session(config)
-    worker = Worker(session, max_queue=8, parallel=len(PROMPTS))
+    worker = Worker(session, max_queue=8, parallel=args.clients)
     worker.start()
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
@@ -116,7 +157,7 @@ def main() -> None:
         while worker.depth() or worker.reading_ahead():  # as serve_bench waits (settle)
             time.sleep(0.01)
     else:
-        answer(WARM)
+        answer(WARM[: args.clients])
     log = worker.batcher.log
     log.recent = type(log.recent)(maxlen=1 << 16)
     steps, seconds, started = log.steps, log.seconds, time.perf_counter()
@@ -125,7 +166,7 @@ def main() -> None:
         prompts = [q.prompt for q in questions[4 * args.specbench : 4 * args.specbench + 4]]
     else:
         prompts = PROMPTS if args.bench_round is None else bench_round(args.bench_round)
-    ends = answer(prompts)
+    ends = answer(prompts[: args.clients])
     wall = time.perf_counter() - started
     tokens = sum(e.stats.tokens for e in ends)
     print(
@@ -148,6 +189,7 @@ def main() -> None:
     passes = worker.batcher.passes(session.target)
     times = ", ".join(f"{k}: {t * 1000:.0f}" for k, t in sorted(passes.seconds.items()))
     print(f"  the target's shared passes, ms by tokens in the pass: {times}")
+    print_rounds(list(log.recent), session.target.name)
     worker.stop()
     session.close()
 
