@@ -9,8 +9,8 @@ llama.vscode send. Every server gets the same requests, greedy, case for case an
 rotating order (one machine state for all): `localspec serve` decoding plainly and with
 `--gamma auto`, and `llama-server` plain, with the draft model (`-md`) and with its
 `ngram-mod` drafter. Each case is then sent again with one more character typed, as the
-next keystroke would: how much of the prompt each server reads again, and how long it
-takes.
+next keystroke would, and once more after the middle's first line is written and Enter
+pressed: how much of the prompt each server reads again, and how long it takes.
 
 Per mode: latency (client side, request to answer: what an editor waits), its p50 and
 p95, the decode part alone (the server's predicted_ms), exact matches with the true
@@ -81,6 +81,18 @@ class FimCase:
             "top_p": 0.99,
             "return_tokens": True,
             "stream": False,
+        }
+
+    def enter_body(self, n_predict: int) -> dict[str, Any]:
+        """The author's first line of the middle written, then Enter: the line joins the
+        prefix, and the next line's indentation (the author's) is typed."""
+        first, _, rest = self.middle.partition("\n")
+        after = next((line for line in (rest + self.suffix).splitlines() if line.strip()), "")
+        typed = after[: indent_of(after)]
+        return self.body(n_predict) | {
+            "input_prefix": self.prefix + self.typed + first + "\n",
+            "prompt": typed,
+            "n_indent": len(typed),
         }
 
 
@@ -226,6 +238,8 @@ class FimRow:
     similarity: float = 0.0  # how close to the author's it is (middle_similarity)
     agrees: bool | None = None  # equal to localspec-plain's (None: not compared)
     audit: str = ""  # where it differs from localspec-plain: the two tokens' margin
+    # the middle's first line written and Enter pressed (FimCase.enter_body), after both
+    enter: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -279,6 +293,8 @@ def run_fim(
                 progress(f"case {i + 1}/{len(cases)} {case.name} ({case.kind}): {mode}")
                 first = infill(client, bases[mode], case.body(n_predict))
                 again = infill(client, bases[mode], case.body(n_predict, keystroke=True))
+                settle(client, bases[mode])
+                enter = infill(client, bases[mode], case.enter_body(n_predict))
                 settle(client, bases[mode])  # not on the next server's time
                 report.rows.append(
                     FimRow(
@@ -289,6 +305,7 @@ def run_fim(
                         again,
                         same_middle(first["content"], case.middle),
                         middle_similarity(first["content"], case.middle),
+                        enter=enter,
                     )
                 )
     return report
@@ -416,6 +433,7 @@ def to_markdown(report: FimReport) -> str:
             f"| {f'{accepted}/{drafted}' if drafted else '-'} |"
         )
     lines += recalled(by, cases, modes, ref)
+    lines += entered(by, cases, modes, ref)
     for kind in KINDS:
         kc = [c["name"] for c in report.cases if c["kind"] == kind]
         if not kc:
@@ -455,6 +473,35 @@ def recalled(
         out.append(
             f"\n{m}: {len(hit)} of {len(cases)} keystrokes typed as its last middle began, "
             f"recalled from it (no pass for those tokens): {there}{elsewhere}."
+        )
+    return out
+
+
+def entered(
+    by: dict[tuple[str, str], FimRow], cases: list[str], modes: list[str], ref: str
+) -> list[str]:
+    """The requests after Enter (FimCase.enter_body): latency, over the reference's, and
+    the share of the prompt read again (reports from before they were sent: nothing)."""
+    if not all(by[m, c].enter for m in modes for c in cases):
+        return []
+    out = [
+        "",
+        "After Enter (the author's first line of the middle written, the next line's "
+        "indentation typed; sent after the keystroke):",
+        "",
+        f"| mode | p50 s | p95 s | p50 / {ref} | re-read p50 | recalled |",
+        "|---|---|---|---|---|---|",
+    ]
+    ref_p50 = statistics.median(by[ref, c].enter["latency_s"] for c in cases)
+    for m in modes:
+        asked = [by[m, c].enter for c in cases]
+        lat = [q["latency_s"] for q in asked]
+        reread = [q["prompt_n"] / max(1, q["prompt_tokens"]) for q in asked]
+        hits = sum(q.get("recalled_n", 0) > 0 for q in asked)
+        out.append(
+            f"| {m} | {statistics.median(lat):.2f} | {pct(lat, 0.95):.2f} "
+            f"| {statistics.median(lat) / ref_p50:.2f}x | {100 * statistics.median(reread):.0f}% "
+            f"| {hits}/{len(asked)} |"
         )
     return out
 

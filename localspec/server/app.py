@@ -18,6 +18,7 @@ import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -32,6 +33,7 @@ from localspec import version
 from localspec.decoding.events import Event, Finished
 from localspec.decoding.opening import pieces_of
 from localspec.server import anthropic, choices, native, responses
+from localspec.server.anchors import Anchors
 from localspec.server.answer import Answer, as_function_call, as_function_call_chunks, short_id, sse
 from localspec.server.errors import ApiError, error_body
 from localspec.server.guard import Guard, GuardMiddleware
@@ -85,6 +87,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         session, options.max_queue, options.parallel, options.cache_reuse, options.cache_ram
     )
     metrics = worker.metrics
+    anchors = Anchors()  # where editors' middles are laid out: Enter reads one line
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -300,7 +303,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         prompts = body.prompts()
         completions = await answers(
             request,
-            lambda: [prepare_completion(body, session, prompt) for prompt in prompts],
+            lambda: [prepare_completion(body, session, prompt, anchors) for prompt in prompts],
             f"completion {short_id()}",
             "text_completion",
             body.choices,
@@ -412,9 +415,8 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     async def infill(request: Request) -> Response:
         """llama-server's fill-in-the-middle endpoint, as llama.vim and llama.vscode call it."""
         body = fill(parse(InfillRequest, await read_body(request, options.max_body_bytes)))
-        middle = await answer(
-            request, lambda: prepare_infill(body, session), f"infill {short_id()}", "infill"
-        )
+        prepare = partial(prepare_infill, body, session, anchors)
+        middle = await answer(request, prepare, f"infill {short_id()}", "infill")
         return await answer_as_llama_server(request, middle, body)
 
     @app.post("/completion", dependencies=guarded)
@@ -424,7 +426,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         body = fill(parse(LlamaCompletionRequest, await read_body(request, options.max_body_bytes)))
         completion = await answer(
             request,
-            lambda: prepare_llama_completion(body, session),
+            lambda: prepare_llama_completion(body, session, anchors),
             f"completion {short_id()}",
             "infill",
         )

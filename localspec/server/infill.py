@@ -164,11 +164,13 @@ def infill_prompt(
     typed: str,
     n_predict: int,
     n_ctx: int,
+    written: str = "",
 ) -> InfillPrompt:
     """The prompt llama-server's format_prompt_infill builds, token for token, but for
     the `typed` text's last line: the middle opens with it (its budget is taken from the
-    suffix's as llama-server takes it). Whole lines before it close the prefix, as there:
-    the middle's line rule must not judge (and drop) text the client wrote."""
+    suffix's as llama-server takes it). Whole lines before it close the prefix, as there,
+    but for the lines `written` after the prefix laid out (anchors.py), which open the
+    middle before the typed text (the line rule passes them: InfillLines.written)."""
     fim = fim_tokens_of(model)
 
     def tok(text: str) -> list[int]:
@@ -187,7 +189,7 @@ def infill_prompt(
         extra_tokens += [fim.sep, *tok(CURRENT_FILE)]
 
     cut = typed.rfind("\n") + 1
-    lines, typed = typed[:cut], typed[cut:]
+    lines, typed = typed[:cut], written + typed[cut:]
     prefix_tokens, suffix_tokens = tok(prefix), tok(suffix)
     lines_tokens, typed_tokens = tok(lines), tok(typed)
     n_prefix = min(len(prefix_tokens), 3 * (INFILL_BATCH // 4))
@@ -220,7 +222,8 @@ class Templated:
     """A FIM prompt the client wrote itself (Continue, Twinny, llama.vscode's OpenAI
     mode: `<|fim_prefix|>…<|fim_suffix|>…<|fim_middle|>`), its typed text taken out."""
 
-    text: str  # the prompt without the prefix's last line
+    head: str  # the prompt up to the prefix's last line (the cursor's)
+    tail: str  # from the suffix token on: the prompt is head + tail
     opening: str  # that line: the middle opens with it
     source: str  # the suffix and what stands before the prefix (other files): a free draft
 
@@ -240,7 +243,7 @@ def templated_fim(model: Model, prompt: str) -> Templated | None:
     start = head.index(pre) + len(pre)
     cut = max(head.rfind("\n") + 1, start)
     source = rest[: -len(mid)] + head[: head.index(pre)]
-    return Templated(head[:cut] + suf + rest, head[cut:], source)
+    return Templated(head[:cut], suf + rest, head[cut:], source)
 
 
 @dataclass
@@ -251,6 +254,7 @@ class InfillLines:
     suffix: str
     n_indent: int = 0
     t_max_predict_s: float = 0.0
+    written: str = ""  # lines the client wrote that open the middle: not judged
     why: str = ""  # what stopped it, for llama-server's stop_type: "limit" or "rejoin"
     _started: float | None = field(default=None, repr=False)
 
@@ -261,6 +265,8 @@ class InfillLines:
         self.breaks = self.suffix[: len(self.suffix) - len(self.suffix.lstrip())].count("\n")
 
     def check(self, before: str, line: str) -> Verdict:
+        if len(before) < len(self.written):  # a line the client wrote
+            return "keep"
         if self.rejoin and line.strip() == self.rejoin:
             self.why = "rejoin"
             return "drop"
@@ -275,6 +281,9 @@ class InfillLines:
         """llama-server's indentation rule: a later line (the first goes on from the
         cursor) whose first character after its indentation (a newline: a blank line)
         sits left of `n_indent` ends the middle."""
+        if len(before) < len(self.written):  # a line the client wrote
+            return "keep"
+        before = before[len(self.written) :]  # the first line after them goes on too
         text = start.lstrip(" \t")
         if self.n_indent and before and text and len(start) - len(text) < self.n_indent:
             self.why = "limit"

@@ -6,6 +6,7 @@ parameter. What comes out, `Prepared`, is what the worker decodes.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,6 +24,7 @@ from localspec.backends.llama_grammar import (
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.grammar import Grammar
 from localspec.decoding.opening import Opening
+from localspec.server.anchors import Anchors, Placed
 from localspec.server.calls import gemma_tool_responses, llama_builtins, shown_markers
 from localspec.server.chat import (
     CALL_STYLE,
@@ -184,9 +186,13 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
 
 
 def prepare_completion(
-    body: CompletionRequest, session: Session, given: str | list[int] | None = None
+    body: CompletionRequest,
+    session: Session,
+    given: str | list[int] | None = None,
+    anchors: Anchors | None = None,
 ) -> Prepared:
-    """The request's prompt (or `given`, one of its batch) ready for the worker."""
+    """The request's prompt (or `given`, one of its batch) ready for the worker; a
+    middle's laid out at a recent one's prefix where `anchors` has it (anchors.py)."""
     body.refuse_unsupported()
     given = body.prompts()[0] if given is None else given
     if body.suffix:  # OpenAI's fill-in-the-middle: the prompt before the cursor
@@ -194,42 +200,54 @@ def prepare_completion(
             raise ApiError(400, "a prompt with a suffix must be text, not token ids", "prompt")
         limit, n_ctx = body.token_limit() or COMPLETION_DEFAULT_TOKENS, session.target.n_ctx
         line = given.rfind("\n") + 1  # the cursor's line opens the middle (infill.py)
+        at = placed(anchors, (), given[:line], body.suffix)
         built = infill_prompt(
-            session.target, given[:line], body.suffix, [], given[line:], limit, n_ctx
+            session.target, at.prefix, body.suffix, [], given[line:], limit, n_ctx, at.written
         )
         config = generation_config(body, built.tokens, session, COMPLETION_DEFAULT_TOKENS)
         if config.grammar is not None:  # the request's grammar rules the middle from its start
             built = infill_prompt(session.target, given, body.suffix, [], "", limit, n_ctx)
-        return Prepared.infill(built, config, InfillLines(body.suffix), session.target)
+            at = Placed(given, "")
+        lines = InfillLines(body.suffix, written=at.written)
+        return Prepared.infill(built, config, lines, session.target)
     prompt = prompt_tokens(given, session)
     config = generation_config(body, prompt, session, COMPLETION_DEFAULT_TOKENS)
-    return templated_or_not(given, prompt, config, session)
+    return templated_or_not(given, prompt, config, session, anchors)
 
 
-def prepare_llama_completion(body: LlamaCompletionRequest, session: Session) -> Prepared:
+def prepare_llama_completion(
+    body: LlamaCompletionRequest, session: Session, anchors: Anchors | None = None
+) -> Prepared:
     """llama-server's /completion: the prompt as given (text, or token ids)."""
     body.refuse_unsupported()
     prompt = prompt_tokens(body.prompt, session)
     config = generation_config(body, prompt, session, None)
-    return templated_or_not(body.prompt, prompt, config, session)
+    return templated_or_not(body.prompt, prompt, config, session, anchors)
 
 
 def templated_or_not(
-    given: str | list[int], prompt: list[int], config: GenerationConfig, session: Session
+    given: str | list[int],
+    prompt: list[int],
+    config: GenerationConfig,
+    session: Session,
+    anchors: Anchors | None = None,
 ) -> Prepared:
     """A FIM prompt the client templated itself (Continue's autocomplete) is served as
-    /infill's: the typed text opens the middle, the suffix and other files draft; where
-    the request has a grammar of its own, and for any other prompt, as it is."""
+    /infill's: the typed text opens the middle (laid out at a recent middle's prefix
+    where `anchors` has one), the suffix and other files draft; where the request has a
+    grammar of its own, and for any other prompt, as it is."""
     fim = templated_fim(session.target, given) if isinstance(given, str) else None
     if fim is None or config.grammar is not None:
         return Prepared(prompt, config)
     model = session.target
+    at = placed(anchors, "templated", fim.head, fim.tail)
+    opening = at.written + fim.opening
     built = InfillPrompt(
-        session.tokenize_raw(fim.text),
+        session.tokenize_raw(at.prefix + fim.tail),
         False,
         model.tokenize(fim.source, special=False),
-        fim.opening,
-        len(model.tokenize(fim.opening, special=False)),
+        opening,
+        len(model.tokenize(opening, special=False)),
     )
     return Prepared.infill(built, config, None, model)
 
@@ -245,21 +263,35 @@ def prompt_tokens(given: str | list[int], session: Session) -> list[int]:
     return prompt
 
 
-def prepare_infill(body: InfillRequest, session: Session) -> Prepared:
+def prepare_infill(
+    body: InfillRequest, session: Session, anchors: Anchors | None = None
+) -> Prepared:
+    """llama-server's /infill, laid out at a recent middle's prefix where `anchors` has
+    one this request's goes on from (anchors.py)."""
+    extra = tuple((chunk.filename, chunk.text) for chunk in body.input_extra)
+    at = placed(anchors, extra, body.input_prefix, body.input_suffix)
     built = infill_prompt(
         session.target,
-        body.input_prefix,
+        at.prefix,
         body.input_suffix,
         body.input_extra,
         body.prompt,
         body.n_predict,
         session.target.n_ctx,
+        at.written,
     )
     room = room_for(built.tokens, session, "input_prefix")
     limit = room if body.n_predict < 0 else min(body.n_predict, room)
-    lines = InfillLines(body.input_suffix, body.n_indent, body.t_max_predict_ms / 1e3)
+    lines = InfillLines(
+        body.input_suffix, body.n_indent, body.t_max_predict_ms / 1e3, written=at.written
+    )
     config = GenerationConfig(limit, body.sampling(), body.stops())
     return Prepared.infill(built, config, lines, session.target)
+
+
+def placed(anchors: Anchors | None, key: Hashable, prefix: str, suffix: str) -> Placed:
+    """Where a middle's prompt is laid out: at `anchors`' choice, or as sent."""
+    return Placed(prefix, "") if anchors is None else anchors.place(key, prefix, suffix)
 
 
 def room_for(prompt: list[int], session: Session, param: str) -> int:
