@@ -14,7 +14,10 @@ suggestion accepted line by line: `Engine.recall`).
 The written lines are read at every request, the suffix only once on a new layout: once
 they outgrow the suffix (in characters), the request is laid out as sent and becomes the
 new anchor. That is the ski-rental rule: never more than about twice the reading of the
-better choice made knowing when the user stops typing. An anchor matches a request with
+better choice made knowing when the user stops typing. (In a long file the editor's
+window of lines before the cursor moves at each new line, so a layout as sent reads the
+whole prompt again: there the anchor saves most, and it is renewed only once the
+written lines would squeeze the suffix, MAX_WRITTEN.) An anchor matches a request with
 the same other-file chunks and the same text after the cursor whose prefix goes on from
 the anchor's by whole lines, its first few lines allowed to have left the editor's
 window (llama.vim sends 256 lines before the cursor, so in a long file each new line
@@ -30,7 +33,9 @@ from dataclasses import dataclass
 
 KEPT = 8  # recent layouts (an editor's files, or a few editors)
 SLID = 16  # lines an anchor's prefix may have lost at its top (the editor's window)
-MAX_WRITTEN = 2048  # characters of written lines read again at each request, at most
+# characters of written lines, at most: like the typed text, they take their tokens from
+# the suffix's budget (a quarter of a batch, 512 tokens: infill.py), which keeps half
+MAX_WRITTEN = 1024
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,12 @@ from localspec.decoding.text import TextStream
 from localspec.server.infill import InfillLines, Unopened
 
 
-def middle(written: str, suffix: str, stops: tuple[str, ...] = (), **rule) -> str:
-    """The middle served for a model that writes `written` a character at a time (what
+def middle(text: str, suffix: str, stops: tuple[str, ...] = (), **rule) -> str:
+    """The middle served for a model that writes `text` a character at a time (what
     streamed equals the whole)."""
     stream = TextStream(stops, InfillLines(suffix, **rule))
     shown = ""
-    for ch in written:
+    for ch in text:
         shown += stream.push(ch.encode())
         if stream.stopped:
             break
@@ -83,3 +83,16 @@ def test_the_client_gets_the_middle_without_the_text_it_typed():
     assert (done.text, done.tokens, cut.inside) == ("lf.x", (3, 4), 2)
     # the line rule dropped the typed line: nothing is left of the middle
     assert Unopened("    se", lambda t: pieces[t]).finished(replace(done, text="")).text == ""
+
+
+def test_lines_the_client_wrote_open_the_middle_unjudged():
+    """After Enter the lines written since the layout's prefix open the middle
+    (server/anchors.py): left of `n_indent`, or the suffix's own line, they stay, and
+    the line after them goes on from the cursor as a middle's first line does."""
+    written = "def area(r):\nprint(a)\n"
+    shown = middle(
+        written + "    return r * r\nz = 2\n", "\nprint(a)\n", n_indent=4, written=written
+    )
+    assert shown == written + "    return r * r\n"  # z = 2 is left of n_indent
+    # without them, the rule judges those lines as the middle's: it ends at the first
+    assert middle(written + "    return r * r\n", "\nprint(a)\n", n_indent=4) == "def area(r):\n"

@@ -304,6 +304,64 @@ def test_a_client_templated_keystroke_reads_one_token(client: TestClient):
         assert read["prompt_n"] == 1, read
 
 
+STATS_PREFIX = '''import statistics
+
+
+def mean_and_spread(xs):
+    """The mean of xs and the standard deviation around it."""
+'''
+STATS_SUFFIX = (
+    '''
+
+def median(xs):
+    """The middle value of xs."""
+    return statistics.median(xs)
+'''
+    * 4
+)
+
+
+def test_after_enter_the_text_after_the_cursor_is_not_read_again(client: TestClient):
+    """The middle's first line written, then Enter, as llama.vim sends it: the line joins
+    the prefix, which comes before the suffix in a FIM prompt, so laid out as sent the
+    suffix is read again. Laid out at the last middle's prefix, the line opening the new
+    middle (server/anchors.py), the prompt is the one the slot holds: one token is read
+    (for its logits), and a line written as the last middle suggested it is answered
+    from that middle, with no pass. So too for a prompt the client templated itself."""
+
+    def infill(prefix: str, typed: str) -> dict:
+        body = vim_body(prefix, STATS_SUFFIX, typed, len(typed)) | {"n_predict": 48}
+        r = client.post("/infill", json=body | {"response_fields": None})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first = infill(STATS_PREFIX, "    n")
+    line, _, rest = first["content"].partition("\n")
+    assert rest.startswith("    ") and len(rest) > 12, first["content"]  # lines to come
+    enter = infill(STATS_PREFIX + "    n" + line + "\n", "    ")
+    assert enter["tokens_evaluated"] == first["tokens_evaluated"]  # the same prompt
+    assert enter["timings"]["prompt_n"] == 1, enter["timings"]
+    assert enter["timings"]["recalled_n"] > 0, enter["timings"]
+    later = rest[4:]  # the last middle after the line and the indentation typed
+    assert enter["content"].startswith(later) or later.startswith(enter["content"]), (
+        first["content"],
+        enter["content"],
+    )
+    assert enter["content"], enter
+    # a line the last middle did not suggest: read as the middle's opening, nothing else
+    other = infill(STATS_PREFIX + "    count = len(xs)\n", "    ")
+    assert other["timings"]["prompt_n"] == 1 and "count = len" not in other["content"], other
+
+    def templated(head: str) -> dict:
+        prompt = f"<|fim_prefix|>{head}<|fim_suffix|>{STATS_SUFFIX}<|fim_middle|>"
+        body = {"prompt": prompt, "max_tokens": 24, "temperature": 0}
+        return client.post("/v1/completions", json=body).json()
+
+    templated(STATS_PREFIX + "    total")
+    usage = templated(STATS_PREFIX + "    total = sum(xs)\n    ")["usage"]
+    assert usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"] == 1, usage
+
+
 def test_the_middle_stops_where_it_rejoins_the_suffix(client: TestClient):
     prefix = "def add(a, b):\n    "
     suffix = "\n\ndef sub(a, b):\n    return a - b\n"
