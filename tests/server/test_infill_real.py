@@ -330,7 +330,9 @@ def test_after_enter_the_text_after_the_cursor_is_not_read_again(client: TestCli
     from that middle, with no pass. So too for a prompt the client templated itself."""
 
     def infill(prefix: str, typed: str) -> dict:
-        body = vim_body(prefix, STATS_SUFFIX, typed, len(typed)) | {"n_predict": 48}
+        body = vim_body(prefix, STATS_SUFFIX, typed, len(typed) - len(typed.lstrip())) | {
+            "n_predict": 48
+        }
         r = client.post("/infill", json=body | {"response_fields": None})
         assert r.status_code == 200, r.text
         return r.json()
