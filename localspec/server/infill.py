@@ -222,8 +222,9 @@ class Templated:
     """A FIM prompt the client wrote itself (Continue, Twinny, llama.vscode's OpenAI
     mode: `<|fim_prefix|>…<|fim_suffix|>…<|fim_middle|>`), its typed text taken out."""
 
-    head: str  # the prompt up to the prefix's last line (the cursor's)
-    tail: str  # from the suffix token on: the prompt is head + tail
+    context: str  # the prompt up to the prefix token's end (other files, the template's)
+    prefix: str  # the prefix's whole lines, before the cursor's
+    tail: str  # from the suffix token on: the prompt is context + prefix + tail
     opening: str  # that line: the middle opens with it
     source: str  # the suffix and what stands before the prefix (other files): a free draft
 
@@ -243,7 +244,7 @@ def templated_fim(model: Model, prompt: str) -> Templated | None:
     start = head.index(pre) + len(pre)
     cut = max(head.rfind("\n") + 1, start)
     source = rest[: -len(mid)] + head[: head.index(pre)]
-    return Templated(head[:cut], suf + rest, head[cut:], source)
+    return Templated(head[:start], head[start:cut], suf + rest, head[cut:], source)
 
 
 @dataclass

@@ -240,10 +240,10 @@ def templated_or_not(
     if fim is None or config.grammar is not None:
         return Prepared(prompt, config)
     model = session.target
-    at = placed(anchors, "templated", fim.head, fim.tail)
+    at = placed(anchors, fim.context, fim.prefix, fim.tail)
     opening = at.written + fim.opening
     built = InfillPrompt(
-        session.tokenize_raw(at.prefix + fim.tail),
+        session.tokenize_raw(fim.context + at.prefix + fim.tail),
         False,
         model.tokenize(fim.source, special=False),
         opening,

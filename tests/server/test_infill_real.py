@@ -362,6 +362,10 @@ def test_after_enter_the_text_after_the_cursor_is_not_read_again(client: TestCli
     templated(STATS_PREFIX + "    total")
     usage = templated(STATS_PREFIX + "    total = sum(xs)\n    ")["usage"]
     assert usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"] == 1, usage
+    # Continue cuts the prefix's first lines to fit its budget: still the same layout
+    cut = STATS_PREFIX.split("\n", 1)[1] + "    total = sum(xs)\n    n = len(xs)\n    "
+    usage = templated(cut)["usage"]
+    assert usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"] == 1, usage
 
 
 def test_the_middle_stops_where_it_rejoins_the_suffix(client: TestClient):
