@@ -40,7 +40,7 @@ MAX_WRITTEN = 1024
 
 @dataclass(frozen=True)
 class Anchor:
-    key: Hashable  # what comes before the prefix (the other files' chunks)
+    key: Hashable  # what comes before the prefix: other files' chunks, a template's text
     prefix: str  # the lines before the cursor's line, as laid out
     suffix: str  # the text after the cursor
 
