@@ -269,7 +269,11 @@ def prepare_infill(
     """llama-server's /infill, laid out at a recent middle's prefix where `anchors` has
     one this request's goes on from (anchors.py)."""
     extra = tuple((chunk.filename, chunk.text) for chunk in body.input_extra)
-    at = placed(anchors, extra, body.input_prefix, body.input_suffix)
+    # whole lines in `prompt` close the prefix (infill_prompt), where lines written after
+    # an anchor would follow them out of order: such a request is laid out as sent
+    at = placed(
+        anchors if "\n" not in body.prompt else None, extra, body.input_prefix, body.input_suffix
+    )
     built = infill_prompt(
         session.target,
         at.prefix,

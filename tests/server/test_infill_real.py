@@ -206,6 +206,17 @@ def test_the_typed_text_opens_the_middle_but_its_whole_lines_close_the_prefix(se
     before_suffix = built.tokens[: built.tokens.index(fim.suf)]
     assert built.opening == "    ret" and before_suffix[-len(lines) :] == lines
     assert built.tokens[-1] == fim.mid
+    # so such a request is laid out as sent, even where its prefix goes on from a recent
+    # one's (the written lines would open the middle after the prompt's own lines)
+    from localspec.server.anchors import Anchors
+    from localspec.server.prepare import prepare_infill
+
+    anchors = Anchors()
+    prepare_infill(InfillRequest(**vim_body(PREFIX, SUFFIX, "    ", 4)), session, anchors)
+    body = vim_body(PREFIX + "    y = 2\n", SUFFIX, "    x = 1\n    ret", 4)
+    laid = prepare_infill(InfillRequest(**body), session, anchors)
+    sent = infill_prompt(session.target, body["input_prefix"], SUFFIX, [], body["prompt"], 32, 4096)
+    assert laid.prompt == sent.tokens and laid.opening == "    ret"
 
 
 def test_every_kind_of_middle_is_a_short_request(session):
