@@ -199,15 +199,14 @@ def prepare_completion(
         if not isinstance(given, str):
             raise ApiError(400, "a prompt with a suffix must be text, not token ids", "prompt")
         limit, n_ctx = body.token_limit() or COMPLETION_DEFAULT_TOKENS, session.target.n_ctx
-        line = given.rfind("\n") + 1  # the cursor's line opens the middle (infill.py)
-        at = placed(anchors, (), given[:line], body.suffix)
+        # the cursor's line opens the middle (infill.py), but a grammar of the request's
+        # rules the middle from its start: then all of the prompt is prefix, as sent
+        line = given.rfind("\n") + 1 if body.grammar is None else len(given)
+        at = placed(anchors if body.grammar is None else None, (), given[:line], body.suffix)
         built = infill_prompt(
             session.target, at.prefix, body.suffix, [], given[line:], limit, n_ctx, at.written
         )
         config = generation_config(body, built.tokens, session, COMPLETION_DEFAULT_TOKENS)
-        if config.grammar is not None:  # the request's grammar rules the middle from its start
-            built = infill_prompt(session.target, given, body.suffix, [], "", limit, n_ctx)
-            at = Placed(given, "")
         lines = InfillLines(body.suffix, written=at.written)
         return Prepared.infill(built, config, lines, session.target)
     prompt = prompt_tokens(given, session)

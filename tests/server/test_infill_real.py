@@ -217,6 +217,16 @@ def test_the_typed_text_opens_the_middle_but_its_whole_lines_close_the_prefix(se
     laid = prepare_infill(InfillRequest(**body), session, anchors)
     sent = infill_prompt(session.target, body["input_prefix"], SUFFIX, [], body["prompt"], 32, 4096)
     assert laid.prompt == sent.tokens and laid.opening == "    ret"
+    # OpenAI's suffix with a grammar of the request's: the prompt is all prefix, as sent,
+    # and no layout is kept for the next request to go on from
+    from localspec.server.prepare import prepare_completion
+    from localspec.server.schemas import CompletionRequest
+
+    anchors = Anchors()
+    ruled = {"prompt": PREFIX + "    ret", "suffix": SUFFIX, "grammar": 'root ::= "urn 1"'}
+    prepared = prepare_completion(CompletionRequest(**ruled), session, anchors=anchors)
+    assert prepared.opening == "" and prepared.config.grammar is not None
+    assert anchors.place((), PREFIX + "    x = 1\n", SUFFIX).written == ""
 
 
 def test_every_kind_of_middle_is_a_short_request(session):
