@@ -176,7 +176,7 @@ def judge(
     them):
     - the same tokens, stopped elsewhere: one is the other's beginning;
     - another grammar: the grammar refuses b[i] after a[:i] (`state`: its start,
-      advanced here; llama-server's json_schema grammar allows an opening code fence);
+      advanced here; another server's grammar may allow what localspec's does not);
     - a near-tie: plain decoding's own passes, replayed (the prompt in one pass, then
       one token a pass), put b[i] within NEAR_TIE of a[i];
     - numerics: not close in those passes, but one pass over the same tokens (a shape a

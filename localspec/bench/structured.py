@@ -13,9 +13,9 @@ the first token where the two part, scored by the target (`audit_agreement`).
 
 The tokens a rate counts are those of the text the client saw, as the target's tokenizer
 splits it, the same count for every server (`shown_tokens`). A server's usage may count
-more: llama-server's grammar for Qwen's chat format lets the model open the JSON with a
-```json fence and close it with ```, which it decodes but does not stream, so its usage
-put 5-12% more tokens into the same span of streamed text.
+more: both servers' grammars for a chat let the model open the JSON with a ```json fence
+and close it with ``` (localspec.server.fence), which they decode but do not stream, so
+their usage puts 5-12% more tokens into the same span of streamed text.
 """
 
 from __future__ import annotations
@@ -353,10 +353,12 @@ def ask_tokens(
 
 def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
     """Where a greedy answer differs from localspec-plain's, judge the first token where
-    they part (audit.judge, under the schema's grammar), on the target loaded afresh."""
+    they part (audit.judge, under the grammar a chat's schema makes), on the target loaded
+    afresh."""
     from localspec.backends.llama import LlamaModel, LoadOptions
     from localspec.backends.llama_grammar import LlamaGrammar, schema_grammar
     from localspec.bench.audit import judge
+    from localspec.server.fence import ROOT, fenced
     from localspec.session import SessionConfig, open_session
 
     plain = {r.case: r for r in report.rows if r.mode == "localspec-plain"}
@@ -377,7 +379,7 @@ def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
                 continue
             ask, schema = CASES[row.case]
             prompt = session.tokenize_raw(session.prompt_text([{"role": "user", "content": ask}]))
-            grammar = LlamaGrammar(model, schema_grammar(schema))
+            grammar = LlamaGrammar(model, fenced(schema_grammar(schema)), ROOT)  # a chat's
             row.audit += judge(model, prompt, a, b, grammar.start())
     finally:
         session.close()

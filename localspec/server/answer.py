@@ -21,6 +21,7 @@ from localspec.decoding.events import Event, Finished, Piece, RoundEnd, Stats, S
 from localspec.server.calls import Rewriter, rewriter
 from localspec.server.chat import ToolCall, ToolCallDeltas, ToolCallStream
 from localspec.server.errors import ApiError
+from localspec.server.fence import Unfence
 from localspec.server.infill import Unopened
 from localspec.server.prepare import Prepared
 from localspec.server.worker import SHUTTING_DOWN, Failed, Job
@@ -142,23 +143,27 @@ class Answer:
 
     def split(self, text: str) -> tuple[str, list[ToolCall]]:
         """The whole answer's content and tool calls."""
-        if not self.tools:
-            return text, []
         if (native := self.rewriter()) is not None:
             text = native.push(text) + native.flush()
+        if not self.tools:
+            return text, []
         calls = ToolCallStream(self.tool_params)
         content, found = calls.push(text)
         rest, more = calls.flush()
         return content + rest, found + more
 
     def rewriter(self) -> Rewriter | None:
+        """What the content goes through: a JSON answer's fence taken off, or a tool
+        call's format turned into Qwen's tags (a request has tools or a format, not both)."""
+        if self.prepared.fenced:
+            return Unfence()
         return rewriter(self.tools, self.tool_params, self.prepared.after_result)
 
     # --- streamed --------------------------------------------------------------------
     async def stream_chat(self, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
         yield self.chat_chunk({"role": "assistant", "content": ""})
         calls = ToolCallDeltas(self.tool_params) if self.tools else None
-        native = self.rewriter()  # its calls as Qwen's tags
+        native = self.rewriter()  # a fence taken off, or calls as Qwen's tags
         split = self.thinking.split() if self.thinking is not None else None
         scored: list[Event] = []  # pieces whose log-probabilities are not yet sent
         async for event in self.events():

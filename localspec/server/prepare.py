@@ -38,6 +38,8 @@ from localspec.server.chat import (
     tool_grammar,
 )
 from localspec.server.errors import ApiError
+from localspec.server.fence import ROOT as FENCED_ROOT
+from localspec.server.fence import fenced
 from localspec.server.infill import (
     InfillLines,
     InfillPrompt,
@@ -76,6 +78,7 @@ class Prepared:
     thinking: Thinking | None = None  # how the model writes its reasoning (None: it does not)
     after_result: bool = False  # the answer follows a tool's result (calls.rewriter)
     middle: bool = False  # fill-in-the-middle: an editor waits on it (a short request)
+    fenced: bool = False  # a chat's JSON, which may come in a fence the client never sees
 
     @classmethod
     def infill(
@@ -182,6 +185,7 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
         tool_params=chat.tool_params,
         after_result=body.messages[-1].role == "tool",
         thinking=thinking,
+        fenced=formatted,
     )
 
 
@@ -391,7 +395,10 @@ def request_grammar(body: GenerationBody, session: Session) -> Grammar | None:
         return None
     if not isinstance(session.target, LlamaModel):
         raise ApiError(400, "structured output needs a llama.cpp model", param)
+    root = "root"
+    if kind != "text" and isinstance(body, ChatRequest):  # a chat's JSON: fenced, or not
+        text, root = fenced(text), FENCED_ROOT
     try:
-        return LlamaGrammar(session.target, text, style=style)
+        return LlamaGrammar(session.target, text, root, style=style)
     except GrammarError as e:
         raise ApiError(400, str(e), param) from None

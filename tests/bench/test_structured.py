@@ -119,8 +119,9 @@ def test_whitespace_is_guessed_in_the_answers_own_style():
 @pytest.mark.real
 def test_a_difference_from_plain_decoding_is_scored_by_the_target(real_paths, real_models):
     """The audit's verdicts, on the real target: an answer that picks another enum value
-    is a defect (the target is sure of its choice); one that opens with a code fence
-    (llama-server's grammar allows one) has another grammar; one that stops early
+    is a defect (the target is sure of its choice); one that opens with a new line
+    (llama-server's grammar allows one, localspec's a code fence only) has another
+    grammar; one that stops early
     "stopped elsewhere"; one whose tokens could not be had is not audited."""
     from localspec.bench.servers import PairSetup
     from localspec.bench.structured import audit_agreement
@@ -128,14 +129,14 @@ def test_a_difference_from_plain_decoding_is_scored_by_the_target(real_paths, re
     tok = real_models[0].tokenize
     answer = '{ "language": "%s", "confidence": 0.9, "evidence": "fn main"}'
     rust, python = tok(answer % "rust", False), tok(answer % "python", False)
-    fenced = tok("```json\n" + answer % "rust", False)
+    spaced = tok("\n" + answer % "rust", False)
     row = partial(JsonRow, "classify", tokens=20, ttft_s=0.1, tokens_per_s=10.0, valid=True)
     rows = [
         row(mode="localspec-plain", text="r", token_ids=rust),
         row(mode="localspec-auto", text="p", agrees=False, token_ids=python),
         row(mode="llama-server", text="s", agrees=False, token_ids=rust[:9]),
         row(mode="llama-server-md", text="x", agrees=False, token_ids=[]),
-        row(mode="llama-server-ngram-mod", text="f", agrees=False, token_ids=fenced),
+        row(mode="llama-server-ngram-mod", text="f", agrees=False, token_ids=spaced),
     ]
     setup = PairSetup(real_paths[0], None, None, 2, 2048, None)
     audit_agreement(JsonReport({}, rows), setup)
@@ -144,7 +145,7 @@ def test_a_difference_from_plain_decoding_is_scored_by_the_target(real_paths, re
     assert float(rows[1].audit.rsplit(" ", 1)[1]) > 1.0  # the target wrote "rust"
     assert rows[2].audit == f"the same tokens, stopped elsewhere ({len(rust)} vs 9)"
     assert rows[3].audit.startswith("not audited")
-    assert rows[4].audit.startswith("another grammar: token 0, '```'"), rows[4].audit
+    assert rows[4].audit.startswith("another grammar: token 0, "), rows[4].audit
     md = to_markdown(JsonReport({}, rows))
     assert f"- classify localspec-auto: DEFECT: token {at}" in md
 

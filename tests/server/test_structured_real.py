@@ -22,6 +22,8 @@ from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished, Piece, RoundEnd
 from localspec.decoding.sampling import SamplingParams
 from localspec.server.app import ServerOptions, create_app
+from localspec.server.fence import ROOT as FENCED
+from localspec.server.fence import Unfence, fenced
 from localspec.session import Session, SessionConfig, open_session
 
 pytestmark = pytest.mark.real
@@ -88,35 +90,68 @@ def test_a_json_schema_answer_validates_and_equals_constrained_plain_decoding(
         response_format=schema_format(PERSON),  # type: ignore[arg-type]
         temperature=0,
         max_tokens=80,
+        logprobs=True,  # each token's id: the fence's too, which the content leaves out
     )
     text = reply.choices[0].message.content or ""
     jsonschema.validate(json.loads(text), PERSON)
     assert reply.choices[0].finish_reason == "stop"
-    # the same prompt, decoded plainly under the same grammar
+    ids = [e.model_extra["id"] for e in reply.choices[0].logprobs.content]  # type: ignore[union-attr]
+    # the same prompt, decoded plainly under the same grammar: the model opens a fence
     prompt = session.tokenize_raw(session.prompt_text([{"role": "user", "content": ASK}], None))
-    grammar = LlamaGrammar(session.target, schema_grammar(PERSON))
+    grammar = LlamaGrammar(session.target, fenced(schema_grammar(PERSON)), FENCED)
     config = GenerationConfig(80, SamplingParams(temperature=0), trace=True, grammar=grammar)
     events = list(Engine(session.target, NoDrafter(), 0).generate(prompt, config))
     plain = events[-1]
-    assert isinstance(plain, Finished)
-    spec_tokens = tuple(session.target.tokenize(text, special=False))
+    assert isinstance(plain, Finished) and plain.text.startswith("```json")
+    unfence = Unfence()
+    unfenced = unfence.push(plain.text) + unfence.flush()
+    assert plain.text.endswith("```") and unfenced.startswith("{") and unfenced.endswith("}")
     pieces = [e for e in events if isinstance(e, Piece)]
-    if text != plain.text:  # a batched pass may move a near-tie, never a clear choice
-        served = Finished(text, spec_tokens, plain.stop_reason, plain.stats)
+    if tuple(ids) != plain.tokens:  # a batched pass may move a near-tie, never a clear choice
+        served = Finished(text, tuple(ids), plain.stop_reason, plain.stats)
         assert_lossless(served, pieces, plain)
+    else:
+        assert text == unfenced
 
 
-def test_the_bench_counts_a_streamed_answer_as_its_usage_does(http: TestClient):
+def test_a_chats_json_may_come_fenced_and_the_client_gets_the_json_alone(
+    session: Session, client: openai.OpenAI
+):
+    """As llama-server's grammar for a chat: the answer bare or in a ```json fence (which
+    this model writes when it may), the fence never shown, streamed or not."""
+    grammar = LlamaGrammar(session.target, fenced(schema_grammar(PERSON)), FENCED)
+    person = '{"name": "Ada", "age": 36, "languages": ["C"]}'
+    assert goes_through(grammar, session.target, person)
+    assert goes_through(grammar, session.target, f"```json\n{person}\n```")
+    assert not goes_through(grammar, session.target, f"```json\n{person}")
+    assert not goes_through(grammar, session.target, f"```\n{person}\n```")
+    asked = {
+        "model": "coder",
+        "messages": [{"role": "user", "content": ASK}],
+        "response_format": schema_format(PERSON),
+        "temperature": 0,
+        "max_tokens": 80,
+    }
+    whole = client.chat.completions.create(**asked).choices[0].message.content or ""
+    chunks = client.chat.completions.create(**asked, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole and whole.startswith("{") and "`" not in whole, (streamed, whole)
+    jsonschema.validate(json.loads(whole), PERSON)
+
+
+def test_the_bench_counts_the_tokens_a_client_saw(session: Session, http: TestClient):
     """`bench --suite json` counts the tokens of the text a client saw (the target's
-    tokenizer, so alike for every server): for localspec's answers that is its usage."""
+    tokenizer, so alike for every server): localspec's usage counts the fence's tokens
+    too (```json, a newline, ```), which were decoded but not shown."""
     from localspec.bench.structured import ask, to_row
 
     # a seed of its own (greedy either way): decoded, not recalled from the answer to
     # the same request above (Engine.recall), which streams at once
     got = ask(http, "http://testserver", ASK, PERSON, 60, repeat=1)
     row = to_row(http, "http://testserver", "person", "localspec-auto", got, PERSON)
-    assert row.valid and row.shown_tokens == got.tokens > 10 and got.span_s > 0, (row, got)
-    assert row.tokens_per_s == pytest.approx((got.tokens - 1) / got.span_s)
+    assert row.valid and 10 < row.shown_tokens < got.tokens and got.span_s > 0, (row, got)
+    assert row.shown_tokens == len(session.target.tokenize(got.text, special=False))
+    assert row.tokens_per_s == pytest.approx((row.shown_tokens - 1) / got.span_s)
 
 
 def grammar_rounds(session: Session, grammar: LlamaGrammar) -> tuple[list[RoundEnd], Finished]:

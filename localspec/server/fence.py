@@ -1,0 +1,64 @@
+"""A chat's JSON answer (`response_format`) may come in a ```json fence, as
+llama-server's grammar lets it (its chat parser): Qwen's models write one when asked for
+JSON, and held to a bare value from the first token they write worse. On the json
+bench's six schemas the 1.5B Q4_K_M target's greedy answers to two ran on to the token
+limit bare, and all six finished fenced. The client gets the JSON alone (`Unfence`); the
+fence's tokens count in `usage` and `logprobs`, as they were decoded."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+OPEN = "```json"
+ROOT = "json-fenced-answer"  # the wrapped grammar's root: the schema's own stays `root`
+RULES = f"""
+{ROOT} ::= "{OPEN}" json-fence-space root json-fence-space "```" | root
+json-fence-space ::= [ \\t\\n]{{0,4}}
+"""
+# what may still turn out to be the closing fence: spaces, then up to three backticks
+CLOSING = re.compile(r"[ \t\n]*`{0,3}\Z")
+
+
+def fenced(gbnf: str) -> str:
+    """`gbnf` (whose root is `root`) with ROOT: its answer bare, or in a fence."""
+    return gbnf + RULES
+
+
+@dataclass
+class Unfence:
+    """The answer's text as the client gets it: without the fence and the spaces inside
+    it. Text that may be the fence is held back until the next piece tells (a backtick
+    in a JSON string goes out with what follows it)."""
+
+    state: Literal["start", "open", "fenced", "bare"] = "start"
+    held: str = ""
+
+    def push(self, text: str) -> str:
+        held, self.held = self.held + text, ""
+        if self.state == "start":
+            if len(held) < len(OPEN) and OPEN.startswith(held):
+                self.held = held
+                return ""
+            if not held.startswith(OPEN):
+                self.state = "bare"
+                return held
+            self.state, held = "open", held[len(OPEN) :]
+        if self.state == "open":
+            held = held.lstrip(" \t\n")
+            if not held:
+                return ""
+            self.state = "fenced"
+        if self.state == "fenced":
+            end = CLOSING.search(held)
+            cut = end.start() if end else len(held)
+            self.held = held[cut:]
+            return held[:cut]
+        return held
+
+    def flush(self) -> str:
+        """The answer's end: a fenced answer's held text is its closing fence (or, cut
+        short, spaces and backticks no JSON value ends with)."""
+        held, self.held = self.held, ""
+        return held if self.state in ("start", "bare") else ""
