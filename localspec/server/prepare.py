@@ -39,6 +39,7 @@ from localspec.server.chat import (
 )
 from localspec.server.errors import ApiError
 from localspec.server.fence import ROOT as FENCED_ROOT
+from localspec.server.fence import STYLE as FENCED_STYLE
 from localspec.server.fence import fenced
 from localspec.server.infill import (
     InfillLines,
@@ -397,7 +398,7 @@ def request_grammar(body: GenerationBody, session: Session) -> Grammar | None:
         raise ApiError(400, "structured output needs a llama.cpp model", param)
     root = "root"
     if kind != "text" and isinstance(body, ChatRequest):  # a chat's JSON: fenced, or not
-        text, root = fenced(text), FENCED_ROOT
+        text, root, style = fenced(text), FENCED_ROOT, FENCED_STYLE
     try:
         return LlamaGrammar(session.target, text, root, style=style)
     except GrammarError as e:

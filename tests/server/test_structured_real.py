@@ -23,7 +23,7 @@ from localspec.decoding.events import Finished, Piece, RoundEnd
 from localspec.decoding.sampling import SamplingParams
 from localspec.server.app import ServerOptions, create_app
 from localspec.server.fence import ROOT as FENCED
-from localspec.server.fence import Unfence, fenced
+from localspec.server.fence import STYLE, Unfence, fenced
 from localspec.session import Session, SessionConfig, open_session
 
 pytestmark = pytest.mark.real
@@ -125,6 +125,12 @@ def test_a_chats_json_may_come_fenced_and_the_client_gets_the_json_alone(
     assert goes_through(grammar, session.target, f"```json\n{person}\n```")
     assert not goes_through(grammar, session.target, f"```json\n{person}")
     assert not goes_through(grammar, session.target, f"```\n{person}\n```")
+    # the grammar's guesses at the spaces it leaves open, before the answer shows its own
+    # way: the fence's, over lines (the first token the model writes after it is "{\n")
+    state = LlamaGrammar(session.target, grammar.gbnf.decode(), FENCED, STYLE).start()
+    for token in session.target.tokenize("```json", special=False):
+        state.accept(token)
+    assert state.forced_text(16).startswith(b'\n{\n  "name": '), state.forced_text(16)
     asked = {
         "model": "coder",
         "messages": [{"role": "user", "content": ASK}],
