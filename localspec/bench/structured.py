@@ -21,6 +21,7 @@ their usage puts 5-12% more tokens into the same span of streamed text.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 import zlib
@@ -380,15 +381,26 @@ def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
             ask, schema = CASES[row.case]
             prompt = session.tokenize_raw(session.prompt_text([{"role": "user", "content": ask}]))
             grammar = LlamaGrammar(model, fenced(schema_grammar(schema)), ROOT)  # a chat's
-            row.audit += judge(model, prompt, a, b, grammar.start())
+            row.audit += theirs(row.mode, judge(model, prompt, a, b, grammar.start()))
     finally:
         session.close()
 
 
+def theirs(mode: str, verdict: str) -> str:
+    """Another server's answer that leaves the target's clear choice, which our grammar
+    allows, for another token: its grammar refuses that choice (llama-server's allows no
+    space between a number and its comma, where this target writes a new line)."""
+    found = re.fullmatch(r"DEFECT: (token \d+, (.+) against .+)", verdict)
+    if mode.startswith("localspec") or found is None:
+        return verdict
+    return f"another grammar: {found[1]}: its grammar refuses the target's choice, {found[2]}"
+
+
 DIFFERENCES = (
     "Differences from localspec-plain's answer (each asked again for its tokens; the first "
-    "token where the two part, judged on the target: a token the schema's grammar refuses "
-    f"is another grammar; {JUDGED}):"
+    "token where the two part, judged on the target: a token the schema's grammar refuses, "
+    "or another server's token where the target's clear choice is one ours allows, is "
+    f"another grammar; {JUDGED}):"
 )
 
 

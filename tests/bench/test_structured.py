@@ -137,6 +137,7 @@ def test_a_difference_from_plain_decoding_is_scored_by_the_target(real_paths, re
         row(mode="llama-server", text="s", agrees=False, token_ids=rust[:9]),
         row(mode="llama-server-md", text="x", agrees=False, token_ids=[]),
         row(mode="llama-server-ngram-mod", text="f", agrees=False, token_ids=spaced),
+        row(mode="llama-server-md", text="y", agrees=False, token_ids=python),
     ]
     setup = PairSetup(real_paths[0], None, None, 2, 2048, None)
     audit_agreement(JsonReport({}, rows), setup)
@@ -146,6 +147,9 @@ def test_a_difference_from_plain_decoding_is_scored_by_the_target(real_paths, re
     assert rows[2].audit == f"the same tokens, stopped elsewhere ({len(rust)} vs 9)"
     assert rows[3].audit.startswith("not audited")
     assert rows[4].audit.startswith("another grammar: token 0, "), rows[4].audit
+    # another server leaving the target's clear choice: its grammar, not a defect of ours
+    assert rows[5].audit.startswith(f"another grammar: token {at}, "), rows[5].audit
+    assert "its grammar refuses the target's choice, " in rows[5].audit
     md = to_markdown(JsonReport({}, rows))
     assert f"- classify localspec-auto: DEFECT: token {at}" in md
 
