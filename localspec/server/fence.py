@@ -19,7 +19,7 @@ json-fence-space ::= [ \\t\\n]{{0,4}}
 """
 # how a chat's JSON is written where the answer has not shown its own way yet (the
 # grammar's guesses at the spaces it leaves open: `LlamaGrammar`'s style): in a fence,
-# over lines, indented by two, as Qwen's and Llama's models write it
+# over lines, indented by two, as Qwen's models write it
 STYLE = b'```json\n{\n  "key": "value",\n  "list": [\n    1\n  ]\n}\n```'
 # what may still turn out to be the closing fence: spaces, then up to three backticks
 CLOSING = re.compile(r"[ \t\n]*`{0,3}\Z")
