@@ -124,7 +124,25 @@ def schema_grammar(schema: Any) -> str:
         gbnf = json_schema_to_gbnf(json.dumps(plain))
     except Exception as e:  # the converter raises bare Exceptions and ValueErrors
         raise GrammarError(f"the JSON schema cannot be turned into a grammar: {e}") from None
-    return gbnf.replace(PORT_CHAR, CPP_CHAR).replace(PORT_SPACE, CPP_SPACE)
+    return spaced_as_cpp(gbnf.replace(PORT_CHAR, CPP_CHAR).replace(PORT_SPACE, CPP_SPACE))
+
+
+CLOSER = re.compile(r'(\S+)(\s+)("[}\]]")')  # what comes before a closing brace or bracket
+
+
+def spaced_as_cpp(gbnf: str) -> str:
+    """The port's spaces where the C++ converter puts them: after `{`, `[`, `:` and `,`
+    and before `}` and `]`, never after a value (the port's `space` after every value let
+    a model write `100` and its comma on the next line, where llama-server's grammar goes
+    on with the number)."""
+    lines = []
+    for line in gbnf.splitlines():
+        name, sep, body = line.partition(" ::= ")
+        if sep and name != "space":
+            body = re.sub(r" space$", "", body)
+            body = CLOSER.sub(lambda m: m[0] if m[1] == "space" else f"{m[1]} space {m[3]}", body)
+        lines.append(name + sep + body)
+    return "\n".join(lines) + "\n"
 
 
 def json_object_grammar() -> str:

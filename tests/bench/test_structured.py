@@ -72,6 +72,27 @@ def test_strings_refuse_control_characters_as_llama_cpps_converter_does():
     assert r'char ::= [^"\\\x7F\x00-\x1F] |' in gbnf
 
 
+def test_spaces_stand_where_llama_servers_converter_puts_them():
+    """After `{`, `[`, `:` and `,` and before `}` and `]`, never after a value (the C++
+    converter's; the Python port put one after every value, so before a comma)."""
+    from localspec.backends.llama_grammar import schema_grammar
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {"type": "number"},
+            "s": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["n", "s"],
+    }
+    rules = dict(line.split(" ::= ", 1) for line in schema_grammar(schema).splitlines())
+    assert not rules["number"].endswith("space") and rules["string"] == '"\\"" char* "\\""'
+    assert rules["root"] == '"{" space n-kv "," space s-kv space "}"'
+    assert rules["s"].startswith('"[" space ') and rules["s"].endswith(' space "]"')
+    empty = schema_grammar({"type": "object", "properties": {}})
+    assert 'root ::= "{" space  "}"' in empty  # one space between, as before
+
+
 def test_parts_of_an_answer_may_stand_on_lines_of_their_own_as_in_llama_server():
     from localspec.backends.llama_grammar import schema_grammar
 

@@ -125,6 +125,9 @@ def test_a_chats_json_may_come_fenced_and_the_client_gets_the_json_alone(
     assert goes_through(grammar, session.target, f"```json\n{person}\n```")
     assert not goes_through(grammar, session.target, f"```json\n{person}")
     assert not goes_through(grammar, session.target, f"```\n{person}\n```")
+    # spaces where llama-server's converter puts them: not between a value and its comma
+    assert goes_through(grammar, session.target, person.replace("[", "[\n  ").replace("]", "\n]"))
+    assert not goes_through(grammar, session.target, person.replace('"Ada",', '"Ada"\n  ,'))
     # the grammar's guesses at the spaces it leaves open, before the answer shows its own
     # way: the fence's, over lines (the first token the model writes after it is "{\n")
     state = LlamaGrammar(session.target, grammar.gbnf.decode(), FENCED, STYLE).start()
