@@ -16,12 +16,12 @@ import statistics
 import time
 
 from localspec.backends.llama import LlamaModel, LoadOptions
-from localspec.backends.llama_grammar import LlamaGrammar, schema_grammar
+from localspec.backends.llama_grammar import schema_grammar
 from localspec.bench.structured import CASES
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.events import Finished
 from localspec.decoding.sampling import SamplingParams
-from localspec.server.fence import ROOT, STYLE, fenced
+from localspec.server.fence import chat_grammar
 from localspec.session import SessionConfig, open_session
 
 
@@ -44,7 +44,7 @@ def main() -> None:
     assert isinstance(target, LlamaModel)
     rates = []
     for name, (prompt, schema) in CASES.items():
-        grammar = LlamaGrammar(target, fenced(schema_grammar(schema)), ROOT, style=STYLE)
+        grammar = chat_grammar(target, schema_grammar(schema))
         gen = GenerationConfig(max_tokens=args.max_tokens, sampling=params, grammar=grammar)
         first, tokens = None, 0
         for event in session.chat([{"role": "user", "content": prompt}], gen):

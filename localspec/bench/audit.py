@@ -170,6 +170,7 @@ def judge(
     a: list[int],
     b: list[int],
     state: GrammarState | None = None,
+    other_grammar: bool = False,
 ) -> str:
     """Why a server's answer `b` leaves plain decoding's `a` at their first different
     token i, where only the tokens are known (not the other run's passes, as `audit` has
@@ -177,6 +178,8 @@ def judge(
     - the same tokens, stopped elsewhere: one is the other's beginning;
     - another grammar: the grammar refuses b[i] after a[:i] (`state`: its start,
       advanced here; another server's grammar may allow what localspec's does not);
+      with `other_grammar` (`b` is another server's, under its own grammar), also where
+      the target's clear choice a[i] is one `state` allows: that grammar refuses it;
     - a near-tie: plain decoding's own passes, replayed (the prompt in one pass, then
       one token a pass), put b[i] within NEAR_TIE of a[i];
     - numerics: not close in those passes, but one pass over the same tokens (a shape a
@@ -222,7 +225,10 @@ def judge(
             f"numerics: token {i}: plain decoding's passes pick {name(a[i])} ({name(b[i])} "
             f"{gap:.1f} behind), one pass over the same tokens picks {name(b[i])}"
         )
-    return f"DEFECT: token {i}, {name(a[i])} against {name(b[i])}, logit gap {gap:.3f}"
+    verdict = f"token {i}, {name(a[i])} against {name(b[i])}, logit gap {gap:.3f}"
+    if other_grammar and state is not None:
+        return f"another grammar: {verdict}: its grammar refuses the target's choice, {name(a[i])}"
+    return f"DEFECT: {verdict}"
 
 
 def took(model: Model, token: int | None, argmax: int) -> bool:

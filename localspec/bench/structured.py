@@ -21,7 +21,6 @@ their usage puts 5-12% more tokens into the same span of streamed text.
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import time
 import zlib
@@ -357,9 +356,9 @@ def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
     they part (audit.judge, under the grammar a chat's schema makes), on the target loaded
     afresh."""
     from localspec.backends.llama import LlamaModel, LoadOptions
-    from localspec.backends.llama_grammar import LlamaGrammar, schema_grammar
+    from localspec.backends.llama_grammar import schema_grammar
     from localspec.bench.audit import judge
-    from localspec.server.fence import ROOT, fenced
+    from localspec.server.fence import chat_grammar
     from localspec.session import SessionConfig, open_session
 
     plain = {r.case: r for r in report.rows if r.mode == "localspec-plain"}
@@ -380,20 +379,11 @@ def audit_agreement(report: JsonReport, setup: PairSetup) -> None:
                 continue
             ask, schema = CASES[row.case]
             prompt = session.tokenize_raw(session.prompt_text([{"role": "user", "content": ask}]))
-            grammar = LlamaGrammar(model, fenced(schema_grammar(schema)), ROOT)  # a chat's
-            row.audit += theirs(row.mode, judge(model, prompt, a, b, grammar.start()))
+            state = chat_grammar(model, schema_grammar(schema)).start()
+            other = not row.mode.startswith("localspec")
+            row.audit += judge(model, prompt, a, b, state, other_grammar=other)
     finally:
         session.close()
-
-
-def theirs(mode: str, verdict: str) -> str:
-    """Another server's answer that leaves the target's clear choice, which our grammar
-    allows, for another token: its grammar refuses that choice (llama-server's allows no
-    space between a number and its comma, where this target writes a new line)."""
-    found = re.fullmatch(r"DEFECT: (token \d+, (.+) against .+)", verdict)
-    if mode.startswith("localspec") or found is None:
-        return verdict
-    return f"another grammar: {found[1]}: its grammar refuses the target's choice, {found[2]}"
 
 
 DIFFERENCES = (

@@ -11,6 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from localspec.backends.llama import LlamaModel
+from localspec.backends.llama_grammar import LlamaGrammar
+
 OPEN = "```json"
 ROOT = "json-fenced-answer"  # the wrapped grammar's root: the schema's own stays `root`
 RULES = f"""
@@ -28,6 +31,12 @@ CLOSING = re.compile(r"[ \t\n]*`{0,3}\Z")
 def fenced(gbnf: str) -> str:
     """`gbnf` (whose root is `root`) with ROOT: its answer bare, or in a fence."""
     return gbnf + RULES
+
+
+def chat_grammar(model: LlamaModel, gbnf: str) -> LlamaGrammar:
+    """The grammar a chat's JSON answer follows (served, audited, measured alike): `gbnf`
+    bare or fenced, its open spaces guessed in the fence's layout (STYLE)."""
+    return LlamaGrammar(model, fenced(gbnf), ROOT, style=STYLE)
 
 
 @dataclass

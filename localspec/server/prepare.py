@@ -38,9 +38,7 @@ from localspec.server.chat import (
     tool_grammar,
 )
 from localspec.server.errors import ApiError
-from localspec.server.fence import ROOT as FENCED_ROOT
-from localspec.server.fence import STYLE as FENCED_STYLE
-from localspec.server.fence import fenced
+from localspec.server.fence import chat_grammar
 from localspec.server.infill import (
     InfillLines,
     InfillPrompt,
@@ -396,10 +394,9 @@ def request_grammar(body: GenerationBody, session: Session) -> Grammar | None:
         return None
     if not isinstance(session.target, LlamaModel):
         raise ApiError(400, "structured output needs a llama.cpp model", param)
-    root = "root"
-    if kind != "text" and isinstance(body, ChatRequest):  # a chat's JSON: fenced, or not
-        text, root, style = fenced(text), FENCED_ROOT, FENCED_STYLE
     try:
-        return LlamaGrammar(session.target, text, root, style=style)
+        if kind != "text" and isinstance(body, ChatRequest):  # a chat's JSON: fenced, or not
+            return chat_grammar(session.target, text)
+        return LlamaGrammar(session.target, text, style=style)
     except GrammarError as e:
         raise ApiError(400, str(e), param) from None

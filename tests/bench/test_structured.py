@@ -90,7 +90,7 @@ def test_spaces_stand_where_llama_servers_converter_puts_them():
     assert rules["root"] == '"{" space n-kv "," space s-kv space "}"'
     assert rules["s"].startswith('"[" space ') and rules["s"].endswith(' space "]"')
     empty = schema_grammar({"type": "object", "properties": {}})
-    assert 'root ::= "{" space  "}"' in empty  # one space between, as before
+    assert 'root ::= "{" space  "}"' in empty  # one `space` between, not two
 
 
 def test_parts_of_an_answer_may_stand_on_lines_of_their_own_as_in_llama_server():

@@ -22,8 +22,7 @@ from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished, Piece, RoundEnd
 from localspec.decoding.sampling import SamplingParams
 from localspec.server.app import ServerOptions, create_app
-from localspec.server.fence import ROOT as FENCED
-from localspec.server.fence import STYLE, Unfence, fenced
+from localspec.server.fence import Unfence, chat_grammar
 from localspec.session import Session, SessionConfig, open_session
 
 pytestmark = pytest.mark.real
@@ -98,7 +97,7 @@ def test_a_json_schema_answer_validates_and_equals_constrained_plain_decoding(
     ids = [e.model_extra["id"] for e in reply.choices[0].logprobs.content]  # type: ignore[union-attr]
     # the same prompt, decoded plainly under the same grammar: the model opens a fence
     prompt = session.tokenize_raw(session.prompt_text([{"role": "user", "content": ASK}], None))
-    grammar = LlamaGrammar(session.target, fenced(schema_grammar(PERSON)), FENCED)
+    grammar = chat_grammar(session.target, schema_grammar(PERSON))
     config = GenerationConfig(80, SamplingParams(temperature=0), trace=True, grammar=grammar)
     events = list(Engine(session.target, NoDrafter(), 0).generate(prompt, config))
     plain = events[-1]
@@ -119,7 +118,7 @@ def test_a_chats_json_may_come_fenced_and_the_client_gets_the_json_alone(
 ):
     """As llama-server's grammar for a chat: the answer bare or in a ```json fence (which
     this model writes when it may), the fence never shown, streamed or not."""
-    grammar = LlamaGrammar(session.target, fenced(schema_grammar(PERSON)), FENCED)
+    grammar = chat_grammar(session.target, schema_grammar(PERSON))
     person = '{"name": "Ada", "age": 36, "languages": ["C"]}'
     assert goes_through(grammar, session.target, person)
     assert goes_through(grammar, session.target, f"```json\n{person}\n```")
@@ -130,7 +129,7 @@ def test_a_chats_json_may_come_fenced_and_the_client_gets_the_json_alone(
     assert not goes_through(grammar, session.target, person.replace('"Ada",', '"Ada"\n  ,'))
     # the grammar's guesses at the spaces it leaves open, before the answer shows its own
     # way: the fence's, over lines (the first token the model writes after it is "{\n")
-    state = LlamaGrammar(session.target, grammar.gbnf.decode(), FENCED, STYLE).start()
+    state = grammar.start()
     for token in session.target.tokenize("```json", special=False):
         state.accept(token)
     assert state.forced_text(16).startswith(b'\n{\n  "name": '), state.forced_text(16)
