@@ -33,6 +33,44 @@ def held_prefix(text: str, mark: str = CALL_OPEN) -> int:
     return 0
 
 
+# a chat grammar's rules for the reasoning before the answer (`Thinking.first`)
+FIRST, THOUGHT, SPACES = "thought-first", "thought-text", "thought-spaces"
+# gpt-oss's analysis message, which a grammar for its answer lets come first
+HARMONY_ANALYSIS = '("<|channel|>analysis<|message|>" harmony-thought "<|end|><|start|>assistant")?'
+HARMONY_THOUGHT = 'harmony-thought ::= ([^<] | "<" [^|])*'
+
+
+def excluding(name: str, mark: str) -> list[str]:
+    """GBNF rules: `name` matches any text that does not hold `mark` (llama.cpp's chat
+    parser's `until`, written as its grammar writes it: the automaton that reads the
+    text for `mark`, a rule for each state, named by how much of `mark` the text ends
+    with; the character that would complete `mark` has no way on)."""
+
+    def state(k: int) -> str:
+        return name if k == 0 else f"{name}-{k}"
+
+    def after(k: int, char: str) -> int:  # how much of `mark` ends `mark[:k] + char`
+        text = mark[:k] + char
+        ends = (n for n in range(min(len(text), len(mark)), 0, -1) if text.endswith(mark[:n]))
+        return next(ends, 0)
+
+    rules = []
+    for k in range(len(mark)):
+        ways, named = [""], []
+        for char in sorted(set(mark)):
+            if (d := after(k, char)) == 0:
+                continue
+            named.append(char)
+            if d < len(mark):
+                ways.append(f"{json.dumps(char)} {state(d)}")
+        ways.append(f"[^{''.join(CLASS_ESCAPES.get(c, c) for c in named)}] {state(0)}")
+        rules.append(f"{state(k)} ::= {' | '.join(ways).lstrip()}")
+    return rules
+
+
+CLASS_ESCAPES = {c: "\\" + c for c in "\\]^-["}
+
+
 class Split(Protocol):
     """Feed the answer's text as it streams; get (reasoning, content) back. `state` is
     "think" while the text is reasoning (its tokens count as reasoning tokens)."""
@@ -55,6 +93,21 @@ class Thinking:
         if self.marks == HARMONY:
             return HarmonySplit()
         return ThinkSplit(self.marks, "think" if self.opened else "start")
+
+    def first(self, gbnf: str, root: str) -> tuple[str, str]:
+        """`gbnf` (from `root`) as the answer after the reasoning the model may write
+        first, and its root: a grammar for a chat lets a thinking model think, as
+        llama-server's does (its chat parser's reasoning rule): a block between the
+        marks, or the rest of the one the prompt opened, then a few spaces. gpt-oss's
+        answer is its final message, after any analysis (a call's grammar is already a
+        whole Harmony answer: localspec.server.calls)."""
+        if self.marks == HARMONY:
+            head = f'{HARMONY_ANALYSIS} "<|channel|>final" (" <|constrain|>json")? "<|message|>"'
+            return "\n".join([gbnf, f"{FIRST} ::= {head} {root}", HARMONY_THOUGHT]), FIRST
+        start, end = (json.dumps(m) for m in self.marks)
+        block = f"{THOUGHT} {end}" if self.opened else f"({SPACES} {start} {THOUGHT} {end})?"
+        rules = [f"{FIRST} ::= {block} {SPACES} {root}", f"{SPACES} ::= [ \\t\\n]{{0,4}}"]
+        return "\n".join([gbnf, *rules, *excluding(THOUGHT, self.marks[1])]), FIRST
 
 
 def opens_thinking(template: str | None, prompt_text: str) -> Thinking | None:

@@ -29,7 +29,7 @@ from localspec.server.chat import (
     loads_or_text,
 )
 from localspec.server.schemas import Tool
-from localspec.thinking import CONTROL_MARKS, held_prefix
+from localspec.thinking import CONTROL_MARKS, HARMONY_ANALYSIS, HARMONY_THOUGHT, held_prefix
 
 GEMMA_CLOSE, QUOTE = "<tool_call|>", '<|"|>'  # a call's end; a string's both ends
 # control tokens a format's parser reads, shown in the text where the template has them
@@ -551,15 +551,9 @@ def harmony_call_grammar(tools: list[Tool]) -> str:
         bodies.append(prefixed(schema_grammar(schema), f"harmony-{i}-"))
         head = json.dumps(f"{tool.function.name} <|constrain|>json<|message|>")
         calls.append(f"{head} harmony-{i}-root")
-    return "\n".join(
-        [
-            'root ::= ("<|channel|>analysis<|message|>" harmony-thought'
-            ' "<|end|><|start|>assistant")? "<|channel|>commentary to=functions."'
-            f" ({' | '.join(calls)})",
-            'harmony-thought ::= ([^<] | "<" [^|])*',
-            *bodies,
-        ]
-    )
+    call = f'"<|channel|>commentary to=functions." ({" | ".join(calls)})'
+    root = f"root ::= {HARMONY_ANALYSIS} {call}"
+    return "\n".join([root, HARMONY_THOUGHT, *bodies])
 
 
 # a GBNF rule body's parts: a string literal, a character class, or a name

@@ -13,6 +13,7 @@ from typing import Literal
 
 from localspec.backends.llama import LlamaModel
 from localspec.backends.llama_grammar import LlamaGrammar
+from localspec.thinking import Thinking
 
 OPEN = "```json"
 ROOT = "json-fenced-answer"  # the wrapped grammar's root: the schema's own stays `root`
@@ -33,10 +34,14 @@ def fenced(gbnf: str) -> str:
     return gbnf + RULES
 
 
-def chat_grammar(model: LlamaModel, gbnf: str) -> LlamaGrammar:
+def chat_grammar(model: LlamaModel, gbnf: str, thinking: Thinking | None = None) -> LlamaGrammar:
     """The grammar a chat's JSON answer follows (served, audited, measured alike): `gbnf`
-    bare or fenced, its open spaces guessed in the fence's layout (STYLE)."""
-    return LlamaGrammar(model, fenced(gbnf), ROOT, style=STYLE)
+    bare or fenced, after the reasoning a thinking model may write first (`Thinking.first`),
+    its open spaces guessed in the fence's layout (STYLE)."""
+    text, root = fenced(gbnf), ROOT
+    if thinking is not None:
+        text, root = thinking.first(text, root)
+    return LlamaGrammar(model, text, root, style=STYLE)
 
 
 @dataclass

@@ -56,7 +56,7 @@ from localspec.server.schemas import (
     content_text,
 )
 from localspec.session import Session, TemplateKwargsError, shown_tokens, template_kwargs
-from localspec.thinking import Thinking, opens_thinking
+from localspec.thinking import HARMONY, Thinking, opens_thinking
 
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -172,10 +172,10 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
             "response_format, grammar or a forced tool call",
             "messages",
         )
-    config = generation_config(body, chat.tokens, session, None, "messages")
+    thinking = None if body.reasoning_format == "none" else opens_thinking(chat.template, chat.text)
+    config = generation_config(body, chat.tokens, session, None, "messages", thinking)
     markers = shown_markers(chat.template, chat.tools)
     config = replace(config, shown=shown_tokens(session.target, markers))
-    thinking = None if body.reasoning_format == "none" else opens_thinking(chat.template, chat.text)
     return Prepared(
         chat.tokens,
         config,
@@ -320,8 +320,10 @@ def generation_config(
     session: Session,
     default_tokens: int | None,
     prompt_param: str = "prompt",
+    thinking: Thinking | None = None,
 ) -> GenerationConfig:
-    """Sampling, stops and the token limit; a 400 where the prompt leaves no room."""
+    """Sampling, stops, the token limit and the grammar (after the reasoning of a model
+    that thinks the way `thinking` says); a 400 where the prompt leaves no room."""
     room = room_for(prompt, session, prompt_param)
     # beyond what fits, the answer stops where the context is full ("length"), as
     # llama-server's does: clients send their own model's limits (128k and more)
@@ -342,17 +344,21 @@ def generation_config(
         max_tokens=limit,
         sampling=sampling,
         stop=body.stops(),
-        grammar=request_grammar(body, session),
+        grammar=request_grammar(body, session, thinking),
         logprobs=body.logprob_count(),
     )
 
 
-def request_grammar(body: GenerationBody, session: Session) -> Grammar | None:
+def request_grammar(
+    body: GenerationBody, session: Session, thinking: Thinking | None = None
+) -> Grammar | None:
     """What the answer must follow: `response_format` (json_object, json_schema) or
-    llama-server's `grammar` (GBNF), compiled for the target; a 400 naming what is wrong."""
+    llama-server's `grammar` (GBNF), compiled for the target; a 400 naming what is wrong.
+    A chat's JSON and forced calls come after the reasoning of a model that thinks
+    (`Thinking.first`); llama-server's `grammar` holds from the first token, as there."""
     fmt = getattr(body, "response_format", None) or {}
     kind = fmt.get("type", "text")
-    text, param, style = body.grammar, "grammar", b""
+    text, param, style, root = body.grammar, "grammar", b"", "root"
     forced = forced_tools(body) if isinstance(body, ChatRequest) else None
     if forced:  # tool_choice "required" or a named function: a call in the model's format
         if text is not None or kind != "text":
@@ -364,6 +370,8 @@ def request_grammar(body: GenerationBody, session: Session) -> Grammar | None:
         except GrammarError as e:
             raise ApiError(400, f"a tool's parameters: {e}", "tools") from None
         param, style = "tools", CALL_STYLE
+        if thinking is not None and thinking.marks != HARMONY:  # Harmony's holds its own
+            text, root = thinking.first(text, root)
     if kind not in ("text", "json_object", "json_schema"):
         raise ApiError(
             400,
@@ -396,7 +404,7 @@ def request_grammar(body: GenerationBody, session: Session) -> Grammar | None:
         raise ApiError(400, "structured output needs a llama.cpp model", param)
     try:
         if kind != "text" and isinstance(body, ChatRequest):  # a chat's JSON: fenced, or not
-            return chat_grammar(session.target, text)
-        return LlamaGrammar(session.target, text, style=style)
+            return chat_grammar(session.target, text, thinking)
+        return LlamaGrammar(session.target, text, root, style=style)
     except GrammarError as e:
         raise ApiError(400, str(e), param) from None

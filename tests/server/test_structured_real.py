@@ -24,6 +24,7 @@ from localspec.decoding.sampling import SamplingParams
 from localspec.server.app import ServerOptions, create_app
 from localspec.server.fence import Unfence, chat_grammar
 from localspec.session import Session, SessionConfig, open_session
+from localspec.thinking import GEMMA, HARMONY, THINK, Thinking, excluding
 
 pytestmark = pytest.mark.real
 
@@ -145,6 +146,52 @@ def test_a_chats_json_may_come_fenced_and_the_client_gets_the_json_alone(
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == whole and whole.startswith("{") and "`" not in whole, (streamed, whole)
     jsonschema.validate(json.loads(whole), PERSON)
+
+
+def test_a_thinking_model_may_think_before_its_json(session: Session):
+    """As llama-server's grammar for a chat lets it: a block of reasoning in the model's
+    own marks (or the rest of the one the prompt opened), then the JSON, bare or fenced;
+    gpt-oss's analysis message, then its final one. On the real vocabulary."""
+    person = '{"name": "Ada", "age": 36, "languages": ["C"]}'
+    gbnf = schema_grammar(PERSON)
+    qwen3 = chat_grammar(session.target, gbnf, Thinking(THINK))
+    for text in (
+        person,
+        f"<think>\nA <b>name</b> </thin k>, an age.\n</think>\n\n```json\n{person}\n```",
+        f"\n<think></think>{person}",
+    ):
+        assert goes_through(qwen3, session.target, text), text
+    for text in (
+        f"<think>\nA name. {person}",  # never closed: still thinking
+        f"<think>\nA name.\n</think>\nSure! {person}",
+        f"<think>\nA name.\n</think>\n</think>{person}",
+        f"A name.\n</think>\n{person}",  # closes a block the prompt did not open
+    ):
+        assert not goes_through(qwen3, session.target, text), text
+    opened = chat_grammar(session.target, gbnf, Thinking(THINK, opened=True))
+    assert goes_through(opened, session.target, f"A name.\n</think>\n\n{person}")
+    assert not goes_through(opened, session.target, person)
+    gemma = chat_grammar(session.target, gbnf, Thinking(GEMMA))
+    assert goes_through(gemma, session.target, f"<|channel>thought\nHm.<channel|>{person}")
+    harmony = chat_grammar(session.target, gbnf, Thinking(HARMONY))
+    final = f"<|channel|>final <|constrain|>json<|message|>{person}"
+    for text in (final, f"<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant{final}"):
+        assert goes_through(harmony, session.target, text), text
+    assert not goes_through(harmony, session.target, person)  # not a Harmony message
+
+
+def test_a_thought_holds_any_text_but_its_end_mark(session: Session):
+    """`excluding`'s rules, through llama.cpp's grammar on the real vocabulary: any text
+    made of the mark's pieces goes through unless it holds the mark."""
+    rng = np.random.default_rng(0)
+    pieces = ["<", "/", "t", "k", ">", "</", "</th", "ink", "</think", "</thin", "k>", "<<", " x"]
+    grammar = LlamaGrammar(session.target, "\n".join(["root ::= t", *excluding("t", "</think>")]))
+    held = 0
+    for _ in range(300):
+        text = "".join(rng.choice(pieces, size=rng.integers(1, 9)))
+        held += "</think>" in text
+        assert goes_through(grammar, session.target, text) == ("</think>" not in text), text
+    assert held > 10
 
 
 def test_the_bench_counts_the_tokens_a_client_saw(session: Session, http: TestClient):
