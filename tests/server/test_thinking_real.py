@@ -14,6 +14,7 @@ import openai
 import pytest
 from decoding.test_real_engine import assert_lossless
 from fastapi.testclient import TestClient
+from server.test_structured_real import PERSON
 
 from localspec.backends.llama import LoadOptions
 from localspec.backends.llama_grammar import schema_grammar
@@ -28,16 +29,6 @@ from localspec.thinking import THINK, Thinking
 
 pytestmark = pytest.mark.real
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer"},
-        "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
-    },
-    "required": ["name", "age", "languages"],
-    "additionalProperties": False,
-}
 MESSAGES = [
     {"role": "system", "content": "Think it over briefly between <think> and </think>."},
     {"role": "user", "content": "Make up a programmer: their name, age and languages."},
