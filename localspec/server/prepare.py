@@ -204,8 +204,9 @@ def prepare_completion(
         limit, n_ctx = body.token_limit() or COMPLETION_DEFAULT_TOKENS, session.target.n_ctx
         # the cursor's line opens the middle (infill.py), but a grammar of the request's
         # rules the middle from its start: then all of the prompt is prefix, as sent
-        line = given.rfind("\n") + 1 if body.grammar is None else len(given)
-        at = placed(anchors if body.grammar is None else None, (), given[:line], body.suffix)
+        ruled = body.grammar is not None
+        line = len(given) if ruled else given.rfind("\n") + 1
+        at = placed(None if ruled else anchors, (), given[:line], body.suffix)
         built = infill_prompt(
             session.target, at.prefix, body.suffix, [], given[line:], limit, n_ctx, at.written
         )
