@@ -163,7 +163,7 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
     if body.prediction is not None:
         predicted = content_text(body.prediction.content)
         prediction = session.target.tokenize(predicted, special=False) or None
-    formatted = (body.response_format or {}).get("type", "text") != "text"
+    formatted = asked_json(body)[0] != "text"
     if chat.prefilled and (formatted or body.grammar is not None or forced_tools(body)):
         # the grammar would hold the continuation to a whole answer of its own
         raise ApiError(
@@ -350,6 +350,40 @@ def generation_config(
     )
 
 
+def asked_json(body: GenerationBody) -> tuple[str, Any, str]:
+    """The JSON a request asks for: "text" (none asked), "json_object" (any object) or
+    "json_schema" and its schema, and the parameter that asks (named in a 400). OpenAI's
+    `response_format`, and llama-server's shapes of it: a `schema` beside the type
+    (json_object's or json_schema's, as its README writes them), or `json_schema` on a
+    chat's body; two of them that ask at once get a 400."""
+    fmt = getattr(body, "response_format", None) or {}
+    kind = fmt.get("type", "text")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise ApiError(
+            400,
+            f"response_format {kind!r}: use text, json_object or json_schema",
+            "response_format.type",
+        )
+    wrapped = fmt.get("json_schema") if kind == "json_schema" else None
+    if isinstance(wrapped, dict) and "schema" in wrapped:
+        asked = (kind, wrapped["schema"], body.SCHEMA_PARAM)
+    elif "schema" in fmt and kind != "text":
+        asked = ("json_schema", fmt["schema"], "response_format.schema")
+    elif kind == "json_schema":
+        raise ApiError(400, f"{body.SCHEMA_PARAM} must be a JSON schema object", body.SCHEMA_PARAM)
+    else:
+        asked = (kind, None, "response_format")
+    # (/completion's own json_schema is its response_format already)
+    own = body.json_schema if isinstance(body, ChatRequest) else None
+    if own is None:
+        return asked
+    if kind != "text":
+        raise ApiError(
+            400, "response_format and json_schema name two schemas; send one", "json_schema"
+        )
+    return "json_schema", own, "json_schema"
+
+
 def request_grammar(
     body: GenerationBody, session: Session, thinking: Thinking | None = None
 ) -> Grammar | None:
@@ -357,8 +391,7 @@ def request_grammar(
     llama-server's `grammar` (GBNF), compiled for the target; a 400 naming what is wrong.
     A chat's JSON and forced calls come after the reasoning of a model that thinks
     (`Thinking.first`); llama-server's `grammar` holds from the first token, as there."""
-    fmt = getattr(body, "response_format", None) or {}
-    kind = fmt.get("type", "text")
+    kind, schema, asked = asked_json(body)
     text, param, style, root = body.grammar, "grammar", b"", "root"
     forced = forced_tools(body) if isinstance(body, ChatRequest) else None
     if forced:  # tool_choice "required" or a named function: a call in the model's format
@@ -373,28 +406,18 @@ def request_grammar(
         param, style = "tools", CALL_STYLE
         if thinking is not None and thinking.marks != HARMONY:  # Harmony's holds its own
             text, root = thinking.first(text, root)
-    if kind not in ("text", "json_object", "json_schema"):
-        raise ApiError(
-            400,
-            f"response_format {kind!r}: use text, json_object or json_schema",
-            "response_format.type",
-        )
     if kind != "text":
+        name = asked.split(".")[0]  # response_format, or json_schema
         if text is not None:
-            raise ApiError(
-                400, "response_format and grammar name two grammars; send one", "grammar"
-            )
+            raise ApiError(400, f"{name} and grammar name two grammars; send one", "grammar")
         if getattr(body, "tools", None):
-            raise ApiError(
-                400, "response_format with tools is not supported: send one", "response_format"
-            )
-        param = body.SCHEMA_PARAM
-        if kind == "json_object":
+            raise ApiError(400, f"{name} with tools is not supported: send one", name)
+        param = asked
+        if schema is None or schema == {}:  # llama-server's: an empty schema, any object
             text = json_object_grammar()
+        elif not isinstance(schema, dict):
+            raise ApiError(400, f"{param} must be a JSON schema object", param)
         else:
-            schema = (fmt.get("json_schema") or {}).get("schema")
-            if not isinstance(schema, dict):
-                raise ApiError(400, f"{param} must be a JSON schema object", param)
             try:
                 text = schema_grammar(schema)
             except GrammarError as e:

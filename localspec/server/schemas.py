@@ -327,6 +327,7 @@ class ChatRequest(GenerationBody):
     function_call: Literal["none", "auto"] | NamedFunction | None = None
     prediction: PredictionIn | None = None
     response_format: dict[str, Any] | None = None
+    json_schema: dict[str, Any] | None = None  # llama-server's: as response_format's
     # the chat template's own variables (llama-server's and vLLM's): Qwen3's
     # enable_thinking, gpt-oss's reasoning_effort (OpenAI's field sets that one too)
     chat_template_kwargs: dict[str, Any] | None = None

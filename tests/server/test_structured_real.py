@@ -284,6 +284,60 @@ def test_what_cannot_be_honoured_gets_a_400_that_names_it(client: openai.OpenAI)
     assert "yaml" in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("body", "asked"),
+    [
+        ({}, ("text", None, "response_format")),
+        ({"response_format": {"type": "json_object"}}, ("json_object", None, "response_format")),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": PERSON}}},
+            ("json_schema", PERSON, "response_format.json_schema.schema"),
+        ),
+        # llama-server's shapes (its README's): a schema beside the type, or on the body
+        (
+            {"response_format": {"type": "json_object", "schema": PERSON}},
+            ("json_schema", PERSON, "response_format.schema"),
+        ),
+        (
+            {"response_format": {"type": "json_schema", "schema": PERSON}},
+            ("json_schema", PERSON, "response_format.schema"),
+        ),
+        ({"json_schema": PERSON}, ("json_schema", PERSON, "json_schema")),
+        (
+            {"response_format": {"type": "text"}, "json_schema": {}},
+            ("json_schema", {}, "json_schema"),
+        ),
+    ],
+)
+def test_the_json_a_request_asks_for_in_openais_shape_or_llama_servers(body, asked):
+    from localspec.server.prepare import asked_json
+    from localspec.server.schemas import ChatRequest
+
+    request = ChatRequest.model_validate({"messages": [{"role": "user", "content": "?"}]} | body)
+    assert asked_json(request) == asked
+
+
+def test_llama_servers_schema_on_a_chats_body_is_followed(client: openai.OpenAI):
+    """Once ignored (the answer free), now the schema holds; with response_format too: a
+    400 that names both."""
+    reply = client.chat.completions.create(
+        model="coder",
+        messages=[{"role": "user", "content": ASK}],
+        temperature=0,
+        max_tokens=80,
+        extra_body={"json_schema": PERSON},
+    )
+    jsonschema.validate(json.loads(reply.choices[0].message.content or ""), PERSON)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="coder",
+            messages=[{"role": "user", "content": ASK}],
+            response_format={"type": "json_object"},
+            extra_body={"json_schema": PERSON},
+        )
+    assert "response_format and json_schema" in str(e.value)
+
+
 def test_logprobs_come_from_the_verify_pass_and_match_a_plain_pass(
     session: Session, client: openai.OpenAI
 ):
