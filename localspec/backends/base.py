@@ -21,6 +21,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -291,6 +292,11 @@ class Model(ABC):
     @abstractmethod
     def token_text(self, token: int) -> str:
         """The vocabulary's own text for a token id (for compatibility checks)."""
+
+    @cached_property
+    def eog_ids(self) -> tuple[int, ...]:
+        """Every token that ends a generation (what llama-server's `ignore_eos` bans)."""
+        return tuple(t for t in range(self.n_vocab) if self.is_eog(t))
 
     @property
     def size_bytes(self) -> int:

@@ -66,6 +66,11 @@ class SamplingParams:
             raise ValueError("seed must be >= 0")
 
 
+# a logit bias no logit outweighs: a banned token (llama.cpp's -inf, kept finite for the
+# checks and the arithmetic above)
+BANNED = -1e30
+
+
 def penalize(logits: np.ndarray, params: SamplingParams, history: Sequence[int]) -> np.ndarray:
     """llama.cpp's first samplers: the logit bias, then the penalties over the last
     `repeat_last_n` tokens of the history (the prompt's too, as llama-server's): the

@@ -24,6 +24,7 @@ from localspec.backends.llama_grammar import (
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.grammar import Grammar
 from localspec.decoding.opening import Opening
+from localspec.decoding.sampling import BANNED
 from localspec.server.anchors import Anchors, Placed
 from localspec.server.calls import gemma_tool_responses, llama_builtins, shown_markers
 from localspec.server.chat import (
@@ -341,6 +342,9 @@ def generation_config(
         raise ApiError(
             400, f"logit_bias names a token beyond the vocabulary of {n_vocab}", "logit_bias"
         )
+    if body.ignore_eos:  # as llama-server's: every end-of-generation token banned
+        banned = tuple((token, BANNED) for token in session.target.eog_ids)
+        sampling = replace(sampling, logit_bias=sampling.logit_bias + banned)
     return GenerationConfig(
         max_tokens=limit,
         sampling=sampling,

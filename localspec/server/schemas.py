@@ -242,6 +242,7 @@ class GenerationBody(Body):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     logit_bias: dict[str, float] | None = None
     grammar: str | None = None  # llama-server's: a GBNF grammar the answer follows
+    ignore_eos: bool | None = None  # llama-server's: the answer runs to its token limit
     typical_p: float | None = None  # these: SAMPLERS_OFF
     dry_multiplier: float | None = None
     xtc_probability: float | None = None

@@ -419,6 +419,22 @@ def test_a_logit_bias_and_penalties_shape_the_answer(client: openai.OpenAI, serv
     assert first_token(logit_bias=banned, presence_penalty=1.0, frequency_penalty=0.5) != plain
 
 
+def test_ignore_eos_runs_the_answer_to_its_limit(client: openai.OpenAI):
+    """llama-server's `ignore_eos` (benchmarks send it for answers of equal length): the
+    end-of-generation tokens are banned, so a two-word answer runs on to max_tokens."""
+    ask = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Reply with the single word: yes"}],
+        "temperature": 0,
+        "max_tokens": 24,
+    }
+    short = client.chat.completions.create(**ask)  # type: ignore[call-overload]
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 8
+    long = client.chat.completions.create(**ask, extra_body={"ignore_eos": True})  # type: ignore[call-overload]
+    assert long.choices[0].finish_reason == "length" and long.usage.completion_tokens == 24
+    assert (long.choices[0].message.content or "").startswith(short.choices[0].message.content)
+
+
 def test_beyond_the_queue_a_429_with_retry_after(client: openai.OpenAI, server):
     story = [{"role": "user", "content": "Write a very long story about a lighthouse."}]
     busy = [
