@@ -38,6 +38,7 @@ FIRST, THOUGHT, SPACES = "thought-first", "thought-text", "thought-spaces"
 # gpt-oss's analysis message, which a grammar for its answer lets come first
 HARMONY_ANALYSIS = '("<|channel|>analysis<|message|>" harmony-thought "<|end|><|start|>assistant")?'
 HARMONY_THOUGHT = 'harmony-thought ::= ([^<] | "<" [^|])*'
+CLASS_ESCAPES = {c: "\\" + c for c in "\\]^-["}  # what a GBNF character class escapes
 
 
 def excluding(name: str, mark: str) -> list[str]:
@@ -66,9 +67,6 @@ def excluding(name: str, mark: str) -> list[str]:
         ways.append(f"[^{''.join(CLASS_ESCAPES.get(c, c) for c in named)}] {state(0)}")
         rules.append(f"{state(k)} ::= {' | '.join(ways).lstrip()}")
     return rules
-
-
-CLASS_ESCAPES = {c: "\\" + c for c in "\\]^-["}
 
 
 class Split(Protocol):
