@@ -92,6 +92,12 @@ class Thinking:
             return HarmonySplit()
         return ThinkSplit(self.marks, "think" if self.opened else "start")
 
+    @property
+    def answer_starts(self) -> str:
+        """The mark after which the answer starts: the block's end, or a Harmony
+        message's header's."""
+        return HARMONY[1] if self.marks == HARMONY else self.marks[1]
+
     def first(self, gbnf: str, root: str) -> tuple[str, str]:
         """`gbnf` (from `root`) as the answer after the reasoning the model may write
         first, and its root: a grammar for a chat lets a thinking model think, as

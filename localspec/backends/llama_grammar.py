@@ -154,12 +154,20 @@ class LlamaGrammar:
     """GBNF compiled for `model`'s vocabulary."""
 
     def __init__(
-        self, model: LlamaModel, gbnf: str, root: str = "root", style: bytes = b""
+        self,
+        model: LlamaModel,
+        gbnf: str,
+        root: str = "root",
+        style: bytes = b"",
+        fresh_after: bytes = b"",
     ) -> None:
         """`style`: text written as the answer will be, for `forced_text`'s guesses where
-        the answer has not shown its own yet (a tool call's, as its template writes it)."""
+        the answer has not shown its own yet (a tool call's, as its template writes it);
+        `fresh_after`: a mark after which the answer starts (a thinking model's reasoning
+        ends), its guesses from `style` again rather than from the reasoning's text."""
         self.model = model
         self.style = style[-TAIL:]
+        self.fresh_after = fresh_after
         self.gbnf, self.root = gbnf.encode(), root.encode()
         # llama.cpp's grammar reads a control token as its name, so `<|im_start|>` would
         # pass as eleven characters of a JSON string; but the client gets no text for
@@ -243,6 +251,9 @@ class LlamaGrammarState:
     def accept(self, token: int) -> None:
         ll.llama_sampler_accept(self._sampler, token)
         self.tail = (self.tail + self.grammar.model.token_bytes(token))[-TAIL:]
+        mark = self.grammar.fresh_after
+        if mark and (at := self.tail.rfind(mark)) >= 0:
+            self.tail = (self.grammar.style + self.tail[at + len(mark) :])[-TAIL:]
 
     def clone(self) -> LlamaGrammarState:
         sampler = ll.llama_sampler_clone(self._sampler)

@@ -38,10 +38,11 @@ def chat_grammar(model: LlamaModel, gbnf: str, thinking: Thinking | None = None)
     """The grammar a chat's JSON answer follows (served, audited, measured alike): `gbnf`
     bare or fenced, after the reasoning a thinking model may write first (`Thinking.first`),
     its open spaces guessed in the fence's layout (STYLE)."""
-    text, root = fenced(gbnf), ROOT
+    text, root, fresh = fenced(gbnf), ROOT, b""
     if thinking is not None:
         text, root = thinking.first(text, root)
-    return LlamaGrammar(model, text, root, style=STYLE)
+        fresh = thinking.answer_starts.encode()
+    return LlamaGrammar(model, text, root, style=STYLE, fresh_after=fresh)
 
 
 @dataclass

@@ -396,7 +396,7 @@ def request_grammar(
     A chat's JSON and forced calls come after the reasoning of a model that thinks
     (`Thinking.first`); llama-server's `grammar` holds from the first token, as there."""
     kind, schema, asked = asked_json(body)
-    text, param, style, root = body.grammar, "grammar", b"", "root"
+    text, param, style, root, fresh = body.grammar, "grammar", b"", "root", b""
     forced = forced_tools(body) if isinstance(body, ChatRequest) else None
     if forced:  # tool_choice "required" or a named function: a call in the model's format
         if text is not None or kind != "text":
@@ -410,6 +410,8 @@ def request_grammar(
         param, style = "tools", CALL_STYLE
         if thinking is not None and thinking.marks != HARMONY:  # Harmony's holds its own
             text, root = thinking.first(text, root)
+        if thinking is not None:
+            fresh = thinking.answer_starts.encode()
     if kind != "text":
         name = asked.split(".")[0]  # response_format, or json_schema
         if text is not None:
@@ -433,6 +435,6 @@ def request_grammar(
     try:
         if kind != "text" and isinstance(body, ChatRequest):  # a chat's JSON: fenced, or not
             return chat_grammar(session.target, text, thinking)
-        return LlamaGrammar(session.target, text, root, style=style)
+        return LlamaGrammar(session.target, text, root, style=style, fresh_after=fresh)
     except GrammarError as e:
         raise ApiError(400, str(e), param) from None

@@ -180,6 +180,17 @@ def test_a_thinking_model_may_think_before_its_json(session: Session):
     assert not goes_through(harmony, session.target, person)  # not a Harmony message
 
 
+def test_after_a_thought_the_grammar_guesses_the_answers_layout_afresh(session: Session):
+    """The spaces the grammar leaves open are guessed from the answer's style (a draft),
+    not from the reasoning's text before it: after the block, the fence's layout again."""
+    thought = 'The user wants {"name" : "x"} on one line, say\n\t{ "name" : "Ada" }\n</think>\n\n'
+    grammar = chat_grammar(session.target, schema_grammar(PERSON), Thinking(THINK, opened=True))
+    state = grammar.start()
+    for token in session.target.tokenize(thought + "```json", special=False):
+        state.accept(token)
+    assert state.forced_text(16).startswith(b'\n{\n  "name": '), state.forced_text(16)
+
+
 def test_a_thought_holds_any_text_but_its_end_mark(session: Session):
     """`excluding`'s rules, through llama.cpp's grammar on the real vocabulary: any text
     made of the mark's pieces goes through unless it holds the mark."""
