@@ -21,10 +21,11 @@ nonsense, so nothing here measures acceptance.
 
 Each model is written, measured and deleted in turn (the 32B file is 20 GB).
 
-    python scripts/gpu_profile.py --compare REAL.gguf RANDOM.gguf [--gpu-layers 0]
+    python scripts/gpu_profile.py --compare REAL.gguf RANDOM.gguf [MORE.gguf ...] [--gpu-layers 0]
 
-times a real file and its random twin side by side (T(1), T(4), T(8), alternated), to
-check that the values do not change the cost on that machine.
+times files side by side (T(1), T(2), T(4), T(8), alternated): a real file and its random
+twin, to check that the values do not change the cost on that machine, or any models, to
+see what a pass of k tokens costs against one of one.
 """
 
 from __future__ import annotations
@@ -183,18 +184,28 @@ def measure(path: Path, k_max: int, reps: int, draft: bool) -> dict:
     return out
 
 
+COMPARED = (1, 2, 4, 8)  # batch sizes --compare times
+
+
 def compare(paths: list[Path], layers: int, reps: int) -> None:
-    """T(1), T(4), T(8) of each file, measured in turns, medians over the turns."""
+    """T(k) of each file, measured in turns, medians over the turns; each against the
+    first file's (a real file and its random twin), and against its own T(1) (what a
+    forced or drafted token costs on this machine)."""
     models = [LlamaModel(p, LoadOptions(n_ctx=2048, n_gpu_layers=layers)) for p in paths]
     prefix = context(256)
     times: dict[tuple[int, int], list[float]] = {}
     for _ in range(4):
         for i, model in enumerate(models):
-            for k in (1, 4, 8):
+            for k in COMPARED:
                 times.setdefault((i, k), []).append(time_pass(model, prefix, k, reps).llama_s)
-    for k in (1, 4, 8):
-        real, twin = (statistics.median(times[i, k]) * 1e3 for i in (0, 1))
-        print(f"T({k}): {real:.2f} ms, random twin {twin:.2f} ms ({twin / real:.3f})")
+    t = {key: statistics.median(v) * 1e3 for key, v in times.items()}
+    for i, path in enumerate(paths):
+        print(path.name)
+        for k in COMPARED:
+            print(
+                f"  T({k}): {t[i, k]:.2f} ms, {t[i, k] / t[i, 1]:.2f} T(1)"
+                + (f", {t[i, k] / t[0, k]:.3f} of {paths[0].name}'s" if i else "")
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=Path, help="GGUF to take tokenizer.* from")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/shapes"), help="where models go")
     parser.add_argument("--out", type=Path, help="the profile (JSON)")
-    parser.add_argument("--compare", type=Path, nargs=2, metavar=("REAL", "RANDOM"))
+    parser.add_argument("--compare", type=Path, nargs="+", metavar="GGUF")
     parser.add_argument("--gpu-layers", type=int, default=-1, help="for --compare")
     parser.add_argument("--targets", default="qwen2.5-coder-7b-instruct")
     parser.add_argument("--drafts", default="qwen2.5-coder-0.5b-instruct")

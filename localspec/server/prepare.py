@@ -408,10 +408,10 @@ def request_grammar(
         except GrammarError as e:
             raise ApiError(400, f"a tool's parameters: {e}", "tools") from None
         param, style = "tools", CALL_STYLE
-        if thinking is not None and thinking.marks != HARMONY:  # Harmony's holds its own
-            text, root = thinking.first(text, root)
         if thinking is not None:
             fresh = thinking.answer_starts.encode()
+            if thinking.marks != HARMONY:  # Harmony's call grammar holds its analysis
+                text, root = thinking.first(text, root)
     if kind != "text":
         name = asked.split(".")[0]  # response_format, or json_schema
         if text is not None:
