@@ -93,6 +93,12 @@ class Thinking:
         return ThinkSplit(self.marks, "think" if self.opened else "start")
 
     @property
+    def block(self) -> tuple[str, str]:
+        """The reasoning block's opening and end, as llama.cpp's reasoning budget reads
+        them: gpt-oss's is its analysis message."""
+        return (HARMONY[0] + "analysis" + HARMONY[1], END) if self.marks == HARMONY else self.marks
+
+    @property
     def answer_starts(self) -> str:
         """The mark after which the answer starts: the block's end, or a Harmony
         message's header's."""

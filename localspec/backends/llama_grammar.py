@@ -288,6 +288,9 @@ class LlamaGrammarState:
             here.accept(int(table[char]))
         return bytes(out)
 
+    def forced_tokens(self, limit: int) -> list[int]:
+        return []  # text only: `forced_text`
+
     def __del__(self) -> None:
         if getattr(self, "_sampler", None):
             ll.llama_sampler_free(self._sampler)

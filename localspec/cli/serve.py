@@ -140,6 +140,19 @@ editor's and agent's settings.""",
     g.add_argument("--top-p", type=ranged_float(0.001, 1), metavar="P")
     g.add_argument("--top-k", type=ranged_int(0, 1_000_000), metavar="K")
     g.add_argument("--min-p", type=ranged_float(0, 0.999), metavar="P")
+    g.add_argument(
+        "--reasoning-budget",
+        type=ranged_int(-1, 1 << 30),
+        default=-1,
+        metavar="N",
+        help="a thinking model's reasoning ends after N tokens (0: at once; -1, the "
+        "default: no limit), where a chat request sets no reasoning_budget_tokens",
+    )
+    g.add_argument(
+        "--reasoning-budget-message",
+        metavar="TEXT",
+        help="written into the reasoning before its forced end (e.g. 'Time to answer.')",
+    )
     p.set_defaults(func=serve)
 
 
@@ -302,7 +315,7 @@ def serve(args: argparse.Namespace) -> int:
     from localspec.cli.run import warn
     from localspec.server.app import ServerOptions, create_app
     from localspec.server.guard import Guard
-    from localspec.server.schemas import SamplingDefaults
+    from localspec.server.schemas import ReasoningDefaults, SamplingDefaults
     from localspec.server.shutdown import Server
     from localspec.session import open_session
 
@@ -341,6 +354,10 @@ def serve(args: argparse.Namespace) -> int:
             cache_reuse=args.cache_reuse,
             cache_ram=cache_ram_bytes(args.cache_ram),
             sampling=sampling,
+            reasoning=ReasoningDefaults(
+                None if args.reasoning_budget < 0 else args.reasoning_budget,
+                args.reasoning_budget_message,
+            ),
             max_tokens=args.max_tokens,
             guard=Guard.for_address(
                 args.host, is_loopback(args.host), args.allowed_host, args.cors_origin

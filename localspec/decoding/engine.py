@@ -357,9 +357,12 @@ class Engine:
     def _forced(self, state: GrammarState | None, budget: int, text: list[int]) -> list[int]:
         """Jump-forward: the tokens of what the grammar alone allows next (at most
         `budget`), as the answer (`text`, under the grammar) wrote that text before
-        (`as_written`), else as the target's tokenizer writes it."""
+        (`as_written`), else as the target's tokenizer writes it; or the tokens a rule
+        over tokens forces, as they are."""
         if state is None or budget < 1:
             return []
+        if tokens := state.forced_tokens(budget):
+            return tokens
         forced = state.forced_text(4 * budget)
         if not forced:
             return []

@@ -55,6 +55,12 @@ class GrammarState(Protocol):
         """The characters (at most `limit`) that are the only way on from here."""
         ...
 
+    def forced_tokens(self, limit: int) -> list[int]:
+        """The tokens (at most `limit`) that are the only way on from here, where a rule
+        over tokens forces them (a reasoning budget's close: localspec.decoding.budget);
+        [] where only text is forced (`forced_text`), or nothing."""
+        ...
+
     @property
     def free(self) -> bool:
         """Whether every token may come next from here on (a middle's opening written):

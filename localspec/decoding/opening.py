@@ -128,6 +128,9 @@ class OpeningState:
     def forced_text(self, limit: int) -> bytes:
         return self.left[:limit] if self.spelling() is not None else b""
 
+    def forced_tokens(self, limit: int) -> list[int]:
+        return []  # text only, split as the model pleases
+
     @property
     def free(self) -> bool:
         return self.spelling() is None

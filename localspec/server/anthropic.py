@@ -133,6 +133,7 @@ class ToolChoiceIn(Body):
 
 class ThinkingIn(Body):
     type: str  # "enabled", "disabled" (and "adaptive")
+    budget_tokens: int | None = Field(None, ge=0)  # the reasoning's most tokens, where enabled
 
 
 class OutputFormat(Body):
@@ -170,9 +171,11 @@ class MessagesRequest(Body):
 
     def chat(self) -> ChatRequest:
         """The same request as OpenAI's chat completion."""
-        kwargs = None
+        kwargs, budget = None, None
         if self.thinking is not None and self.thinking.type in ("enabled", "disabled"):
             kwargs = {"enable_thinking": self.thinking.type == "enabled"}  # Qwen3's switch
+            if self.thinking.type == "enabled":
+                budget = self.thinking.budget_tokens
         output = self.output_config or OutputConfig()
         effort = EFFORTS.get(output.effort or "", output.effort)
         schema = None
@@ -193,6 +196,7 @@ class MessagesRequest(Body):
                 "tool_choice": self.chat_tool_choice(),
                 "chat_template_kwargs": kwargs,
                 "reasoning_effort": effort,  # gpt-oss's
+                "reasoning_budget_tokens": budget,
                 "response_format": schema,
             },
         )

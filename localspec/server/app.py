@@ -56,7 +56,9 @@ from localspec.server.schemas import (
     ChatRequest,
     CompletionRequest,
     LlamaCompletionRequest,
+    ReasoningDefaults,
     SamplingDefaults,
+    T,
     parse,
 )
 from localspec.server.worker import Job, Worker
@@ -77,6 +79,7 @@ class ServerOptions:
     cache_reuse: int = 0  # move cached chunks of at least this many tokens (0: off)
     cache_ram: int = 0  # bytes of RAM for prompts the slots gave up (0: none kept)
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)  # for requests' gaps
+    reasoning: ReasoningDefaults = field(default_factory=ReasoningDefaults)  # and a chat's
     max_tokens: int | None = None  # an answer's most tokens, whatever a request asks
     # which Host and Origin headers are answered (by default any: `serve` sets its own)
     guard: Guard = field(default_factory=lambda: Guard(None, frozenset({"*"})))
@@ -111,7 +114,9 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             raise ApiError(401, "missing or wrong API key", code="invalid_api_key")
 
     guarded = [Depends(check_key)]
-    fill = options.sampling.fill
+
+    def fill(body: T) -> T:
+        return options.reasoning.fill(options.sampling.fill(body))
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, e: ApiError) -> Response:

@@ -21,6 +21,7 @@ from localspec.backends.llama_grammar import (
     json_object_grammar,
     schema_grammar,
 )
+from localspec.decoding.budget import ThoughtBudget
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.grammar import Grammar
 from localspec.decoding.opening import Opening
@@ -173,8 +174,11 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
             "response_format, grammar or a forced tool call",
             "messages",
         )
-    thinking = None if body.reasoning_format == "none" else opens_thinking(chat.template, chat.text)
+    thinks = opens_thinking(chat.template, chat.text)
+    thinking = None if body.reasoning_format == "none" else thinks
     config = generation_config(body, chat.tokens, session, None, "messages", thinking)
+    if thinks is not None and body.reasoning_budget_tokens is not None:
+        config = replace(config, grammar=thought_budget(body, session, thinks, config.grammar))
     markers = shown_markers(chat.template, chat.tools)
     config = replace(config, shown=shown_tokens(session.target, markers))
     return Prepared(
@@ -187,6 +191,23 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
         thinking=thinking,
         fenced=formatted,
     )
+
+
+def thought_budget(
+    body: ChatRequest, session: Session, thinking: Thinking, grammar: Grammar | None
+) -> ThoughtBudget:
+    """The request's reasoning budget over its grammar (as llama-server's, whatever the
+    reasoning_format: it holds the model, not the reply)."""
+    marks = thinking.block
+    message = body.reasoning_budget_message or ""
+    if marks[1] in message:
+        raise ApiError(
+            400,
+            f"reasoning_budget_message holds {marks[1]!r}, which would end the reasoning",
+            "reasoning_budget_message",
+        )
+    budget = body.reasoning_budget_tokens or 0
+    return ThoughtBudget.of(session.target, marks, budget, message, thinking.opened, grammar)
 
 
 def prepare_completion(

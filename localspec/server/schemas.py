@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -100,12 +101,29 @@ class SamplingDefaults:
 
     def fill(self, body: T) -> T:
         """`body` with what it leaves unset set to these."""
-        unset = {
-            name: value
-            for name, value in asdict(self).items()
-            if value is not None and name in type(body).model_fields and getattr(body, name) is None
-        }
-        return body.model_copy(update=unset) if unset else body
+        return filled(self, body)
+
+
+@dataclass(frozen=True)
+class ReasoningDefaults:
+    """`serve --reasoning-budget/--reasoning-budget-message` (llama-server's flags): a
+    thinking model's budget for the chat requests that set none."""
+
+    reasoning_budget_tokens: int | None = None
+    reasoning_budget_message: str | None = None
+
+    def fill(self, body: T) -> T:
+        return filled(self, body)
+
+
+def filled(defaults: Any, body: T) -> T:
+    """`body` with the fields it leaves unset (and has) set to `defaults`' (a dataclass)."""
+    unset = {
+        name: value
+        for name, value in asdict(defaults).items()
+        if value is not None and name in type(body).model_fields and getattr(body, name) is None
+    }
+    return body.model_copy(update=unset) if unset else body
 
 
 class Body(BaseModel):
@@ -335,6 +353,20 @@ class ChatRequest(GenerationBody):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     # llama-server's: "none" leaves the reasoning in the content, as written
     reasoning_format: str | None = None
+    # llama-server's (and Anthropic's thinking.budget_tokens): a thinking model's block
+    # ends after this many tokens (0: at once), after the message if one is given; -1
+    # is the server's own budget, as there
+    reasoning_budget_tokens: int | None = Field(
+        None,
+        ge=-1,
+        validation_alias=AliasChoices("reasoning_budget_tokens", "thinking_budget_tokens"),
+    )
+    reasoning_budget_message: str | None = None
+
+    @field_validator("reasoning_budget_tokens")
+    @classmethod
+    def servers_budget(cls, value: int | None) -> int | None:
+        return None if value == -1 else value
 
     def token_limit(self) -> int | None:
         if self.n_predict is not None:

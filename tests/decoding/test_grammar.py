@@ -45,6 +45,9 @@ class Parity:
     def forced_text(self, limit: int) -> bytes:
         return b""
 
+    def forced_tokens(self, limit: int) -> list[int]:
+        return []
+
     free = False
 
 
@@ -299,6 +302,9 @@ def test_the_round_drafts_as_much_of_the_forced_text_as_the_drafter_keeps():
 
         def forced_text(self, limit: int) -> bytes:
             return b"xyz"[:limit]
+
+        def forced_tokens(self, limit: int) -> list[int]:
+            return []
 
         free = False
 

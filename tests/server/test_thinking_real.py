@@ -18,12 +18,14 @@ from server.test_structured_real import PERSON
 
 from localspec.backends.llama import LoadOptions
 from localspec.backends.llama_grammar import schema_grammar
+from localspec.decoding.budget import ThoughtBudget
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished, Piece
 from localspec.decoding.sampling import SamplingParams
 from localspec.server.app import ServerOptions, create_app
 from localspec.server.fence import chat_grammar
+from localspec.server.schemas import ReasoningDefaults
 from localspec.session import Session, SessionConfig, open_session
 from localspec.thinking import THINK, Thinking
 
@@ -118,3 +120,76 @@ def test_it_thinks_then_makes_the_call_it_must(client: openai.OpenAI):
     assert call.function.name == "save_person"  # type: ignore[union-attr]
     jsonschema.validate(json.loads(call.function.arguments), PERSON)  # type: ignore[union-attr]
     assert reply.choices[0].finish_reason == "tool_calls"
+
+
+BUDGET = 6  # reasoning tokens: the greedy thought above runs longer
+
+
+def test_a_reasoning_budget_closes_the_thought_and_the_answer_follows(
+    session: Session, client: openai.OpenAI
+):
+    budgeted = {"reasoning_budget_tokens": BUDGET, "reasoning_budget_message": " Enough."}
+    reply = client.chat.completions.create(
+        model="coder",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=60,
+        logprobs=True,
+        extra_body=budgeted,
+    )
+    message = reply.choices[0].message
+    reasoning = (message.model_extra or {})["reasoning_content"]
+    assert reasoning.endswith(" Enough."), message  # (then this model ends its answer)
+    ids = tuple(e.model_extra["id"] for e in reply.choices[0].logprobs.content)  # type: ignore[union-attr,index]
+    budget = ThoughtBudget.of(session.target, THINK, BUDGET, " Enough.", opened=True)
+    assert ids[BUDGET : BUDGET + len(budget.close)] == budget.close, ids
+    assert b"</think>" not in b"".join(session.target.token_bytes(t) for t in ids[:BUDGET])
+    # plain decoding under the same budget: the same answer
+    prompt = session.tokenize_raw(session.prompt_text(MESSAGES, None))
+    config = GenerationConfig(60, SamplingParams(temperature=0), trace=True, grammar=budget)
+    events = list(Engine(session.target, NoDrafter(), 0).generate(prompt, config))
+    plain = events[-1]
+    assert isinstance(plain, Finished)
+    served = Finished(plain.text, ids, plain.stop_reason, plain.stats)
+    assert_lossless(served, [e for e in events if isinstance(e, Piece)], plain)
+
+
+def test_a_budget_from_anthropics_thinking_the_servers_default_and_before_json(
+    session: Session, client: openai.OpenAI
+):
+    free = client.chat.completions.create(
+        model="coder",
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=60,  # type: ignore[arg-type]
+    )
+    thought = (free.choices[0].message.model_extra or {})["reasoning_content"]
+    options = ServerOptions("coder", reasoning=ReasoningDefaults(BUDGET))
+    with TestClient(create_app(session, options)) as http:
+        reply = http.post(
+            "/v1/messages",
+            json={
+                "model": "coder",
+                "system": MESSAGES[0]["content"],
+                "messages": MESSAGES[1:],
+                "thinking": {"type": "enabled", "budget_tokens": BUDGET},
+                "temperature": 0,
+                "max_tokens": 60,
+            },
+        )
+        blocks = reply.json()["content"]
+        assert [b["type"] for b in blocks] == ["thinking", "text"], blocks
+        assert blocks[1]["text"].strip(), blocks  # the answer after the forced close
+        budgeted = blocks[0]["thinking"]
+        assert budgeted and thought.startswith(budgeted) and len(budgeted) < len(thought)
+        # the server's own budget where a request sets none (or -1), before a schema's JSON
+        for extra in ({}, {"thinking_budget_tokens": -1}):
+            schema = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+            asked = {"model": "coder", "messages": MESSAGES, "temperature": 0, "max_tokens": 120}
+            r = http.post("/v1/chat/completions", json=asked | extra | {"response_format": schema})
+            message = r.json()["choices"][0]["message"]
+            assert message["reasoning_content"] == budgeted, (extra, message)
+            jsonschema.validate(json.loads(message["content"]), PERSON)
+        asked |= {"reasoning_budget_message": "Done </think>"}
+        r = http.post("/v1/chat/completions", json=asked)
+        assert r.status_code == 400 and "reasoning_budget_message" in r.json()["error"]["message"]
