@@ -49,7 +49,11 @@ def test_sampling_defaults_out_of_range_get_one_line(capsys):
     """`serve --temp 3` is refused before anything loads, in one line that says the range."""
     from localspec.cli import main
 
-    for args, words in ((["--temp", "3"], "between 0 and 2"), (["--top-p", "x"], "not a number")):
+    for args, words in (
+        (["--temp", "3"], "between 0 and 2"),
+        (["--top-p", "x"], "not a number"),
+        (["--reasoning-budget", "-2"], "between -1 and"),
+    ):
         with pytest.raises(SystemExit) as exit_:
             main(["serve", *args])
         assert exit_.value.code == 2

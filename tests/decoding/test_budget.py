@@ -18,6 +18,7 @@ from localspec.decoding.drafters import Drafter, DraftModel, NgramDrafter, NoDra
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished
 from localspec.decoding.sampling import SamplingParams, logits_to_probs
+from localspec.thinking import HARMONY, Thinking
 
 V = 258
 THINK = ("<think>", "</think>")
@@ -93,6 +94,18 @@ def test_only_a_block_that_opens_the_answer_is_counted():
     for token in b"ok <think>":
         state.accept(token)
     assert state.free  # an answer that did not open with the block: nothing to count
+
+
+def test_gpt_oss_reasoning_is_its_analysis_message():
+    script = b"<|channel|>analysis<|message|>abcdef<|end|><|start|>assistant"
+    target = ToyModel(scripted(script, len(PROMPT)), n_vocab=V)
+    budget = ThoughtBudget.of(target, Thinking(HARMONY).block, 3)
+    text = bytes(answer(Engine(target, NoDrafter(), 0), budget, n=60).tokens)
+    assert text.startswith(b"<|channel|>analysis<|message|>abc<|end|>"), text
+    state = budget.start()
+    for token in b"<|channel|>final<|message|>":
+        state.accept(token)
+    assert state.free  # the answer, with no analysis first
 
 
 def test_a_block_the_model_ends_itself_is_left_as_written():
