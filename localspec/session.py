@@ -20,6 +20,7 @@ from localspec.backends.llama import LlamaModel, LoadOptions, supports_gpu_offlo
 from localspec.backends.mtp import MtpHead
 from localspec.backends.quantize import draft_to_load
 from localspec.decoding.adaptive import auto_engine
+from localspec.decoding.budget import ThoughtBudget
 from localspec.decoding.drafters import Drafter, DraftModel, MtpDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Event
@@ -70,6 +71,8 @@ class Session:
         self.notes: list[str] = list(engine.notes)  # what loading had to give up, for the user
         # the chat template's variables for every conversation (--chat-template-kwargs)
         self.template_kwargs: dict[str, Any] = {}
+        # a thinking model's reasoning ends after this many tokens (--reasoning-budget)
+        self.reasoning_budget: int | None = None
         self.lock = threading.Lock()  # one generation at a time per loaded pair
 
     @property
@@ -127,10 +130,17 @@ class Session:
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
         """The answer to a conversation; a thinking model's reasoning marks show in its
-        text, where `thinking` splits them off."""
+        text, where `thinking` splits them off, and its reasoning ends within the
+        session's budget."""
         marks = [m for m in CONTROL_MARKS if m in (self.target.chat_template() or "")]
         if marks:
             config = replace(config, shown=config.shown | shown_tokens(self.target, marks))
+        budget = self.reasoning_budget
+        if budget is not None and (thinking := self.thinking(messages)) is not None:
+            grammar = ThoughtBudget.of(
+                self.target, thinking.block, budget, opened=thinking.opened, inner=config.grammar
+            )
+            config = replace(config, grammar=grammar)
         return self.engine.generate(self.render(self.history(messages)), config, cancel)
 
     def thinking(self, messages: Sequence[Message]) -> Thinking | None:

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 
 from localspec.cli.options import (
     add_model_options,
+    add_reasoning_option,
     add_sampling_options,
     add_template_option,
+    reasoning_budget,
     session_config,
 )
 
@@ -47,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_sampling_options(p)
     p.add_argument("--system", help="system prompt (default: from the settings)")
     add_template_option(p)
+    add_reasoning_option(p)
     p.add_argument(
         "--demo",
         action="store_true",
@@ -110,6 +113,7 @@ def pair_loader(args: argparse.Namespace, settings: Settings) -> tuple[PairLoade
             say=say,
         )
         session.template_kwargs = args.chat_template_kwargs
+        session.reasoning_budget = reasoning_budget(args)
         return session
 
     return load, spec

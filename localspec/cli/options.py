@@ -68,6 +68,21 @@ def add_template_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     )
 
 
+def add_reasoning_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument(
+        "--reasoning-budget",
+        type=ranged_int(-1, 1 << 30),
+        default=-1,
+        metavar="N",
+        help="a thinking model's reasoning ends after N tokens and it answers (0: at once; "
+        "-1, the default: no limit)",
+    )
+
+
+def reasoning_budget(args: argparse.Namespace) -> int | None:
+    return None if args.reasoning_budget < 0 else args.reasoning_budget
+
+
 def gamma_arg(text: str) -> int | str:
     """Tokens drafted per round, or 'auto'."""
     if text == "auto":

@@ -8,8 +8,10 @@ import sys
 
 from localspec.cli.options import (
     add_model_options,
+    add_reasoning_option,
     add_sampling_options,
     add_template_option,
+    reasoning_budget,
     sampling_params,
     session_config,
 )
@@ -43,6 +45,7 @@ figures (tokens/s, acceptance, γ) to stderr.""",
     add_sampling_options(p)
     p.add_argument("--system", help="system message (chat mode)")
     add_template_option(p)
+    add_reasoning_option(p)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="plain completion, no chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
@@ -74,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     )
     session = open_session(session_config(args), say=warn)
     session.template_kwargs = args.chat_template_kwargs
+    session.reasoning_budget = reasoning_budget(args)
     try:
         if args.raw:
             events, out = session.complete(prompt, config), Output(None, args.json)

@@ -16,9 +16,11 @@ from pathlib import Path
 
 from localspec.cli.options import (
     add_model_options,
+    add_reasoning_option,
     add_template_option,
     ranged_float,
     ranged_int,
+    reasoning_budget,
     session_config,
 )
 from localspec.errors import LocalspecError
@@ -140,14 +142,7 @@ editor's and agent's settings.""",
     g.add_argument("--top-p", type=ranged_float(0.001, 1), metavar="P")
     g.add_argument("--top-k", type=ranged_int(0, 1_000_000), metavar="K")
     g.add_argument("--min-p", type=ranged_float(0, 0.999), metavar="P")
-    g.add_argument(
-        "--reasoning-budget",
-        type=ranged_int(-1, 1 << 30),
-        default=-1,
-        metavar="N",
-        help="a thinking model's reasoning ends after N tokens (0: at once; -1, the "
-        "default: no limit), where a chat request sets no reasoning_budget_tokens",
-    )
+    add_reasoning_option(g)
     g.add_argument(
         "--reasoning-budget-message",
         metavar="TEXT",
@@ -354,10 +349,7 @@ def serve(args: argparse.Namespace) -> int:
             cache_reuse=args.cache_reuse,
             cache_ram=cache_ram_bytes(args.cache_ram),
             sampling=sampling,
-            reasoning=ReasoningDefaults(
-                None if args.reasoning_budget < 0 else args.reasoning_budget,
-                args.reasoning_budget_message,
-            ),
+            reasoning=ReasoningDefaults(reasoning_budget(args), args.reasoning_budget_message),
             max_tokens=args.max_tokens,
             guard=Guard.for_address(
                 args.host, is_loopback(args.host), args.allowed_host, args.cors_origin

@@ -66,3 +66,12 @@ def test_bad_template_variables_are_one_line(value: str, words: str):
     r = localspec("run", "hi", "--target", "x.gguf", "--chat-template-kwargs", value)
     assert r.returncode != 0 and words in r.stderr.splitlines()[-1]
     assert "Traceback" not in r.stderr
+
+
+def test_a_reasoning_budget_ends_the_reasoning(thinker, capsys):
+    run = ["run", "Is it?", "--target", "toy.gguf", "--draft", "none", "--json"]
+    main([*run, "--reasoning-budget", "3"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["reasoning"] == "\nWe", result  # three tokens, then the block's end
+    main([*run, "--reasoning-budget", "-1"])  # no limit
+    assert json.loads(capsys.readouterr().out)["reasoning"].strip() == "Weighing it up."
