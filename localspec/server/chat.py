@@ -162,12 +162,33 @@ def tool_grammar(tools: list[Tool], fmt: str) -> str:
         from localspec.server.calls import gemma_call_grammar, harmony_call_grammar
 
         return gemma_call_grammar(tools) if fmt == GEMMA4 else harmony_call_grammar(tools)
-    gbnf = schema_grammar(call_schema(tools, fmt))
     if fmt == LLAMA3:
-        return gbnf
-    # the call's object becomes a rule of its own, inside the tags Qwen's template writes
-    body = re.sub(r"^root ::=", "tool-call ::=", gbnf, count=1, flags=re.M)
-    return f'root ::= "{OPEN}\\n" tool-call "\\n{CLOSE}"\n{body}'
+        return schema_grammar(call_schema(tools, fmt))
+    return f'root ::= "{OPEN}\\n" tool-call "\\n{CLOSE}"\n{tagged_call(tools)}'
+
+
+def tagged_call(tools: list[Tool]) -> str:
+    """GBNF rules of a Qwen call's object (`tool-call`), to go inside its tags."""
+    from localspec.backends.llama_grammar import schema_grammar
+
+    gbnf = schema_grammar(call_schema(tools, HERMES))
+    return re.sub(r"^root ::=", "tool-call ::=", gbnf, count=1, flags=re.M)
+
+
+def lazy_tool_grammar(tools: list[Tool], fmt: str) -> tuple[str, str] | None:
+    """GBNF of the calls an answer makes once it opens one (`tool_choice` "auto", as
+    llama-server's lazy grammar: localspec.decoding.lazy), several in a row, and the mark
+    that opens one; None for a format whose calls open with no mark of their own (Llama
+    3.x's bare JSON, gpt-oss's messages). Qwen's tags may hold spaces as they please."""
+    if fmt not in (HERMES, XML, GEMMA4):
+        return None
+    spaces = "[ \\t\\n]{0,4}"
+    if fmt == HERMES:
+        one = f'lazy-call ::= "{OPEN}" {spaces} tool-call {spaces} "{CLOSE}"\n{tagged_call(tools)}'
+    else:
+        one = re.sub(r"^root ::=", "lazy-call ::=", tool_grammar(tools, fmt), count=1, flags=re.M)
+    trigger = OPEN if fmt != GEMMA4 else GEMMA_OPEN.split("call:")[0]
+    return f"root ::= lazy-call ({spaces} lazy-call)*\n{one}", trigger
 
 
 def xml_call_grammar(tools: list[Tool]) -> str:

@@ -24,6 +24,7 @@ from localspec.backends.llama_grammar import (
 from localspec.decoding.budget import ThoughtBudget
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.grammar import Grammar
+from localspec.decoding.lazy import Triggered
 from localspec.decoding.opening import Opening
 from localspec.decoding.sampling import BANNED
 from localspec.server.anchors import Anchors, Placed
@@ -33,6 +34,7 @@ from localspec.server.chat import (
     GEMMA4,
     LLAMA3,
     forced_tools,
+    lazy_tool_grammar,
     prefill,
     template_messages,
     template_tools,
@@ -190,6 +192,34 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
         after_result=body.messages[-1].role == "tool",
         thinking=thinking,
         fenced=formatted,
+    )
+
+
+def lazy_calls(
+    body: GenerationBody, session: Session, thinking: Thinking | None
+) -> Triggered | None:
+    """The grammar a call the answer may make follows once it opens (`tool_choice`
+    "auto" with tools, as llama-server's lazy grammar), in the model's call format; None
+    where the format has no opening mark, or a tool's schema cannot be a grammar (the
+    call is then read as written, as before)."""
+    if not (isinstance(body, ChatRequest) and body.tools and body.tool_choice in (None, "auto")):
+        return None
+    target = session.target
+    if not (session.supports_tools and isinstance(target, LlamaModel)):
+        return None
+    try:
+        lazy = lazy_tool_grammar(body.tools, tool_format(target.chat_template()))
+        if lazy is None:
+            return None
+        gbnf, trigger = lazy
+        calls = LlamaGrammar(target, gbnf, style=CALL_STYLE)
+    except GrammarError:
+        return None
+    if thinking is None:
+        return Triggered(target, calls, trigger.encode())
+    start, end = thinking.block
+    return Triggered(
+        target, calls, trigger.encode(), (start.encode(), end.encode()), thinking.opened
     )
 
 
@@ -450,7 +480,7 @@ def request_grammar(
             except GrammarError as e:
                 raise ApiError(400, str(e), param) from None
     if text is None:
-        return None
+        return lazy_calls(body, session, thinking)
     if not isinstance(session.target, LlamaModel):
         raise ApiError(400, "structured output needs a llama.cpp model", param)
     try:

@@ -576,3 +576,54 @@ def test_schemas_with_refs_as_pydantic_writes_them(session) -> None:
         assert goes_through(grammar, target, call("post", '{"at": {"street": 5}}')), fmt
         assert not goes_through(grammar, target, call("post", '{"at": {"city": "Oslo"}}')), fmt
         assert goes_through(grammar, target, call("plant", '{"label": "a", "kids": []}')), fmt
+
+
+FORECAST = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "unit", "days"],
+    "additionalProperties": False,
+}
+
+
+def test_a_call_the_model_opens_follows_its_tools_schema(session, client: openai.OpenAI):
+    """tool_choice "auto": the answer is free until it opens a call (`<tool_call>`), then
+    held to its tools' schemas, as llama-server's lazy grammar holds it. The 1.5B writes
+    its calls in a ```json block, not in Qwen's tags: a bias on the tag's token makes it
+    open them, and at temperature 1 it then wrote no call a tool takes in 7 of 8 seeds
+    without the grammar (calls cut short, a tag in the middle of an argument)."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_forecast",
+                "description": "The weather forecast for a city",
+                "parameters": FORECAST,
+            },
+        }
+    ]
+    [tag] = session.target.tokenize("<tool_call>", special=True)
+    asked = "What will the weather be like in Oslo for a week, in fahrenheit?"
+    complete = 0
+    for seed in range(6):
+        reply = client.chat.completions.create(
+            model="coder",
+            messages=[{"role": "user", "content": asked}],
+            tools=tools,  # type: ignore[list-item]
+            temperature=1.0,
+            seed=seed,
+            max_tokens=100,
+            logit_bias={str(tag): 20},
+        )
+        choice = reply.choices[0]
+        for call in choice.message.tool_calls or []:
+            assert call.function.name == "get_forecast"  # type: ignore[union-attr]
+            jsonschema.validate(json.loads(call.function.arguments), FORECAST)  # type: ignore[union-attr]
+            complete += 1
+        if choice.finish_reason != "length":  # no call opened and left (cut short only)
+            assert "<tool_call>" not in (choice.message.content or ""), choice
+    assert complete >= 6, complete

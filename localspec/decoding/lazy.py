@@ -1,0 +1,155 @@
+"""A grammar that holds from a trigger on (llama.cpp's lazy grammar, which llama-server
+puts on tool calls the model may or may not make): the answer is free until it writes
+the trigger (`<tool_call>`), then the text from the trigger's first character on follows
+the grammar, so a call once begun is one the tools take. The reasoning of a thinking
+model is not watched (a call it muses about is not a call).
+
+llama.cpp's own lazy sampler replays the trigger's text into the grammar and aborts the
+process where that text does not fit it; here the state checks each replayed token
+first, and where one does not fit, the answer goes on free, as without the grammar.
+Whether a token is allowed is a function of the answer before it, so speculation keeps
+it exactly, as any grammar (localspec.decoding.grammar).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from localspec.backends.base import Model
+from localspec.decoding.grammar import Grammar, GrammarState
+
+Phase = Literal["before", "thinking", "watching", "held", "free"]
+
+
+@dataclass(frozen=True, eq=False)
+class Triggered:
+    """`inner` (whose text starts with `trigger`) from the first `trigger` on; before
+    it, after the reasoning block between `reasoning` marks, if the model writes one."""
+
+    model: Model
+    inner: Grammar
+    trigger: bytes
+    reasoning: tuple[bytes, bytes] | None = None  # (opening, end): the block not watched
+    opened: bool = False  # the prompt opened the block
+    _pieces: dict[int, bytes] = field(default_factory=dict, repr=False)
+
+    def start(self) -> TriggeredState:
+        phase: Phase = "watching"
+        if self.reasoning is not None:
+            phase = "thinking" if self.opened else "before"
+        return TriggeredState(self, phase)
+
+    def within(self, other: Grammar) -> bool:
+        return (
+            isinstance(other, Triggered)
+            and (self.trigger, self.reasoning, self.opened)
+            == (other.trigger, other.reasoning, other.opened)
+            and self.inner.within(other.inner)
+        )
+
+    def piece(self, token: int) -> bytes:
+        if (found := self._pieces.get(token)) is None:
+            found = self._pieces[token] = self.model.token_bytes(token, special=True)
+        return found
+
+
+@dataclass
+class TriggeredState:
+    rule: Triggered
+    phase: Phase
+    text: bytes = b""  # the answer's last bytes, where a trigger or mark may be begun
+    written: list[tuple[int, bytes]] = field(default_factory=list)  # its last tokens
+    inner: GrammarState | None = None  # once triggered
+
+    def allows(self, token: int) -> bool:
+        return self.inner.allows(token) if self.inner is not None else True
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        return self.inner.mask(logits) if self.inner is not None else logits.copy()
+
+    def allowed(self, tokens: np.ndarray) -> np.ndarray:
+        if self.inner is not None:
+            return self.inner.allowed(tokens)
+        return np.ones(len(tokens), dtype=bool)
+
+    def accept(self, token: int) -> None:
+        if self.inner is not None:
+            self.inner.accept(token)
+            return
+        if self.phase == "free":
+            return
+        piece = self.rule.piece(token)
+        self.text += piece
+        self.written.append((token, piece))
+        if self.phase in ("before", "thinking") and not self._past_reasoning():
+            return
+        trigger = self.rule.trigger
+        if (at := self.text.find(trigger)) >= 0:
+            self._hold_from(at)
+            return
+        # keep what may still begin the trigger, and the tokens that wrote it
+        self.text = self.text[-(len(trigger) - 1) :] if len(trigger) > 1 else b""
+        while len(self.written) > 1 and sum(len(p) for _, p in self.written[1:]) >= len(self.text):
+            self.written.pop(0)
+
+    def _past_reasoning(self) -> bool:
+        """Whether the answer is past its reasoning block (or opened without one): from
+        there, `text` and `written` hold the answer's text after it."""
+        assert self.rule.reasoning is not None
+        start, end = self.rule.reasoning
+        if self.phase == "before":
+            said = self.text.lstrip()
+            if not said.startswith(start):
+                if start.startswith(said):
+                    return False  # maybe the block's opening, still coming
+                self.phase = "watching"  # no reasoning: all of it is the answer
+                return True
+            self.phase, self.text = "thinking", said[len(start) :]
+        at = self.text.find(end)
+        if at < 0:
+            self.text, self.written = self.text[-len(end) :], []
+            return False
+        rest = self.text[at + len(end) :]  # (-1: a part of a token, read again)
+        self.phase, self.text, self.written = "watching", rest, [(-1, rest)] if rest else []
+        return True
+
+    def _hold_from(self, at: int) -> None:
+        """The trigger was written, from byte `at` of `text`: the grammar reads the text
+        from there (the tokens that hold it, the first one from the trigger's start);
+        where that text does not fit it, the answer goes on free."""
+        begin = len(self.text) - sum(len(p) for _, p in self.written)  # where `written` starts
+        state = self.rule.inner.start()
+        for token, piece in self.written:
+            if begin + len(piece) > at:
+                part = piece[max(0, at - begin) :]
+                tokens = [token] if part == piece and token >= 0 else self._tokens(part)
+                for t in tokens or [-1]:
+                    if t < 0 or not state.allows(t):
+                        self.phase, self.written, self.text = "free", [], b""
+                        return
+                    state.accept(t)
+            begin += len(piece)
+        self.phase, self.inner, self.written, self.text = "held", state, [], b""
+
+    def _tokens(self, part: bytes) -> list[int]:
+        try:
+            return self.rule.model.tokenize(part.decode("utf-8"), special=False)
+        except UnicodeDecodeError:
+            return []
+
+    def clone(self) -> TriggeredState:
+        inner = self.inner.clone() if self.inner is not None else None
+        return TriggeredState(self.rule, self.phase, self.text, list(self.written), inner)
+
+    def forced_text(self, limit: int) -> bytes:
+        return self.inner.forced_text(limit) if self.inner is not None else b""
+
+    def forced_tokens(self, limit: int) -> list[int]:
+        return self.inner.forced_tokens(limit) if self.inner is not None else []
+
+    @property
+    def free(self) -> bool:
+        return self.phase == "free" or (self.inner is not None and self.inner.free)

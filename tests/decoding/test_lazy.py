@@ -1,0 +1,101 @@
+"""A grammar that holds from a trigger on (localspec.decoding.lazy), on toy byte models:
+free before the trigger, held from its first character (written over several tokens, or
+in a token with more after it), not in the reasoning block, let go where the text from
+the trigger on does not fit it; speculation keeps the answer exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from localspec.backends.toy import EOS, ToyModel
+from localspec.decoding.drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
+from localspec.decoding.engine import Engine, GenerationConfig
+from localspec.decoding.events import Finished
+from localspec.decoding.lazy import Triggered
+from localspec.decoding.opening import Opening
+from localspec.decoding.sampling import SamplingParams
+
+V = 260
+CALL = "<call>ab</call>"  # the one call the held grammar takes (then the answer is free)
+PROMPT = list(b"<|user|>go\n<|assistant|>")
+JOINED = {258: b"l>a", 259: b"l>z"}  # tokens that end the trigger and go on
+
+
+class Joined(ToyModel):
+    """A byte model with two tokens of several bytes."""
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        return JOINED.get(token) or super().token_bytes(token, special)
+
+
+def scripted(script: bytes):
+    def fn(context: Sequence[int]) -> np.ndarray:
+        i = len(context) - len(PROMPT)
+        row = np.zeros(V)
+        row[script[i] if i < len(script) else EOS] = 30.0
+        return row
+
+    return fn
+
+
+def lazy(model: ToyModel, reasoning: bool = False) -> Triggered:
+    marks = (b"<think>", b"</think>") if reasoning else None
+    return Triggered(model, Opening(model, CALL), b"<call>", marks, opened=reasoning)
+
+
+def fed(state, text: bytes | list[int]):
+    for token in text:
+        state.accept(token)
+    return state
+
+
+def test_free_until_the_trigger_then_held_from_its_first_character():
+    model = Joined(scripted(b""), n_vocab=V)
+    state = fed(lazy(model).start(), b"I'll call it. <ca")
+    assert state.allows(ord("z")) and not state.free and state.phase == "watching"
+    assert fed(state, b"ll>").phase == "held"
+    assert state.allows(ord("a")) and not state.allows(ord("z"))
+    assert state.forced_text(4) == b"ab</"
+    assert fed(state, b"ab</call>").free  # the call written: the answer goes on free
+
+
+def test_a_token_that_ends_the_trigger_and_goes_on_is_read_from_the_trigger():
+    model = Joined(scripted(b""), n_vocab=V)
+    held = fed(lazy(model).start(), [*b"so <cal", 258])  # `l>a`: the call's first letter too
+    assert held.phase == "held" and held.allows(ord("b")) and not held.allows(ord("a"))
+    wrong = fed(lazy(model).start(), [*b"so <cal", 259])  # `l>z`: no call the grammar takes
+    assert wrong.free and wrong.allows(ord("q"))
+
+
+def test_a_trigger_in_the_reasoning_is_not_a_call():
+    model = Joined(scripted(b""), n_vocab=V)
+    state = fed(lazy(model, reasoning=True).start(), b"maybe <call>zz</call>? ")
+    assert state.phase == "thinking" and state.allows(ord("z"))
+    assert fed(state, b"</think>\n<call>").phase == "held"
+    # a model whose answer opens without its reasoning block is watched from the start
+    state = fed(
+        Triggered(model, Opening(model, CALL), b"<call>", (b"<think>", b"</think>")).start(),
+        b"<call>",
+    )
+    assert state.phase == "held"
+
+
+@pytest.mark.parametrize("gamma", [2, 5])
+@pytest.mark.parametrize("kind", ["draft_model", "ngram"])
+def test_speculation_keeps_the_held_answer(kind: str, gamma: int):
+    script = b"Let me see. <call>zz</call> and <call>zz</call>"
+    target = ToyModel(scripted(script), n_vocab=V, name="target")
+    config = GenerationConfig(60, SamplingParams(temperature=0), grammar=lazy(target))
+    plain = list(Engine(target, NoDrafter(), 0).generate(PROMPT, config))[-1]
+    assert isinstance(plain, Finished)
+    assert bytes(plain.tokens).startswith(b"Let me see. <call>ab</call>"), bytes(plain.tokens)
+    drafter: Drafter = (
+        DraftModel(ToyModel(scripted(script), n_vocab=V, name="draft"), p_min=0.0)
+        if kind == "draft_model"
+        else NgramDrafter()
+    )
+    spec = list(Engine(target, drafter, gamma).generate(PROMPT, config))[-1]
+    assert isinstance(spec, Finished) and spec.tokens == plain.tokens
