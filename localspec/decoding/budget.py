@@ -22,7 +22,7 @@ from typing import Literal
 import numpy as np
 
 from localspec.backends.base import Model
-from localspec.decoding.grammar import Grammar, GrammarState
+from localspec.decoding.grammar import Grammar, GrammarState, rendered
 
 Phase = Literal["before", "thinking", "closing", "done"]
 
@@ -38,7 +38,6 @@ class ThoughtBudget:
     opened: bool = False  # the prompt opened the block: the answer starts inside it
     inner: Grammar | None = None  # the request's own grammar, which holds as well
     message: str = ""
-    _pieces: dict[int, bytes] = field(default_factory=dict, repr=False)
     _rests: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -90,12 +89,6 @@ class ThoughtBudget:
         if self.inner is None or other.inner is None:
             return same and self.inner is other.inner
         return same and self.inner.within(other.inner)
-
-    def piece(self, token: int) -> bytes:
-        """What `token` renders to, a control token's text too (the marks may be)."""
-        if (found := self._pieces.get(token)) is None:
-            found = self._pieces[token] = self.model.token_bytes(token, special=True)
-        return found
 
 
 @dataclass
@@ -150,14 +143,14 @@ class BudgetState:
             if self.at == len(self.close):
                 self.phase = "done"
         elif self.phase == "before":
-            self.text += self.rule.piece(token)
+            self.text += rendered(self.rule.model, token)
             said = self.text.lstrip()
             if said.startswith(start):
                 self.open()
             elif not start.startswith(said):
                 self.phase = "done"  # the answer opened without reasoning
         elif self.phase == "thinking":
-            self.text = (self.text + self.rule.piece(token))[-(len(end) + 8) :]
+            self.text = (self.text + rendered(self.rule.model, token))[-(len(end) + 8) :]
             if end in self.text:
                 self.phase = "done"
                 return

@@ -17,11 +17,13 @@ the target verifies them with the rest of the round.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
 
+from localspec.backends.base import Model
 from localspec.decoding.sampling import (
     Probs,
     SamplingParams,
@@ -78,6 +80,18 @@ class Grammar(Protocol):
         `other` allowed there (then a greedy choice made under `other` that this one
         allows is this one's too: see Engine.recall)."""
         ...
+
+
+_RENDERED: weakref.WeakKeyDictionary[Model, dict[int, bytes]] = weakref.WeakKeyDictionary()
+
+
+def rendered(model: Model, token: int) -> bytes:
+    """What `token` renders to, a control token's text too (the marks a rule over tokens
+    watches for may be control tokens), each looked up once per model."""
+    pieces = _RENDERED.setdefault(model, {})
+    if (found := pieces.get(token)) is None:
+        found = pieces[token] = model.token_bytes(token, special=True)
+    return found
 
 
 def states_along(state: GrammarState, tokens: Sequence[int]) -> Iterator[GrammarState]:

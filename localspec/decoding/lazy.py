@@ -19,7 +19,7 @@ from typing import Literal
 import numpy as np
 
 from localspec.backends.base import Model
-from localspec.decoding.grammar import Grammar, GrammarState
+from localspec.decoding.grammar import Grammar, GrammarState, rendered
 
 Phase = Literal["before", "thinking", "watching", "held", "free"]
 
@@ -34,7 +34,6 @@ class Triggered:
     trigger: bytes
     reasoning: tuple[bytes, bytes] | None = None  # (opening, end): the block not watched
     opened: bool = False  # the prompt opened the block
-    _pieces: dict[int, bytes] = field(default_factory=dict, repr=False)
 
     def start(self) -> TriggeredState:
         phase: Phase = "watching"
@@ -49,11 +48,6 @@ class Triggered:
             == (other.trigger, other.reasoning, other.opened)
             and self.inner.within(other.inner)
         )
-
-    def piece(self, token: int) -> bytes:
-        if (found := self._pieces.get(token)) is None:
-            found = self._pieces[token] = self.model.token_bytes(token, special=True)
-        return found
 
 
 @dataclass
@@ -81,7 +75,7 @@ class TriggeredState:
             return
         if self.phase == "free":
             return
-        piece = self.rule.piece(token)
+        piece = rendered(self.rule.model, token)
         self.text += piece
         self.written.append((token, piece))
         if self.phase in ("before", "thinking") and not self._past_reasoning():
