@@ -164,6 +164,10 @@ def test_a_budget_from_anthropics_thinking_the_servers_default_and_before_json(
         max_tokens=60,  # type: ignore[arg-type]
     )
     thought = (free.choices[0].message.model_extra or {})["reasoning_content"]
+
+    def tokens(text: str) -> int:
+        return len(session.target.tokenize(text.strip(), special=False))
+
     options = ServerOptions("coder", reasoning=ReasoningDefaults(BUDGET))
     with TestClient(create_app(session, options)) as http:
         reply = http.post(
@@ -180,15 +184,16 @@ def test_a_budget_from_anthropics_thinking_the_servers_default_and_before_json(
         blocks = reply.json()["content"]
         assert [b["type"] for b in blocks] == ["thinking", "text"], blocks
         assert blocks[1]["text"].strip(), blocks  # the answer after the forced close
-        budgeted = blocks[0]["thinking"]
-        assert budgeted and thought.startswith(budgeted) and len(budgeted) < len(thought)
+        # BUDGET tokens of reasoning, where it would think longer (as whole text, read
+        # again into tokens: a greedy answer here may part from another at a near-tie)
+        assert 0 < tokens(blocks[0]["thinking"]) <= BUDGET + 1 < tokens(thought), blocks
         # the server's own budget where a request sets none (or -1), before a schema's JSON
         for extra in ({}, {"thinking_budget_tokens": -1}):
             schema = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
             asked = {"model": "coder", "messages": MESSAGES, "temperature": 0, "max_tokens": 120}
             r = http.post("/v1/chat/completions", json=asked | extra | {"response_format": schema})
             message = r.json()["choices"][0]["message"]
-            assert message["reasoning_content"] == budgeted, (extra, message)
+            assert 0 < tokens(message["reasoning_content"]) <= BUDGET + 1, (extra, message)
             jsonschema.validate(json.loads(message["content"]), PERSON)
         asked |= {"reasoning_budget_message": "Done </think>"}
         r = http.post("/v1/chat/completions", json=asked)
