@@ -366,6 +366,12 @@ def serve(args: argparse.Namespace) -> int:
             if recommendation := recommended.describe():
                 described += f" (the model's GGUF recommends {recommendation})"
             print(f"localspec: a request that sets none samples with {described}", file=sys.stderr)
+        if (budget := reasoning_budget(args)) is not None:
+            print(
+                f"localspec: a thinking model's reasoning ends after {budget} tokens where a "
+                "request sets no budget",
+                file=sys.stderr,
+            )
         print(
             f"localspec: serving {name} (draft: {draft}, γ {config.gamma}; {slots}) at "
             f"{url(sockets[0])}/v1",
