@@ -79,6 +79,14 @@ class Session:
     def drafter(self) -> Drafter:
         return self.engine.drafter
 
+    def around(self, engine: Engine) -> Session:
+        """This session's models and conversation settings (the template's variables,
+        the reasoning budget) around another engine: the chat's drafter and γ."""
+        other = Session(engine, self.draft_model)
+        other.template_kwargs = self.template_kwargs
+        other.reasoning_budget = self.reasoning_budget
+        return other
+
     def engine_for(
         self, target: Model, draft_model: Model | None, head: MtpHead | None = None
     ) -> Engine:

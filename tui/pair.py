@@ -50,7 +50,7 @@ class LoadedPair:
             config = SessionConfig(target=self.spec.target, draft=kind, gamma=settings.gamma)
             draft_model = self.base.draft_model if drafter == "model" else None
             engine = make_engine(self.base.target, draft_model, config, head)
-            self._built = (key, Session(engine, self.base.draft_model))
+            self._built = (key, self.base.around(engine))
         return self._built[1]
 
     def close(self) -> None:
