@@ -40,6 +40,7 @@ class Settings:
     target: str = ""  # the pair picked on the models screen; "" = the planner's choice
     draft: str = ""
     rpc: str = ""  # host:port[,host:port...] of rpc-servers for the target's layers; "" = none
+    reasoning_budget: int = -1  # a thinking model's most reasoning tokens; -1 = no limit
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -67,6 +68,11 @@ def check(key: str, value: Any) -> None:
             need(number and math.isfinite(value) and 0 <= value <= 5, "a number from 0 to 5")
         case "top_p":
             need(number and 0 < value <= 1, "a number above 0, at most 1")
+        case "reasoning_budget":
+            need(
+                isinstance(value, int) and not isinstance(value, bool) and value >= -1,
+                "a whole number of at least -1 (-1: no limit)",
+            )
         case "max_tokens":
             need(
                 isinstance(value, int) and not isinstance(value, bool) and value >= 1,

@@ -51,7 +51,10 @@ class LoadedPair:
             draft_model = self.base.draft_model if drafter == "model" else None
             engine = make_engine(self.base.target, draft_model, config, head)
             self._built = (key, self.base.around(engine))
-        return self._built[1]
+        session = self._built[1]
+        budget = settings.reasoning_budget  # (the command line's, where it set one)
+        session.reasoning_budget = None if budget < 0 else budget
+        return session
 
     def close(self) -> None:
         self.base.close()

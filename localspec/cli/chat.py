@@ -17,7 +17,6 @@ from localspec.cli.options import (
     add_reasoning_option,
     add_sampling_options,
     add_template_option,
-    reasoning_budget,
     session_config,
 )
 
@@ -32,6 +31,7 @@ FROM_SETTINGS = {
     "temperature": "temperature",
     "top_p": "top_p",
     "max_tokens": "max_tokens",
+    "reasoning_budget": "reasoning_budget",
     "system": "system_prompt",
     "rpc": "rpc",
 }
@@ -113,7 +113,6 @@ def pair_loader(args: argparse.Namespace, settings: Settings) -> tuple[PairLoade
             say=say,
         )
         session.template_kwargs = args.chat_template_kwargs
-        session.reasoning_budget = reasoning_budget(args)
         return session
 
     return load, spec

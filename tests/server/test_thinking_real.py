@@ -25,7 +25,6 @@ from localspec.decoding.events import Finished, Piece
 from localspec.decoding.sampling import SamplingParams
 from localspec.server.app import ServerOptions, create_app
 from localspec.server.fence import chat_grammar
-from localspec.server.schemas import ReasoningDefaults
 from localspec.session import Session, SessionConfig, open_session
 from localspec.thinking import THINK, Thinking
 
@@ -152,49 +151,3 @@ def test_a_reasoning_budget_closes_the_thought_and_the_answer_follows(
     assert isinstance(plain, Finished)
     served = Finished(plain.text, ids, plain.stop_reason, plain.stats)
     assert_lossless(served, [e for e in events if isinstance(e, Piece)], plain)
-
-
-def test_a_budget_from_anthropics_thinking_the_servers_default_and_before_json(
-    session: Session, client: openai.OpenAI
-):
-    free = client.chat.completions.create(
-        model="coder",
-        messages=MESSAGES,
-        temperature=0,
-        max_tokens=60,  # type: ignore[arg-type]
-    )
-    thought = (free.choices[0].message.model_extra or {})["reasoning_content"]
-
-    def tokens(text: str) -> int:
-        return len(session.target.tokenize(text.strip(), special=False))
-
-    options = ServerOptions("coder", reasoning=ReasoningDefaults(BUDGET))
-    with TestClient(create_app(session, options)) as http:
-        reply = http.post(
-            "/v1/messages",
-            json={
-                "model": "coder",
-                "system": MESSAGES[0]["content"],
-                "messages": MESSAGES[1:],
-                "thinking": {"type": "enabled", "budget_tokens": BUDGET},
-                "temperature": 0,
-                "max_tokens": 60,
-            },
-        )
-        blocks = reply.json()["content"]
-        assert [b["type"] for b in blocks] == ["thinking", "text"], blocks
-        assert blocks[1]["text"].strip(), blocks  # the answer after the forced close
-        # BUDGET tokens of reasoning, where it would think longer (as whole text, read
-        # again into tokens: a greedy answer here may part from another at a near-tie)
-        assert 0 < tokens(blocks[0]["thinking"]) <= BUDGET + 1 < tokens(thought), blocks
-        # the server's own budget where a request sets none (or -1), before a schema's JSON
-        for extra in ({}, {"thinking_budget_tokens": -1}):
-            schema = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
-            asked = {"model": "coder", "messages": MESSAGES, "temperature": 0, "max_tokens": 120}
-            r = http.post("/v1/chat/completions", json=asked | extra | {"response_format": schema})
-            message = r.json()["choices"][0]["message"]
-            assert 0 < tokens(message["reasoning_content"]) <= BUDGET + 1, (extra, message)
-            jsonschema.validate(json.loads(message["content"]), PERSON)
-        asked |= {"reasoning_budget_message": "Done </think>"}
-        r = http.post("/v1/chat/completions", json=asked)
-        assert r.status_code == 400 and "reasoning_budget_message" in r.json()["error"]["message"]

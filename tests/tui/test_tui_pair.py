@@ -1,6 +1,6 @@
 """The chat's engine for the settings (`LoadedPair.session_for`) keeps what the command
-line set for the conversation: the template's variables and the reasoning budget (a
-scripted thinker with a Qwen3 kind of template)."""
+line set for the conversation (the template's variables) and follows the settings'
+reasoning budget (a scripted thinker with a Qwen3 kind of template)."""
 
 from __future__ import annotations
 
@@ -21,15 +21,16 @@ REPLY = "<think>\nWeighing it up.\n</think>\n\nYes, it is."
 def test_the_chats_engine_keeps_the_template_variables_and_the_budget(tmp_path: Path):
     base = scripted_session(REPLY, template=THINKING_TEMPLATE)
     base.template_kwargs = {"enable_thinking": False}
-    base.reasoning_budget = 3
     pair = LoadedPair(SPEC, base)
     session = pair.session_for(Settings(gamma=2))  # another engine than the base's
-    assert session.engine is not base.engine
+    assert session.engine is not base.engine and session.reasoning_budget is None
     prompt = session.prompt_text([{"role": "user", "content": "Is it?"}])
     assert prompt.endswith("<think>\n\n</think>\n\n")  # thinking off, as asked
     base.template_kwargs = {}
     posted: list[object] = []
-    turn = Turn(1, "c1", "Is it?", Settings(gamma=2), threading.Event(), Pacer())
+    turn = Turn(
+        1, "c1", "Is it?", Settings(gamma=2, reasoning_budget=3), threading.Event(), Pacer()
+    )
     run_turn(turn, LoadedPair(SPEC, base), ConversationStore(tmp_path / "c"), posted.append)
     runs = [run for m in posted if isinstance(m, AnswerPieces) for run in m.runs]
     reasoning = "".join(text for text, source in runs if source == "reasoning")

@@ -1,4 +1,5 @@
-"""Settings: system prompt, sampling, max tokens, γ and drafter. Saved on the way out."""
+"""Settings: system prompt, sampling, max tokens, the reasoning budget, γ and drafter.
+Saved on the way out."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield Input(str(s.top_p), id="top_p", type="number")
                 yield Label("Max tokens")
                 yield Input(str(s.max_tokens), id="max_tokens", type="integer")
+                yield Label("Reasoning budget (-1 = off)")
+                yield Input(str(s.reasoning_budget), id="reasoning_budget", type="integer")
                 yield Label("γ (tokens drafted per round)")
                 yield Select(
                     [(g, g) for g in GAMMAS], value=str(s.gamma), id="gamma", allow_blank=False
@@ -70,6 +73,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             temperature=_number(value("temperature"), "temperature", float),
             top_p=_number(value("top_p"), "top-p", float),
             max_tokens=_number(value("max_tokens"), "max tokens", int),
+            reasoning_budget=_number(value("reasoning_budget"), "reasoning budget", int),
             gamma=gamma if gamma == "auto" else int(gamma),
             drafter=self.query_one("#drafter", Select).value,
         )
