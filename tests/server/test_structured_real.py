@@ -21,8 +21,10 @@ from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished, Piece, RoundEnd
 from localspec.decoding.sampling import SamplingParams
+from localspec.server import chat
 from localspec.server.app import ServerOptions, create_app
 from localspec.server.fence import Unfence, chat_grammar
+from localspec.server.schemas import Tool
 from localspec.session import Session, SessionConfig, open_session
 from localspec.thinking import GEMMA, HARMONY, THINK, Thinking, excluding
 
@@ -471,11 +473,8 @@ def test_a_forced_call_grammar_takes_its_formats_call_and_forces_its_head(sessio
             pytest.fail(f"{fmt}: another function's name went through")
 
 
-def test_a_forced_calls_arguments_follow_its_own_functions_schema(session) -> None:
-    """With two tools, a call of one with the other's arguments is refused in every
-    format; with its own, it goes through (on the real vocabulary)."""
-    from localspec.server.chat import CALL_STYLE, GEMMA4, HARMONY, HERMES, LLAMA3, XML, tool_grammar
-    from localspec.server.schemas import Tool
+def two_tools() -> list[Tool]:
+    """`get_weather(city)` and `add(a)`, each argument required."""
 
     def tool(name: str, properties: dict) -> Tool:
         schema = {"type": "object", "properties": properties, "required": list(properties)}
@@ -483,29 +482,40 @@ def test_a_forced_calls_arguments_follow_its_own_functions_schema(session) -> No
             {"type": "function", "function": {"name": name, "parameters": schema}}
         )
 
-    tools = [
+    return [
         tool("get_weather", {"city": {"type": "string"}}),
         tool("add", {"a": {"type": "integer"}}),
     ]
-    calls = {  # format -> a call of `add` with these arguments
-        HERMES: lambda args: f'<tool_call>\n{{"name": "add", "arguments": {args}}}\n</tool_call>',
-        LLAMA3: lambda args: f'{{"name": "add", "parameters": {args}}}',
-        XML: lambda args: (
-            "<tool_call>\n<function=add>\n"
-            + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in json.loads(args).items())
-            + "</function>\n</tool_call>"
-        ),
-        GEMMA4: lambda args: (
-            "<|tool_call>call:add{"
-            + ",".join(f"{k}:{json.dumps(v)}" for k, v in json.loads(args).items())
-            + "}<tool_call|>"
-        ),
-        HARMONY: lambda args: (
-            f"<|channel|>commentary to=functions.add <|constrain|>json<|message|>{args}"
-        ),
-    }
+
+
+# format -> a call of `add` with these arguments (JSON), as the format writes it
+ADD_CALLS = {
+    chat.HERMES: lambda args: f'<tool_call>\n{{"name": "add", "arguments": {args}}}\n</tool_call>',
+    chat.LLAMA3: lambda args: f'{{"name": "add", "parameters": {args}}}',
+    chat.XML: lambda args: (
+        "<tool_call>\n<function=add>\n"
+        + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in json.loads(args).items())
+        + "</function>\n</tool_call>"
+    ),
+    chat.GEMMA4: lambda args: (
+        "<|tool_call>call:add{"
+        + ",".join(f"{k}:{json.dumps(v)}" for k, v in json.loads(args).items())
+        + "}<tool_call|>"
+    ),
+    chat.HARMONY: lambda args: (
+        f"<|channel|>commentary to=functions.add <|constrain|>json<|message|>{args}"
+    ),
+}
+
+
+def test_a_forced_calls_arguments_follow_its_own_functions_schema(session) -> None:
+    """With two tools, a call of one with the other's arguments is refused in every
+    format; with its own, it goes through (on the real vocabulary)."""
+    from localspec.server.chat import CALL_STYLE, tool_grammar
+
+    tools = two_tools()
     target = session.target
-    for fmt, call in calls.items():
+    for fmt, call in ADD_CALLS.items():
         grammar = LlamaGrammar(target, tool_grammar(tools, fmt), style=CALL_STYLE)
         assert goes_through(grammar, target, call('{"a": 2}')), fmt
         assert not goes_through(grammar, target, call('{"city": "Paris"}')), fmt
@@ -634,40 +644,8 @@ def test_a_lazy_call_grammar_holds_each_formats_calls_from_their_mark(session) -
     through (held from the mark), a call of one tool with the other's arguments does not,
     and text with no mark is never held; Llama 3.x's and gpt-oss's calls have no mark."""
     from localspec.decoding.lazy import Triggered
-    from localspec.server.chat import (
-        CALL_STYLE,
-        GEMMA4,
-        HARMONY,
-        HERMES,
-        LLAMA3,
-        XML,
-        lazy_tool_grammar,
-    )
-    from localspec.server.schemas import Tool
 
-    def tool(name: str, properties: dict) -> Tool:
-        schema = {"type": "object", "properties": properties, "required": list(properties)}
-        return Tool.model_validate(
-            {"type": "function", "function": {"name": name, "parameters": schema}}
-        )
-
-    tools = [
-        tool("get_weather", {"city": {"type": "string"}}),
-        tool("add", {"a": {"type": "integer"}}),
-    ]
-    calls = {  # format -> a call of `add` with these arguments
-        HERMES: lambda args: f'<tool_call>\n{{"name": "add", "arguments": {args}}}\n</tool_call>',
-        XML: lambda args: (
-            "<tool_call>\n<function=add>\n"
-            + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in json.loads(args).items())
-            + "</function>\n</tool_call>"
-        ),
-        GEMMA4: lambda args: (
-            "<|tool_call>call:add{"
-            + ",".join(f"{k}:{json.dumps(v)}" for k, v in json.loads(args).items())
-            + "}<tool_call|>"
-        ),
-    }
+    tools = two_tools()
     target = session.target
 
     def fed(grammar: Triggered, text: str):
@@ -678,11 +656,14 @@ def test_a_lazy_call_grammar_holds_each_formats_calls_from_their_mark(session) -
             state.accept(token)
         return state
 
-    for fmt, call in calls.items():
-        lazy = lazy_tool_grammar(tools, fmt)
+    for fmt in (chat.HERMES, chat.XML, chat.GEMMA4):
+        call = ADD_CALLS[fmt]
+        lazy = chat.lazy_tool_grammar(tools, fmt)
         assert lazy is not None
         gbnf, trigger = lazy
-        grammar = Triggered(target, LlamaGrammar(target, gbnf, style=CALL_STYLE), trigger.encode())
+        grammar = Triggered(
+            target, LlamaGrammar(target, gbnf, style=chat.CALL_STYLE), trigger.encode()
+        )
         two, other = call('{"a": 2}') + "\n" + call('{"a": 3}'), call('{"city": "Paris"}')
         both = fed(grammar, "Adding it up.\n" + two)
         assert both is not None and both.phase == "held", fmt
@@ -690,4 +671,7 @@ def test_a_lazy_call_grammar_holds_each_formats_calls_from_their_mark(session) -
         assert fed(grammar, "Adding.\n" + other) is None, fmt
         prose = fed(grammar, "No call here: <tool or <|tool, but no mark.")
         assert prose is not None and prose.phase == "watching", fmt
-    assert lazy_tool_grammar(tools, LLAMA3) is None and lazy_tool_grammar(tools, HARMONY) is None
+    assert (
+        chat.lazy_tool_grammar(tools, chat.LLAMA3) is None
+        and chat.lazy_tool_grammar(tools, chat.HARMONY) is None
+    )
