@@ -59,12 +59,8 @@ class ThoughtBudget:
         thought ends in the start of the end mark (a mark that is text, not one token)
         and no message comes first, the rest of the mark."""
         end = self.marks[1]
-        begun = (
-            0
-            if self.message
-            else next((k for k in range(len(end) - 1, 0, -1) if written.endswith(end[:k])), 0)
-        )
-        if not begun:
+        begun = max((k for k in range(1, len(end)) if written.endswith(end[:k])), default=0)
+        if not begun or self.message:
             return self.close
         if (rest := self._rests.get(begun)) is None:
             rest = self._rests[begun] = tokens_of(self.model, end[begun:].decode())
