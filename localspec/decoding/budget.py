@@ -22,7 +22,7 @@ from typing import Literal
 import numpy as np
 
 from localspec.backends.base import Model
-from localspec.decoding.grammar import Grammar, GrammarState, rendered
+from localspec.decoding.grammar import Grammar, GrammarState, last_state, rendered
 
 Phase = Literal["before", "thinking", "closing", "done"]
 
@@ -104,7 +104,11 @@ class BudgetState:
             self._close()
 
     def _close(self) -> None:
-        self.phase, self.close, self.at = "closing", self.rule.closing(self.text), 0
+        close = self.rule.closing(self.text)
+        if self.inner is not None and last_state(self.inner, close) is None:
+            self.phase = "done"  # the request's grammar refuses the close: it rules
+            return
+        self.phase, self.close, self.at = "closing", close, 0
 
     def _next(self) -> int | None:
         return self.close[self.at] if self.phase == "closing" else None

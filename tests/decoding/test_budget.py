@@ -17,6 +17,7 @@ from localspec.decoding.budget import ThoughtBudget, whole_characters
 from localspec.decoding.drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished
+from localspec.decoding.opening import Opening
 from localspec.decoding.sampling import SamplingParams, logits_to_probs
 from localspec.thinking import HARMONY, Thinking
 
@@ -127,6 +128,15 @@ def test_a_mark_begun_when_the_budget_ends_is_finished_not_written_again():
     assert bytes(answer(Engine(target, NoDrafter(), 0), budget).tokens) == script
     budget = ThoughtBudget.of(target, THINK, 4, "Stop.", opened=True)  # a message: as is
     assert bytes(answer(Engine(target, NoDrafter(), 0), budget).tokens) == b"hm</Stop.</think>"
+
+
+def test_a_grammar_that_refuses_the_close_rules():
+    """The request's own grammar holds as well: where it refuses the close (the answer
+    must open with "xyz"), nothing is forced, and nothing it refuses is taken."""
+    target = ToyModel(letters(1), n_vocab=V)
+    budget = ThoughtBudget.of(target, THINK, 0, opened=True, inner=Opening(target, "xyz"))
+    text = bytes(answer(Engine(target, NoDrafter(), 0), budget).tokens)
+    assert text.startswith(b"xyz") and b"</think>" not in text, text
 
 
 def test_the_close_waits_for_a_whole_character():
