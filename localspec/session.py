@@ -140,16 +140,18 @@ class Session:
         """The answer to a conversation; a thinking model's reasoning marks show in its
         text, where `thinking` splits them off, and its reasoning ends within the
         session's budget."""
-        marks = [m for m in CONTROL_MARKS if m in (self.target.chat_template() or "")]
+        template = self.target.chat_template()
+        marks = [m for m in CONTROL_MARKS if m in (template or "")]
         if marks:
             config = replace(config, shown=config.shown | shown_tokens(self.target, marks))
+        text = self.prompt_text(self.history(messages))  # rendered once, read twice
         budget = self.reasoning_budget
-        if budget is not None and (thinking := self.thinking(messages)) is not None:
+        if budget is not None and (thinking := opens_thinking(template, text)) is not None:
             grammar = ThoughtBudget.of(
                 self.target, thinking.block, budget, opened=thinking.opened, inner=config.grammar
             )
             config = replace(config, grammar=grammar)
-        return self.engine.generate(self.render(self.history(messages)), config, cancel)
+        return self.engine.generate(self.target.tokenize(text, special=True), config, cancel)
 
     def thinking(self, messages: Sequence[Message]) -> Thinking | None:
         """How the answer to `messages` holds its reasoning (None: the model does not
