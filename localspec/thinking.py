@@ -217,6 +217,45 @@ class ThinkSplit:
         return out
 
 
+Reading = Literal["before", "thinking", "after", "none"]
+
+
+@dataclass
+class BlockReader:
+    """Where an answer stands with its opening reasoning block, read from the bytes its
+    tokens render (ThinkSplit's reading without the split, for the rules a thinking
+    model decodes under: the reasoning budget, the lazy grammar, which watch the answer
+    token by token). `after`: past the block; `none`: the answer opened without one."""
+
+    marks: tuple[bytes, bytes]
+    phase: Reading = "before"
+    text: bytes = b""  # what a mark may still complete, and the thought's last bytes
+
+    def read(self, piece: bytes) -> bytes | None:
+        """Read the next token's bytes: where the answer is past the block with them (or
+        has opened without one), its bytes from there on; None while it is not."""
+        start, end = self.marks
+        self.text += piece
+        if self.phase == "before":
+            said = self.text.lstrip()
+            if said.startswith(start):
+                self.phase, self.text = "thinking", said[len(start) :]
+            elif start.startswith(said):
+                return None  # maybe the block's opening, still coming
+            else:
+                self.phase, rest, self.text = "none", self.text, b""
+                return rest
+        if self.phase == "thinking":
+            at = self.text.find(end)
+            if at < 0:
+                self.text = self.text[-(len(end) + 8) :]  # (a character's bytes, whole)
+                return None
+            self.phase, rest, self.text = "after", self.text[at + len(end) :], b""
+            return rest
+        self.text = b""
+        return piece
+
+
 # Harmony's markers as llama.cpp renders them: <|channel|>, <|message|>, <|start|> and
 # <|constrain|> always, <|end|> where the request shows it (`Prepared.shown`); <|call|>
 # and <|return|> end the generation and never reach the text.

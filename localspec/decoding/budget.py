@@ -16,13 +16,14 @@ nothing more to say (`free`), and the engine decodes on without it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
 
 from localspec.backends.base import Model
 from localspec.decoding.grammar import Grammar, GrammarState, last_state, rendered
+from localspec.thinking import BlockReader
 
 Phase = Literal["before", "thinking", "closing", "done"]
 
@@ -68,7 +69,8 @@ class ThoughtBudget:
 
     def start(self) -> BudgetState:
         inner = self.inner.start() if self.inner is not None else None
-        state = BudgetState(self, inner, "before", self.budget)
+        reader = BlockReader(self.marks, "thinking" if self.opened else "before")
+        state = BudgetState(self, inner, "before", self.budget, reader)
         if self.opened:
             state.open()
         return state
@@ -93,18 +95,18 @@ class BudgetState:
     inner: GrammarState | None
     phase: Phase
     left: int  # reasoning tokens still allowed
-    text: bytes = b""  # the answer so far (before: all of it; thinking: its last bytes)
+    reader: BlockReader  # the answer's reading, while before or thinking
     close: tuple[int, ...] = ()  # while closing: what is forced,
     at: int = 0  # and the next of its tokens
 
     def open(self) -> None:
         """The block is open: count from here (a budget of 0 closes it at once)."""
-        self.phase, self.left, self.text = "thinking", self.rule.budget, b""
+        self.phase, self.left = "thinking", self.rule.budget
         if self.left <= 0:
             self._close()
 
     def _close(self) -> None:
-        close = self.rule.closing(self.text)
+        close = self.rule.closing(self.reader.text)
         if self.inner is not None and last_state(self.inner, close) is None:
             self.phase = "done"  # the request's grammar refuses the close: it rules
             return
@@ -137,30 +139,26 @@ class BudgetState:
             self.inner.accept(token)
             if self.inner.free:
                 self.inner = None
-        start, end = self.rule.marks
         if self.phase == "closing":
             self.at += 1
             if self.at == len(self.close):
                 self.phase = "done"
-        elif self.phase == "before":
-            self.text += rendered(self.rule.model, token)
-            said = self.text.lstrip()
-            if said.startswith(start):
-                self.open()
-            elif not start.startswith(said):
-                self.phase = "done"  # the answer opened without reasoning
-        elif self.phase == "thinking":
-            self.text = (self.text + rendered(self.rule.model, token))[-(len(end) + 8) :]
-            if end in self.text:
-                self.phase = "done"
-                return
-            self.left -= 1
-            if self.left <= 0 and whole_characters(self.text):
-                self._close()
+        elif self.phase in ("before", "thinking"):
+            if self.reader.read(rendered(self.rule.model, token)) is not None:
+                self.phase = "done"  # the model closed the block, or answered without one
+            elif self.phase == "before":
+                if self.reader.phase == "thinking":
+                    self.open()
+            else:
+                self.left -= 1
+                if self.left <= 0 and whole_characters(self.reader.text):
+                    self._close()
 
     def clone(self) -> BudgetState:
         inner = self.inner.clone() if self.inner is not None else None
-        return BudgetState(self.rule, inner, self.phase, self.left, self.text, self.close, self.at)
+        return BudgetState(
+            self.rule, inner, self.phase, self.left, replace(self.reader), self.close, self.at
+        )
 
     def forced_text(self, limit: int) -> bytes:
         if self.phase == "closing" or self.inner is None:

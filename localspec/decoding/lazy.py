@@ -13,13 +13,14 @@ it exactly, as any grammar (localspec.decoding.grammar).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
 
 from localspec.backends.base import Model
 from localspec.decoding.grammar import Grammar, GrammarState, rendered
+from localspec.thinking import BlockReader
 
 Phase = Literal["before", "thinking", "watching", "held", "free"]
 
@@ -36,10 +37,10 @@ class Triggered:
     opened: bool = False  # the prompt opened the block
 
     def start(self) -> TriggeredState:
-        phase: Phase = "watching"
-        if self.reasoning is not None:
-            phase = "thinking" if self.opened else "before"
-        return TriggeredState(self, phase)
+        if self.reasoning is None:
+            return TriggeredState(self, "watching")
+        reader = BlockReader(self.reasoning, "thinking" if self.opened else "before")
+        return TriggeredState(self, "thinking" if self.opened else "before", reader=reader)
 
     def within(self, other: Grammar) -> bool:
         return (
@@ -57,6 +58,7 @@ class TriggeredState:
     text: bytes = b""  # the answer's last bytes, where a trigger or mark may be begun
     written: list[tuple[int, bytes]] = field(default_factory=list)  # its last tokens
     inner: GrammarState | None = None  # once triggered
+    reader: BlockReader | None = None  # the reasoning's, while before or thinking
 
     def allows(self, token: int) -> bool:
         return self.inner.allows(token) if self.inner is not None else True
@@ -76,38 +78,38 @@ class TriggeredState:
         if self.phase == "free":
             return
         piece = rendered(self.rule.model, token)
-        self.text += piece
         self.written.append((token, piece))
-        if self.phase in ("before", "thinking") and not self._past_reasoning():
+        if self.reader is None:
+            self.text += piece
+        elif not self._past_reasoning(piece):
             return
         trigger = self.rule.trigger
         if (at := self.text.find(trigger)) >= 0:
             self._hold_from(at)
             return
-        # keep what may still begin the trigger, and the tokens that wrote it
+        # keep what may still begin the trigger, and the fewest tokens that wrote it
         self.text = self.text[-(len(trigger) - 1) :] if len(trigger) > 1 else b""
-        while len(self.written) > 1 and sum(len(p) for _, p in self.written[1:]) >= len(self.text):
-            self.written.pop(0)
+        kept = size = 0
+        for _, written in reversed(self.written):
+            kept, size = kept + 1, size + len(written)
+            if size >= len(self.text):
+                break
+        del self.written[: len(self.written) - kept]
 
-    def _past_reasoning(self) -> bool:
-        """Whether the answer is past its reasoning block (or opened without one): from
-        there, `text` and `written` hold the answer's text after it."""
-        assert self.rule.reasoning is not None
-        start, end = self.rule.reasoning
-        if self.phase == "before":
-            said = self.text.lstrip()
-            if not said.startswith(start):
-                if start.startswith(said):
-                    return False  # maybe the block's opening, still coming
-                self.phase = "watching"  # no reasoning: all of it is the answer
-                return True
-            self.phase, self.text = "thinking", said[len(start) :]
-        at = self.text.find(end)
-        if at < 0:
-            self.text, self.written = self.text[-len(end) :], []
+    def _past_reasoning(self, piece: bytes) -> bool:
+        """Whether the answer is past its reasoning block (or opened without one) with
+        `piece`: from there, `text` and `written` hold the answer after the block."""
+        assert self.reader is not None
+        rest = self.reader.read(piece)
+        if rest is None:
+            self.phase = "thinking" if self.reader.phase == "thinking" else "before"
+            if self.phase == "thinking":
+                self.written = []  # the thought's tokens
             return False
-        rest = self.text[at + len(end) :]  # (-1: a part of a token, read again)
-        self.phase, self.text, self.written = "watching", rest, [(-1, rest)] if rest else []
+        if self.reader.phase == "after":  # (-1: a part of a token, read again)
+            self.written = [(-1, rest)] if rest else []
+        # (none: no reasoning, all of it is the answer, as written)
+        self.phase, self.text, self.reader = "watching", rest, None
         return True
 
     def _hold_from(self, at: int) -> None:
@@ -136,7 +138,8 @@ class TriggeredState:
 
     def clone(self) -> TriggeredState:
         inner = self.inner.clone() if self.inner is not None else None
-        return TriggeredState(self.rule, self.phase, self.text, list(self.written), inner)
+        reader = replace(self.reader) if self.reader is not None else None
+        return TriggeredState(self.rule, self.phase, self.text, list(self.written), inner, reader)
 
     def forced_text(self, limit: int) -> bytes:
         return self.inner.forced_text(limit) if self.inner is not None else b""

@@ -120,6 +120,13 @@ def test_a_block_the_model_ends_itself_is_left_as_written():
         state.accept(token)
     assert state.free and state.allows(EOS)
 
+    # a block opened and ended in one token (a model's merged marks) is done at once
+    merged = ToyModel(scripted(b"", len(PROMPT)), n_vocab=V)
+    merged.token_bytes = lambda t, special=False: b"<think>hm</think>" if t == 0 else bytes([t])
+    state = ThoughtBudget.of(merged, THINK, 1).start()
+    state.accept(0)
+    assert state.free
+
 
 def test_a_mark_begun_when_the_budget_ends_is_finished_not_written_again():
     script = b"hm</think>yes"

@@ -1,7 +1,8 @@
 """A grammar that holds from a trigger on (localspec.decoding.lazy), on toy byte models:
 free before the trigger, held from its first character (written over several tokens, or
-in a token with more after it), not in the reasoning block, let go where the text from
-the trigger on does not fit it; speculation keeps the answer exactly."""
+in a token with more after it), not in the reasoning block (however its tokens cut it),
+let go where the text from the trigger on does not fit it; speculation keeps the answer
+exactly."""
 
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ from localspec.decoding.events import Finished
 from localspec.decoding.lazy import Triggered
 from localspec.decoding.opening import Opening
 from localspec.decoding.sampling import SamplingParams
+from localspec.thinking import BlockReader
 
-V = 260
+V = 261
 CALL = "<call>ab</call>"  # the one call the held grammar takes (then the answer is free)
 PROMPT = list(b"<|user|>go\n<|assistant|>")
 JOINED = {258: b"l>a", 259: b"l>z"}  # tokens that end the trigger and go on
+WHOLE = 260  # a reasoning block and the trigger's start, in one token
+JOINED[WHOLE] = b"<think>hm</think>\n<ca"
 
 
 class Joined(ToyModel):
@@ -81,6 +85,22 @@ def test_a_trigger_in_the_reasoning_is_not_a_call():
         b"<call>",
     )
     assert state.phase == "held"
+
+
+def test_the_reasoning_is_read_however_its_tokens_cut_it():
+    model = Joined(scripted(b""), n_vocab=V)
+    marks = (b"<think>", b"</think>")
+    for cut in ([*JOINED[WHOLE]], [WHOLE]):  # byte by byte, or in one token
+        state = fed(Triggered(model, Opening(model, CALL), b"<call>", marks).start(), cut)
+        assert state.phase == "watching" and fed(state, b"ll>").phase == "held", cut
+    reader = BlockReader(marks)
+    assert [reader.read(bytes([b])) for b in b" \n<th"] == [None] * 5
+    assert reader.read(b"ink>") is None and reader.phase == "thinking"
+    assert reader.read(b"a</thi") is None and reader.read(b"nk>ok") == b"ok"
+    assert reader.phase == "after" and reader.read(b"!") == b"!"
+    reader = BlockReader(marks)
+    assert reader.read(b"\n") is None and reader.read(b"<a") == b"\n<a"  # no block
+    assert reader.phase == "none"
 
 
 @pytest.mark.parametrize("gamma", [2, 5])
