@@ -26,7 +26,13 @@ from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Event
 from localspec.drafting import GAMMA_MAX, MODEL_FREE_DRAFTERS
 from localspec.errors import LocalspecError
-from localspec.thinking import CONTROL_MARKS, Thinking, opens_thinking, without_reasoning
+from localspec.thinking import (
+    CONTROL_MARKS,
+    Switch,
+    Thinking,
+    opens_thinking,
+    without_reasoning,
+)
 
 
 class Message(TypedDict):
@@ -115,6 +121,33 @@ class Session:
             self._template = _formatter(self.target)
         kwargs = {**self.template_kwargs, **(template_kwargs or {})}
         return self._template(messages=list(messages), tools=tools, **kwargs).prompt
+
+    @property
+    def thinking_switch(self) -> bool:
+        """Whether the chat template turns thinking on and off by `enable_thinking`: a
+        turn renders otherwise with it true than false (llama.cpp's test too)."""
+        turn = [{"role": "user", "content": "Hi"}]
+        both = {
+            self.prompt_text(turn, template_kwargs={"enable_thinking": b}) for b in (True, False)
+        }
+        return len(both) == 2
+
+    def switch_note(self, switch: Switch) -> str | None:
+        """A line where turning thinking `switch` does nothing here (None: it does)."""
+        if switch == "auto" or self.thinking_switch:
+            return None
+        name = self.target.name
+        if opens_thinking(self.target.chat_template(), "") is None:
+            return (
+                f"{name} does not think (its chat template has no reasoning): thinking "
+                f"{switch} changes nothing"
+            )
+        if switch == "on":
+            return None  # it thinks without being asked
+        return (
+            f"{name}'s chat template has no switch for thinking: it thinks anyway (a "
+            "reasoning budget of 0 ends its reasoning at once)"
+        )
 
     @property
     def supports_tools(self) -> bool:

@@ -18,6 +18,7 @@ from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.sampling import SamplingParams
 from localspec.errors import LocalspecError, Problem
 from localspec.paths import home, write_atomic
+from localspec.thinking import SWITCHES, Switch
 
 Drafter = Literal["model", "ngram", "none"]  # the pair's draft model, n-grams, or plain decoding
 DRAFTERS: tuple[Drafter, ...] = get_args(Drafter)
@@ -40,6 +41,7 @@ class Settings:
     target: str = ""  # the pair picked on the models screen; "" = the planner's choice
     draft: str = ""
     rpc: str = ""  # host:port[,host:port...] of rpc-servers for the target's layers; "" = none
+    reasoning: Switch = "auto"  # thinking on, off, or as the model's chat template has it
     reasoning_budget: int = -1  # a thinking model's most reasoning tokens; -1 = no limit
 
     def __post_init__(self) -> None:
@@ -85,6 +87,8 @@ def check(key: str, value: Any) -> None:
             )
         case "drafter":
             need(value in DRAFTERS, " or ".join(repr(d) for d in DRAFTERS))
+        case "reasoning":
+            need(value in SWITCHES, " or ".join(repr(s) for s in SWITCHES))
         case "provenance":
             need(isinstance(value, bool), "true or false")
         case "rpc":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 THINK = ("<think>", "</think>")  # Qwen3, DeepSeek-R1, QwQ
 GEMMA = ("<|channel>thought", "<channel|>")  # Gemma 4
@@ -128,6 +128,18 @@ def opens_thinking(template: str | None, prompt_text: str) -> Thinking | None:
             opened = marks != HARMONY and prompt_text.rstrip().endswith(marks[0])
             return Thinking(marks, opened)
     return None
+
+
+# llama-server's --reasoning: a thinking model thinks, answers at once, or as its template
+# has it by default (Qwen3's thinks, Gemma 4's does not)
+Switch = Literal["auto", "on", "off"]
+SWITCHES: tuple[Switch, ...] = get_args(Switch)
+
+
+def switched(switch: Switch) -> dict[str, Any]:
+    """The template variable that turns thinking `switch` where the template has the switch:
+    `enable_thinking` (Qwen3's, Qwen3.5's, Gemma 4's), as llama-server passes it."""
+    return {} if switch == "auto" else {"enable_thinking": switch == "on"}
 
 
 def without_reasoning(template: str | None, answer: str) -> str:

@@ -161,9 +161,13 @@ class ChatApp(Answers, Loading, Downloads, Conversations):
     def _apply_settings(self, settings: Settings | None) -> None:
         if settings is None or settings == self.settings:
             return
+        switched = settings.reasoning != self.settings.reasoning
         self.settings = settings or Settings()
         self.save_settings(settings)
         self.notify("Settings saved; they apply from the next answer.", title="Settings")
+        note = self.pair.base.switch_note(settings.reasoning) if switched and self.pair else None
+        if note:
+            self.notify(note, title="Thinking", timeout=10)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield SystemCommand("New conversation", "Start over (Ctrl+N)", self.action_new_conversation)

@@ -93,6 +93,8 @@ class Loading(ChatBase):
         self.stats_panel.pair = self.spec.lines
         for note in message.notes:
             self.notify(note, title="Models", severity="warning", timeout=10)
+        if switch := message.pair.base.switch_note(self.settings.reasoning):
+            self.notify(switch, title="Thinking", timeout=10)
         if self.settings.drafter == "model" and not message.pair.has_draft_model:
             self.notify("This pair has no draft model: drafting with n-grams.", title="Models")
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from localspec.models.pairing import PairSpec
 from localspec.session import Session, SessionConfig, make_engine
 from localspec.settings import Settings
+from localspec.thinking import switched
 from tui.figures import VerifyCosts
 
 # Loads a pair (blocking, in a worker); `say` reports steps such as a memory back-off.
@@ -54,6 +55,7 @@ class LoadedPair:
         session = self._built[1]
         budget = settings.reasoning_budget  # (the command line's, where it set one)
         session.reasoning_budget = None if budget < 0 else budget
+        session.template_kwargs = {**self.base.template_kwargs, **switched(settings.reasoning)}
         return session
 
     def close(self) -> None:

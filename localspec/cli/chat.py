@@ -31,6 +31,7 @@ FROM_SETTINGS = {
     "temperature": "temperature",
     "top_p": "top_p",
     "max_tokens": "max_tokens",
+    "reasoning": "reasoning",
     "reasoning_budget": "reasoning_budget",
     "system": "system_prompt",
     "rpc": "rpc",

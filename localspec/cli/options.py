@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from localspec.errors import LocalspecError
+
+if TYPE_CHECKING:
+    from localspec.session import Session
 
 
 def ranged_int(lo: int, hi: int) -> Callable[[str], int]:
@@ -69,6 +73,16 @@ def add_template_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
 
 
 def add_reasoning_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    from localspec.thinking import SWITCHES
+
+    p.add_argument(
+        "--reasoning",
+        choices=SWITCHES,
+        default="auto",
+        help="a thinking model thinks before it answers (on) or answers at once (off), "
+        "by its chat template's switch, enable_thinking (Qwen3, Qwen3.5/3.6, Gemma 4), as "
+        "llama-server's --reasoning; auto, the default: as the template has it",
+    )
     p.add_argument(
         "--reasoning-budget",
         type=ranged_int(-1, 1 << 30),
@@ -81,6 +95,19 @@ def add_reasoning_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -
 
 def reasoning_budget(args: argparse.Namespace) -> int | None:
     return None if args.reasoning_budget < 0 else args.reasoning_budget
+
+
+def apply_reasoning(session: Session, args: argparse.Namespace, say: Callable[[str], None]) -> bool:
+    """The template's variables and the reasoning options of the command line on
+    `session`; whether --reasoning switches thinking (a line where the model's template
+    has nothing to switch)."""
+    from localspec.thinking import switched
+
+    session.template_kwargs = {**args.chat_template_kwargs, **switched(args.reasoning)}
+    session.reasoning_budget = reasoning_budget(args)
+    if note := session.switch_note(args.reasoning):
+        say(note)
+    return args.reasoning != "auto" and note is None
 
 
 def gamma_arg(text: str) -> int | str:

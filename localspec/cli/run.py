@@ -11,7 +11,7 @@ from localspec.cli.options import (
     add_reasoning_option,
     add_sampling_options,
     add_template_option,
-    reasoning_budget,
+    apply_reasoning,
     sampling_params,
     session_config,
 )
@@ -76,8 +76,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, sampling=sampling_params(args), stop=tuple(args.stop)
     )
     session = open_session(session_config(args), say=warn)
-    session.template_kwargs = args.chat_template_kwargs
-    session.reasoning_budget = reasoning_budget(args)
+    apply_reasoning(session, args, warn)
     try:
         if args.raw:
             events, out = session.complete(prompt, config), Output(None, args.json)

@@ -18,6 +18,7 @@ from localspec.cli.options import (
     add_model_options,
     add_reasoning_option,
     add_template_option,
+    apply_reasoning,
     ranged_float,
     ranged_int,
     reasoning_budget,
@@ -334,7 +335,11 @@ def serve(args: argparse.Namespace) -> int:
         )
         session = open_session(config, say=warn)
         stack.callback(session.close)
-        session.template_kwargs = args.chat_template_kwargs
+        if apply_reasoning(session, args, warn):  # the variables every request starts from
+            print(
+                f"localspec: a thinking model thinks {args.reasoning} where a request does not say",
+                file=sys.stderr,
+            )
         asked = SamplingDefaults(args.temperature, args.top_p, args.top_k, args.min_p)
         recommended = SamplingDefaults.of_model(session.target.metadata)
         sampling = asked.over(recommended)

@@ -376,9 +376,10 @@ class ChatRequest(GenerationBody):
     def template_variables(self) -> dict[str, Any]:
         """The chat template's variables this request sets."""
         kwargs = dict(self.chat_template_kwargs or {})
-        if self.reasoning_effort is not None:
-            effort = self.reasoning_effort
+        if (effort := self.reasoning_effort) is not None:
             kwargs.setdefault("reasoning_effort", EFFORTS.get(effort, effort))
+            if effort == "none":  # as llama-server's: no thinking, where the template can
+                kwargs.setdefault("enable_thinking", False)
         return kwargs
 
     @property

@@ -33,6 +33,8 @@ def test_round_trip_keeps_every_field(tmp_path: Path):
         provenance=True,
         target="qwen2.5-coder-7b-instruct",
         draft="/models/q 0.5b.gguf",
+        reasoning="off",
+        reasoning_budget=128,
     )
     save_settings(s, path)
     assert load_settings(path) == (s, [])
@@ -107,6 +109,8 @@ def test_unreadable_file_is_one_problem(tmp_path: Path):
         {"drafter": "draft"},
         {"provenance": "yes"},
         {"max_tokens": 1.5},
+        {"reasoning": "no"},
+        {"reasoning_budget": -2},
     ],
 )
 def test_bad_values_are_refused(change: dict):

@@ -169,6 +169,8 @@ def test_serve_samples_as_the_gguf_recommends_and_caps_answers_as_told(tmp_path:
         "5",
         "--max-tokens",
         "3",
+        "--reasoning",
+        "off",
     ]
     server = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
     try:
@@ -186,6 +188,7 @@ def test_serve_samples_as_the_gguf_recommends_and_caps_answers_as_told(tmp_path:
     line = "samples with temperature 0.25, top_k 5 (the model's GGUF recommends "
     line += "temperature 0.25, top_k 20)"
     assert line in "".join(said), said
+    assert "does not think (its chat template has no reasoning): thinking off" in "".join(said)
     assert answer["usage"]["completion_tokens"] == 3, answer
     assert answer["choices"][0]["finish_reason"] == "length"
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from helpers import localspec
 
-from localspec.backends.toy import THINKING_TEMPLATE
+from localspec.backends.toy import TEMPLATE, THINKING_TEMPLATE
 from localspec.cli import main
 from tui.scripted import scripted_session
 
@@ -56,6 +56,33 @@ def test_a_template_variable_turns_thinking_off(monkeypatch, capsys):
     assert (off["text"], off["tokens"]) == ("Yes, it is.", len("Yes, it is."))
     main(run)  # thinking on: the model writes the block itself
     assert json.loads(capsys.readouterr().out)["tokens"] == len(empty)
+    main([*run, "--reasoning", "off"])  # llama-server's switch: the same variable
+    off = json.loads(capsys.readouterr().out)
+    assert (off["text"], off["tokens"]) == ("Yes, it is.", len("Yes, it is."))
+    kwargs = ["--chat-template-kwargs", '{"enable_thinking": false}']
+    main([*run, *kwargs, "--reasoning", "on"])  # --reasoning wins over the variables
+    assert json.loads(capsys.readouterr().out)["tokens"] == len(empty)
+
+
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [
+        (TEMPLATE, "toy-target does not think (its chat template has no reasoning): thinking"),
+        (TEMPLATE + "{# <think> #}", "toy-target's chat template has no switch for thinking"),
+        (THINKING_TEMPLATE, None),
+    ],
+    ids=["no reasoning", "no switch", "a switch"],
+)
+def test_a_switch_the_template_does_not_have_is_said(monkeypatch, capsys, template, said):
+    monkeypatch.setattr(
+        "localspec.session.open_session",
+        lambda config, say: scripted_session("Yes.", template=template),
+    )
+    assert (
+        main(["run", "Is it?", "--target", "t.gguf", "--draft", "none", "--reasoning", "off"]) == 0
+    )
+    err = capsys.readouterr().err
+    assert (said in err) if said else "thinking" not in err, err
 
 
 @pytest.mark.parametrize(

@@ -325,3 +325,15 @@ def test_thinking_turned_off_by_the_template_and_reasoning_left_in_the_content()
         r = client.post("/v1/chat/completions", json=plain | off)
         assert r.json()["choices"][0]["message"]["content"] == "Hi!"
         assert r.json()["usage"]["completion_tokens"] == len("Hi!")  # the block is the prompt's
+        # OpenAI's reasoning_effort "none" turns it off too, as in llama-server
+        r = client.post("/v1/chat/completions", json=plain | {"reasoning_effort": "none"})
+        assert r.json()["usage"]["completion_tokens"] == len("Hi!")
+        r = client.post("/v1/chat/completions", json=plain | {"reasoning_effort": "low"})
+        assert r.json()["usage"]["completion_tokens"] > len("Hi!")  # the model wrote the block
+    # serve --reasoning off: every request's default, which a request may turn back on
+    with served(THINKING_TEMPLATE, "<think>\n\n</think>\n\nHi!", enable_thinking=False) as client:
+        r = client.post("/v1/chat/completions", json=plain)
+        assert r.json()["usage"]["completion_tokens"] == len("Hi!")
+        on = {"chat_template_kwargs": {"enable_thinking": True}}
+        r = client.post("/v1/chat/completions", json=plain | on)
+        assert r.json()["usage"]["completion_tokens"] > len("Hi!")

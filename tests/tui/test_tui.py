@@ -261,9 +261,13 @@ async def test_settings_apply_to_the_next_answer_and_persist(home: Path):
         max_tokens = app.screen.query_one("#max_tokens")
         max_tokens.value = "5"
         app.screen.query_one("#drafter").value = "none"
+        app.screen.query_one("#reasoning").value = "off"
         app.screen.query_one("#system_prompt").text = "Be brief."
         await pilot.press("ctrl+s")  # save
         await until(pilot, lambda: app.screen is app.screen_stack[0])
+        # the scripted model does not think: the switch is said to change nothing
+        (thinking,) = [n.message for n in app._notifications if n.title == "Thinking"]
+        assert thinking.startswith("toy-target does not think")
         await send(pilot, "go")
         await until(pilot, lambda: done(app))
         answer = answers(app)[-1]
@@ -277,6 +281,7 @@ async def test_settings_apply_to_the_next_answer_and_persist(home: Path):
         "none",
         "Be brief.",
     )
+    assert settings.reasoning == "off"
 
 
 async def test_invalid_settings_are_refused_in_the_form(home: Path):

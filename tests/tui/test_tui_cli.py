@@ -28,10 +28,10 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list:
 def test_options_win_over_saved_settings_for_this_run(home: Path, started: list):
     save_settings(Settings(temperature=0.5, max_tokens=100, gamma=3, system_prompt="saved"))
     chat = ["chat", "--demo", "--max-tokens", "7", "--system", "cli", "--reasoning-budget", "64"]
-    assert main(chat) == 0
+    assert main([*chat, "--reasoning", "off"]) == 0
     ((_, spec, settings, problems),) = started
     assert (settings.max_tokens, settings.system_prompt) == (7, "cli")
-    assert settings.reasoning_budget == 64
+    assert (settings.reasoning_budget, settings.reasoning) == (64, "off")
     assert (settings.temperature, settings.gamma) == (0.5, 3)  # not given: as saved
     assert spec.target == "toy-target" and problems == []
 

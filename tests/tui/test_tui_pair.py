@@ -1,6 +1,6 @@
 """The chat's engine for the settings (`LoadedPair.session_for`) keeps what the command
 line set for the conversation (the template's variables) and follows the settings'
-reasoning budget (a scripted thinker with a Qwen3 kind of template)."""
+thinking switch and reasoning budget (a scripted thinker with a Qwen3 kind of template)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ def test_the_chats_engine_keeps_the_template_variables_and_the_budget(tmp_path: 
     assert session.engine is not base.engine and session.reasoning_budget is None
     prompt = session.prompt_text([{"role": "user", "content": "Is it?"}])
     assert prompt.endswith("<think>\n\n</think>\n\n")  # thinking off, as asked
+    for switch, off in (("on", False), ("auto", True), ("off", True)):  # the setting wins
+        session = pair.session_for(Settings(gamma=2, reasoning=switch))
+        prompt = session.prompt_text([{"role": "user", "content": "Is it?"}])
+        assert prompt.endswith("<think>\n\n</think>\n\n") is off, switch
+    assert base.template_kwargs == {"enable_thinking": False}  # the loaded pair's, as it was
     base.template_kwargs = {}
     posted: list[object] = []
     turn = Turn(

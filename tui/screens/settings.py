@@ -1,4 +1,4 @@
-"""Settings: system prompt, sampling, max tokens, the reasoning budget, γ and drafter.
+"""Settings: system prompt, sampling, max tokens, thinking and its budget, γ and drafter.
 Saved on the way out."""
 
 from __future__ import annotations
@@ -19,6 +19,11 @@ DRAFTERS = [
     ("draft model (the pair's small model)", "model"),
     ("n-grams (repeats from the conversation)", "ngram"),
     ("none (plain decoding)", "none"),
+]
+THINKING = [  # a thinking model's chat template switch (enable_thinking)
+    ("as the model's template has it", "auto"),
+    ("on", "on"),
+    ("off (it answers at once)", "off"),
 ]
 
 
@@ -47,6 +52,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield Input(str(s.top_p), id="top_p", type="number")
                 yield Label("Max tokens")
                 yield Input(str(s.max_tokens), id="max_tokens", type="integer")
+                yield Label("Thinking")
+                yield Select(THINKING, value=s.reasoning, id="reasoning", allow_blank=False)
                 yield Label("Reasoning budget (-1 = off)")
                 yield Input(str(s.reasoning_budget), id="reasoning_budget", type="integer")
                 yield Label("γ (tokens drafted per round)")
@@ -73,6 +80,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             temperature=_number(value("temperature"), "temperature", float),
             top_p=_number(value("top_p"), "top-p", float),
             max_tokens=_number(value("max_tokens"), "max tokens", int),
+            reasoning=self.query_one("#reasoning", Select).value,
             reasoning_budget=_number(value("reasoning_budget"), "reasoning budget", int),
             gamma=gamma if gamma == "auto" else int(gamma),
             drafter=self.query_one("#drafter", Select).value,
