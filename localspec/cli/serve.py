@@ -337,7 +337,7 @@ def serve(args: argparse.Namespace) -> int:
         stack.callback(session.close)
         if apply_reasoning(session, args, warn):  # the variables every request starts from
             print(
-                f"localspec: a thinking model thinks {args.reasoning} where a request does not say",
+                f"localspec: thinking {args.reasoning} where a request does not say",
                 file=sys.stderr,
             )
         asked = SamplingDefaults(args.temperature, args.top_p, args.top_k, args.min_p)
