@@ -337,3 +337,22 @@ def test_thinking_turned_off_by_the_template_and_reasoning_left_in_the_content()
         on = {"chat_template_kwargs": {"enable_thinking": True}}
         r = client.post("/v1/chat/completions", json=plain | on)
         assert r.json()["usage"]["completion_tokens"] > len("Hi!")
+
+
+@pytest.mark.parametrize(
+    ("template", "switch", "off", "on"),
+    [
+        ("gemma4-wire.jinja", True, None, None),  # it thinks only when asked
+        ("gpt-oss-wire.jinja", False, "no switch for thinking: it thinks anyway", None),
+        ("Qwen3-Coder.jinja", False, "does not think", "does not think"),
+        ("meta-llama-Llama-3.1-8B-Instruct.jinja", False, "does not think", "does not think"),
+    ],
+)
+def test_which_templates_switch_thinking(template, switch, off, on):
+    """`--reasoning`'s switch, `enable_thinking`, read from the families' own templates,
+    and the line said where it has nothing to switch."""
+    session = Session(auto_engine(toy((TEMPLATES / template).read_text()), None))
+    assert session.thinking_switch is switch
+    for value, words in (("off", off), ("on", on)):
+        said = session.switch_note(value)
+        assert said is None if words is None else words in (said or ""), (value, said)
