@@ -63,6 +63,7 @@ def check(key: str, value: Any) -> None:
             raise SettingsError(f"{key} must be {what}, not {value!r}")
 
     number = isinstance(value, int | float) and not isinstance(value, bool)
+    whole = isinstance(value, int) and not isinstance(value, bool)
     match key:
         case "system_prompt" | "target" | "draft":
             need(isinstance(value, str), "text")
@@ -71,18 +72,12 @@ def check(key: str, value: Any) -> None:
         case "top_p":
             need(number and 0 < value <= 1, "a number above 0, at most 1")
         case "reasoning_budget":
-            need(
-                isinstance(value, int) and not isinstance(value, bool) and value >= -1,
-                "a whole number of at least -1 (-1: no limit)",
-            )
+            need(whole and value >= -1, "a whole number of at least -1 (-1: no limit)")
         case "max_tokens":
-            need(
-                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                "a whole number of at least 1",
-            )
+            need(whole and value >= 1, "a whole number of at least 1")
         case "gamma":
             need(
-                value == "auto" or (type(value) is int and 0 <= value <= MAX_GAMMA),
+                value == "auto" or (whole and 0 <= value <= MAX_GAMMA),
                 f"'auto' or a whole number from 0 to {MAX_GAMMA}",
             )
         case "drafter":

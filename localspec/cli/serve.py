@@ -21,7 +21,6 @@ from localspec.cli.options import (
     apply_reasoning,
     ranged_float,
     ranged_int,
-    reasoning_budget,
     session_config,
 )
 from localspec.errors import LocalspecError
@@ -354,7 +353,7 @@ def serve(args: argparse.Namespace) -> int:
             cache_reuse=args.cache_reuse,
             cache_ram=cache_ram_bytes(args.cache_ram),
             sampling=sampling,
-            reasoning=ReasoningDefaults(reasoning_budget(args), args.reasoning_budget_message),
+            reasoning=ReasoningDefaults(session.reasoning_budget, args.reasoning_budget_message),
             max_tokens=args.max_tokens,
             guard=Guard.for_address(
                 args.host, is_loopback(args.host), args.allowed_host, args.cors_origin
@@ -371,7 +370,7 @@ def serve(args: argparse.Namespace) -> int:
             if recommendation := recommended.describe():
                 described += f" (the model's GGUF recommends {recommendation})"
             print(f"localspec: a request that sets none samples with {described}", file=sys.stderr)
-        if (budget := reasoning_budget(args)) is not None:
+        if (budget := session.reasoning_budget) is not None:
             print(
                 f"localspec: a thinking model's reasoning ends after {budget} tokens where a "
                 "request sets no budget",
