@@ -126,6 +126,8 @@ class Session:
     def thinking_switch(self) -> bool:
         """Whether the chat template turns thinking on and off by `enable_thinking`: a
         turn renders otherwise with it true than false (llama.cpp's test too)."""
+        if not self.target.chat_template():
+            return False  # (a model for plain completion)
         turn = [{"role": "user", "content": "Hi"}]
         both = {
             self.prompt_text(turn, template_kwargs={"enable_thinking": b}) for b in (True, False)

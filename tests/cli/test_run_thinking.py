@@ -70,17 +70,17 @@ def test_a_template_variable_turns_thinking_off(monkeypatch, capsys):
         (TEMPLATE, "toy-target does not think (its chat template has no reasoning): thinking"),
         (TEMPLATE + "{# <think> #}", "toy-target's chat template has no switch for thinking"),
         (THINKING_TEMPLATE, None),
+        (None, "toy-target does not think"),  # a model for plain completion (--raw)
     ],
-    ids=["no reasoning", "no switch", "a switch"],
+    ids=["no reasoning", "no switch", "a switch", "no template"],
 )
 def test_a_switch_the_template_does_not_have_is_said(monkeypatch, capsys, template, said):
     monkeypatch.setattr(
         "localspec.session.open_session",
         lambda config, say: scripted_session("Yes.", template=template),
     )
-    assert (
-        main(["run", "Is it?", "--target", "t.gguf", "--draft", "none", "--reasoning", "off"]) == 0
-    )
+    run = ["run", "Is it?", "--target", "t.gguf", "--draft", "none", "--reasoning", "off"]
+    assert main([*run, *(["--raw"] if template is None else [])]) == 0
     err = capsys.readouterr().err
     assert (said in err) if said else "thinking" not in err, err
 
