@@ -508,6 +508,8 @@ class Worker:
         if shared:
             share = f"{shared:.0%}" if shared >= 0.005 else "<1%"
             return line + f", {share} of its passes shared with other requests"
+        if not s.drafted:  # it was plain decoding: a ratio to T(1) alone would show
+            return line  # only the sampling and streaming that plain decoding pays too
         if (plain := self.plain_round_s()) and s.tokens_per_s:
             line += f", ≈{s.tokens_per_s * plain:.2f}x plain decoding"
         return line

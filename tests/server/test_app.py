@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from localspec.backends.toy import ASSISTANT, ToyModel, scripted
 from localspec.backends.toy import TEMPLATE as TOY_TEMPLATE
-from localspec.decoding.adaptive import auto_engine
+from localspec.decoding.adaptive import AdaptiveDrafter, auto_engine
 from localspec.decoding.engine import GenerationConfig
+from localspec.decoding.events import Stats
 from localspec.server.app import ServerOptions, create_app
 from localspec.server.chat import ToolCallStream
 from localspec.server.errors import ApiError
@@ -712,6 +714,19 @@ def test_an_allowed_origin_gets_cors_headers_and_its_preflight(guarded: TestClie
 def test_beyond_loopback_any_host_is_answered():
     guard = Guard.for_address("0.0.0.0", False)
     assert guard.host_ok("my-server.example:8080") and guard.host_ok(None)
+
+
+def test_the_log_line_compares_with_plain_decoding_only_where_drafts_ran():
+    """An answer that drafted nothing was plain decoding: a ratio of its rate to the
+    bare T(1) would show only the sampling and streaming plain decoding pays too."""
+    worker = Worker(Session(auto_engine(ToyModel(scripted(REPLY)), None)))
+    drafter = worker.slots[0].engine.drafter
+    assert isinstance(drafter, AdaptiveDrafter)
+    drafter.verify.observe(1, 0.04)
+    plain = Stats(tokens=20, tokens_per_s=22.0, rounds=19)
+    assert worker.describe(plain, "eog").endswith("drafted by none")
+    drafted = replace(plain, tokens_per_s=40.0, drafted=12, accepted=9, drafters=("ngram",))
+    assert worker.describe(drafted, "eog").endswith(", ≈1.60x plain decoding")
 
 
 # --- the queue ------------------------------------------------------------------------
