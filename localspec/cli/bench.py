@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--n-gpu-layers",
         type=int,
         default=-1,
-        help="target layers to offload to a GPU (default: all that fit)",
+        help="target layers to offload to a GPU (default: all)",
     )
     add_draft_quant(g)
     add_rpc_option(g)
@@ -99,7 +99,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=2,
         help="Spec-Bench questions per category (default %(default)s)",
     )
-    b.add_argument("--seed", type=int, default=0, help="seed of the Spec-Bench sample (default 0)")
+    b.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the Spec-Bench sample and of the fim suite's cases (default 0)",
+    )
     b.add_argument(
         "--list-prompts",
         action="store_true",
@@ -137,7 +142,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--out",
         type=Path,
         help="directory for bench.md/json/png "
-        "(default: a new one under ~/.local/share/localspec/bench)",
+        "(default: a new one in $LOCALSPEC_HOME/bench; on Linux without it, "
+        "~/.local/share/localspec/bench)",
     )
     b.add_argument(
         "--peer",
@@ -179,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.temperature <= 2:
         raise LocalspecError("--temperature must be between 0 and 2")
     if args.suite in ("fim", "json"):
+        check_server_suite(args)
         return bench_servers(args, output_dir(args.out))
     prompts, suite = choose_prompts(args)
     if args.list_prompts:
@@ -204,12 +211,6 @@ def bench_servers(args: argparse.Namespace, out: Path) -> int:
     from localspec.bench.peer import default_bin_dir
     from localspec.bench.servers import PairSetup
 
-    if args.cases < 1:
-        raise LocalspecError("--cases must be at least 1")
-    if args.rpc or args.prompts or args.modes != "baseline,draft,ngram,auto":
-        raise LocalspecError(
-            f"--suite {args.suite} runs its own cases and modes: drop --rpc, --prompts and --modes"
-        )
     target, draft = resolve_pair(args.target, args.draft)
     llama_server = (args.peer_bin or default_bin_dir()) / "llama-server"
     if not llama_server.exists():
@@ -244,6 +245,26 @@ def bench_servers(args: argparse.Namespace, out: Path) -> int:
         paths = fim.write(completions, out)
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
+
+
+def check_server_suite(args: argparse.Namespace) -> None:
+    """The fim and json suites run their own cases and modes: an option of the prompt
+    suites would be ignored there, so it is refused."""
+    if args.cases < 1:
+        raise LocalspecError("--cases must be at least 1")
+    ignored = {
+        "--rpc": args.rpc,
+        "--prompts": args.prompts,
+        "--modes": args.modes != "baseline,draft,ngram,auto",
+        "--list-prompts": args.list_prompts,
+        "--only": args.only,
+        "--peer": args.peer,
+        "--repeats": args.suite == "fim" and args.repeats != 1,
+    }
+    if given := [name for name, on in ignored.items() if on]:
+        raise LocalspecError(
+            f"--suite {args.suite} runs its own cases and modes: drop {', '.join(given)}"
+        )
 
 
 def check_rpc(rpc: tuple[str, ...], peer_rpc: tuple[str, ...], rtt_ms: float) -> None:

@@ -46,11 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "conversation. Conversations are saved as they happen (ctrl+o opens one, ctrl+n "
         "starts one); ctrl+l picks another pair.",
     )
-    add_model_options(p)
-    add_sampling_options(p)
+    add_model_options(p, saved=True)
+    add_sampling_options(p, saved=True)
     p.add_argument("--system", help="system prompt (default: from the settings)")
     add_template_option(p)
-    add_reasoning_option(p)
+    add_reasoning_option(p, saved=True)
     p.add_argument(
         "--demo",
         action="store_true",

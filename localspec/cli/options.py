@@ -72,7 +72,13 @@ def add_template_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     )
 
 
-def add_reasoning_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+SAVED = " (default: from the settings)"  # the chat's options that, left out, keep them
+
+
+def add_reasoning_option(
+    p: argparse.ArgumentParser | argparse._ArgumentGroup, saved: bool = False
+) -> None:
+    """--reasoning and --reasoning-budget; `saved`: their defaults are the chat's settings."""
     from localspec.thinking import SWITCHES
 
     p.add_argument(
@@ -81,7 +87,8 @@ def add_reasoning_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -
         default="auto",
         help="a thinking model thinks before it answers (on) or answers at once (off), "
         "by its chat template's switch, enable_thinking (Qwen3, Qwen3.5/3.6, Gemma 4), as "
-        "llama-server's --reasoning; auto, the default: as the template has it",
+        "llama-server's --reasoning; auto: as the template has it"
+        + (SAVED if saved else " (default)"),
     )
     p.add_argument(
         "--reasoning-budget",
@@ -89,7 +96,7 @@ def add_reasoning_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -
         default=-1,
         metavar="N",
         help="a thinking model's reasoning ends after N tokens and it answers (0: at once; "
-        "-1, the default: no limit)",
+        "-1: no limit)" + (SAVED if saved else ", default -1"),
     )
 
 
@@ -120,23 +127,30 @@ def gamma_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{e} (or 'auto')") from None
 
 
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("models")
+def add_model_options(p: argparse.ArgumentParser, saved: bool = False) -> None:
+    """The pair and how it loads; `saved`: --gamma's default is the chat's settings."""
+    g = p.add_argument_group("models (default: the plan's pair, which `localspec plan` shows)")
     g.add_argument("--target", "-t", help="target model: a .gguf path or a catalog id")
     g.add_argument(
         "--draft",
         "-d",
-        help="draft: a .gguf path, a catalog id, 'mtp' (the target's own MTP head, the "
-        "default where its GGUF has one), 'ngram' or 'none'",
+        help="draft: a .gguf path, a catalog id, 'mtp' (the target's own MTP head), 'ngram' "
+        "or 'none' (default: the plan's; with --target alone, mtp where its GGUF has a "
+        "head, else ngram)",
     )
     g.add_argument(
         "--gamma",
         "-g",
         type=gamma_arg,
         default="auto",
-        help="tokens drafted per round, or 'auto' (default)",
+        help="tokens drafted per round, or 'auto'" + (SAVED if saved else " (default)"),
     )
-    g.add_argument("--ctx", type=ctx_arg, default=None, help="context size in tokens")
+    g.add_argument(
+        "--ctx",
+        type=ctx_arg,
+        default=None,
+        help="context size in tokens (default: the plan's; with --target alone, 4096)",
+    )
     g.add_argument(
         "--threads", type=threads_arg, default=0, help="CPU threads (default: physical cores)"
     )
@@ -144,7 +158,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "--n-gpu-layers",
         type=int,
         default=None,
-        help="target layers to offload to the GPU (default: from the plan)",
+        help="target layers to offload to the GPU (default: the plan's; with --target alone, all)",
     )
     add_draft_quant(g)
     add_rpc_option(g)
@@ -194,18 +208,30 @@ def add_draft_quant(g: argparse._ArgumentGroup) -> None:
     )
 
 
-def add_sampling_options(p: argparse.ArgumentParser) -> None:
+def add_sampling_options(p: argparse.ArgumentParser, saved: bool = False) -> None:
+    """The sampler's options; `saved` (the chat): those its settings hold, whose
+    defaults they are."""
     g = p.add_argument_group("sampling")
+    if saved:
+        g.add_argument("--temperature", "--temp", type=float, help="0 = greedy" + SAVED)
+        g.add_argument("--top-p", type=float, help="nucleus sampling's share" + SAVED)
+        g.add_argument("--max-tokens", "-n", type=int, help="the most tokens an answer" + SAVED)
+        return
     g.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("--top-k", type=int, default=40)
-    g.add_argument("--min-p", type=float, default=0.05)
+    g.add_argument("--top-p", type=float, default=0.95, help="default %(default)s")
+    g.add_argument("--top-k", type=int, default=40, help="0: no limit; default %(default)s")
+    g.add_argument("--min-p", type=float, default=0.05, help="default %(default)s")
     g.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off (default)")
     g.add_argument("--frequency-penalty", type=float, default=0.0, help="per repeat (OpenAI's)")
     g.add_argument("--presence-penalty", type=float, default=0.0, help="once seen (OpenAI's)")
-    g.add_argument("--repeat-last-n", type=int, default=64, help="the penalties' window (-1: all)")
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--max-tokens", "-n", type=int, default=512)
+    g.add_argument(
+        "--repeat-last-n",
+        type=int,
+        default=64,
+        help="the penalties' window (-1: all); default %(default)s",
+    )
+    g.add_argument("--seed", type=int, default=None, help="default: a new one each run")
+    g.add_argument("--max-tokens", "-n", type=int, default=512, help="default %(default)s")
 
 
 def sampling_params(args: argparse.Namespace):  # -> SamplingParams

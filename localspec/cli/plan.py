@@ -46,7 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(or the one described by --vram/--ram/--gpu), with GPU offload, context and "
         "drafting, and say why.",
     )
-    p.add_argument("--family", "-f", help="a model family (default: the catalog's default)")
+    p.add_argument(
+        "--family",
+        "-f",
+        help="a model family (default: the catalog's default; with --installed, all)",
+    )
     p.add_argument("--ctx", type=ctx_arg, help="context wanted, in tokens (default 8192)")
     p.add_argument(
         "--min-speed",

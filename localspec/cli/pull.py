@@ -21,7 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a pair (default, best, coder-7b, ...), a model id[:QUANT], "
         "or hf://owner/repo/file.gguf",
     )
-    p.add_argument("--quant", "-q", help="quantization, e.g. Q5_K_M (default: Q4_K_M)")
+    p.add_argument(
+        "--quant",
+        "-q",
+        help="quantization, e.g. Q5_K_M (default: a pair's own, else Q4_K_M; 'best' takes "
+        "the plan's)",
+    )
     p.add_argument(
         "--source",
         choices=("auto", "hub", "mirror"),

@@ -204,6 +204,8 @@ def resolve_pull(
     if model_id == "best":
         if planned is None:
             raise DownloadError("'best' needs the planner")
+        if wanted:
+            raise DownloadError("'best' pulls the quantizations the plan picks: drop the quant")
         return [(catalog.model(m), catalog.model(m).quant(q)) for m, q in planned()]
     pair = catalog.pair(model_id)
     if pair is not None:

@@ -256,7 +256,7 @@ def prepare_completion(
         limit, n_ctx = body.token_limit() or COMPLETION_DEFAULT_TOKENS, session.target.n_ctx
         # the cursor's line opens the middle (infill.py), but a grammar of the request's
         # rules the middle from its start: then all of the prompt is prefix, as sent
-        ruled = body.grammar is not None
+        ruled = body.grammar is not None or asked_json(body)[0] != "text"
         line = len(given) if ruled else given.rfind("\n") + 1
         at = placed(None if ruled else anchors, (), given[:line], body.suffix)
         built = infill_prompt(
@@ -429,7 +429,7 @@ def asked_json(body: GenerationBody) -> tuple[str, Any, str]:
     else:
         asked = (kind, None, "response_format")
     # (/completion's own json_schema is its response_format already)
-    own = body.json_schema if isinstance(body, ChatRequest) else None
+    own = body.json_schema if isinstance(body, ChatRequest | CompletionRequest) else None
     if own is None:
         return asked
     if kind != "text":

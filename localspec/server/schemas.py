@@ -437,6 +437,10 @@ class CompletionRequest(GenerationBody):
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
+    # JSON as a chat asks for it (llama-server reads json_schema here; response_format
+    # too, so that a schema is never dropped): the answer follows it, unfenced
+    response_format: dict[str, Any] | None = None
+    json_schema: dict[str, Any] | None = None
 
     def logprob_count(self) -> int | None:
         """The legacy API's `logprobs: N`: each token's and its N most likely ones'."""

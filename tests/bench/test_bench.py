@@ -467,6 +467,9 @@ def test_missing_peer_binaries(tmp_path):
         (["--out", "a-file/sub"], "Not a directory"),  # before the run, not after it
         (["--draft", "none", "--target", "missing.gguf"], "model file not found"),
         (["--draft", "missing.gguf"], "model file not found"),
+        # the served suites run their own cases: an option of the prompt suites is refused
+        (["--suite", "fim", "--list-prompts", "--repeats", "2"], "drop --list-prompts, --rep"),
+        (["--suite", "json", "--only", "x", "--repeats", "2"], "modes: drop --only"),
     ],
 )
 def test_command_errors_are_one_line(tmp_path, args, words):

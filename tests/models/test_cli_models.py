@@ -14,7 +14,7 @@ from hub_server import make_gguf
 
 from localspec.cli import main
 from localspec.models.catalog_file import default_catalog
-from localspec.models.download import resolve_pull
+from localspec.models.download import DownloadError, resolve_pull
 from localspec.models.resolve import resolve_installed
 
 
@@ -157,6 +157,9 @@ def test_pull_best_resolves_to_the_plan():
         "best", None, catalog, planned=lambda: [("qwen3-8b", "Q5_K_M"), ("qwen3-0.6b", "Q4_K_M")]
     )
     assert [(m.id, q.name) for m, q in got] == [("qwen3-8b", "Q5_K_M"), ("qwen3-0.6b", "Q4_K_M")]
+    for quant, spec in ((None, "best:Q8_0"), ("Q8_0", "best")):  # the plan picks them
+        with pytest.raises(DownloadError, match="'best' pulls the quantizations the plan"):
+            resolve_pull(spec, quant, catalog, planned=lambda: [])
     pair = resolve_pull("coder-7b", "q8_0", catalog)
     assert [(m.id, q.name) for m, q in pair] == [
         ("qwen2.5-coder-7b-instruct", "Q8_0"),

@@ -355,6 +355,15 @@ def test_plain_completions(client: openai.OpenAI, server):
     assert isinstance(json.loads(shaped.json()["content"])["a"], int)
     bad = httpx.post(completion, json=ask | {"json_schema": {"type": "x"}}, headers=headers)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "json_schema"
+    # OpenAI's response_format on /v1/completions: followed too, not dropped
+    shaped_v1 = client.completions.create(
+        model=MODEL,
+        prompt=ask["prompt"],
+        max_tokens=24,
+        temperature=0,
+        extra_body={"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}},
+    )
+    assert isinstance(json.loads(shaped_v1.choices[0].text)["a"], int)
 
 
 def assert_alike(got: list, want: list) -> None:

@@ -58,6 +58,16 @@ def test_a_bad_option_is_one_line_before_any_screen():
     assert_one_line_error(r.returncode, r.stderr, "top_p")
 
 
+def test_the_chat_takes_only_the_sampling_options_it_uses(capsys: pytest.CaptureFixture):
+    """Its settings hold temperature, top-p and the token limit: a sampler option it
+    would not pass on is not offered (it was taken and ignored)."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["chat", "--top-k", "5"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --top-k" in capsys.readouterr().err
+    args = build_parser().parse_args(["chat", "--top-p", "0.9"])
+    assert (args.top_p, args.temperature, args.max_tokens, args.gamma) == (0.9, None, None, None)
+
+
 def test_the_pair_opened_first():
     parse = build_parser().parse_args
     spec = pair_loader(parse(["chat", "-t", "t.gguf"]), Settings())[1]
