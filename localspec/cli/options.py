@@ -129,14 +129,18 @@ def gamma_arg(text: str) -> int | str:
 
 def add_model_options(p: argparse.ArgumentParser, saved: bool = False) -> None:
     """The pair and how it loads; `saved`: --gamma's default is the chat's settings."""
-    g = p.add_argument_group("models (default: the plan's pair, which `localspec plan` shows)")
-    g.add_argument("--target", "-t", help="target model: a .gguf path or a catalog id")
+    g = p.add_argument_group("models (default: the plan's, as `localspec plan` shows)")
+    g.add_argument(
+        "--target",
+        "-t",
+        help="target model: a .gguf path or a catalog id (the plan then chooses the rest for it)",
+    )
     g.add_argument(
         "--draft",
         "-d",
         help="draft: a .gguf path, a catalog id, 'mtp' (the target's own MTP head), 'ngram' "
-        "or 'none' (default: the plan's; with --target alone, mtp where its GGUF has a "
-        "head, else ngram)",
+        "or 'none' (default: the plan's; for a target neither pulled nor added, mtp where "
+        "its GGUF has a head, else ngram)",
     )
     g.add_argument(
         "--gamma",
@@ -149,7 +153,7 @@ def add_model_options(p: argparse.ArgumentParser, saved: bool = False) -> None:
         "--ctx",
         type=ctx_arg,
         default=None,
-        help="context size in tokens (default: the plan's; with --target alone, 4096)",
+        help="context size in tokens (default: the plan's, else 4096)",
     )
     g.add_argument(
         "--threads", type=threads_arg, default=0, help="CPU threads (default: physical cores)"
@@ -158,7 +162,7 @@ def add_model_options(p: argparse.ArgumentParser, saved: bool = False) -> None:
         "--n-gpu-layers",
         type=int,
         default=None,
-        help="target layers to offload to the GPU (default: the plan's; with --target alone, all)",
+        help="target layers to offload to the GPU (default: the plan's, else all)",
     )
     add_draft_quant(g)
     add_rpc_option(g)
@@ -264,10 +268,14 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
     n_ctx, n_gpu_layers = args.ctx, args.n_gpu_layers
     cpu_moe = 0
     rpc = rpc_endpoints(getattr(args, "rpc", None))
+    pair = None
     if target is None:
         from localspec.models.pairing import default_pair
 
         pair = default_pair(draft, with_servers(None, rpc))
+    elif draft is None or n_ctx is None or n_gpu_layers is None:
+        pair = planned_for(target, draft, rpc)
+    if pair is not None:
         target, draft = pair.target, pair.draft
         n_ctx = n_ctx or pair.n_ctx
         if n_gpu_layers is None and not rpc:  # over RPC every layer goes to the servers
@@ -289,6 +297,20 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
         target_load=load,
         draft_load=LoadOptions(n_ctx=load.n_ctx, n_threads=args.threads),
     )
+
+
+def planned_for(target: str, draft: str | None, rpc: tuple[str, ...]):  # -> PairSpec | None
+    """The plan around a named target where it is installed (its draft, offload and
+    context); None for a file the store does not know, or one that the plan cannot fit
+    (then it loads as asked, llama.cpp's defaults and the memory back-off doing the rest)."""
+    from localspec.models.pairing import pair_for_target
+    from localspec.session import resolve_model
+
+    try:
+        path = resolve_model(target)
+    except LocalspecError:
+        return None  # loading it says why
+    return pair_for_target(path, draft, with_servers(None, rpc))
 
 
 def has_mtp_head(target: str) -> bool:

@@ -66,6 +66,23 @@ def default_pair(
     return pair_from_plan(plan, draft)
 
 
+def pair_for_target(
+    target: Path, draft: str | None = None, hw: Hardware | None = None
+) -> PairSpec | None:
+    """The plan around a target the user named (`--target` alone, or with `--draft`):
+    its draft, offload and context as the planner places them, where the target is an
+    installed model (pulled, or registered with `add`) that fits; else None."""
+    catalog = default_catalog()
+    installed = store.all_installed()
+    wanted = draft if draft is None or draft in MODEL_FREE_DRAFTERS else _draft_id(draft)
+    request = Request(draft=wanted, target=str(target))
+    try:
+        plan = plan_installed(catalog, hw or probe(), installed, request)
+    except NothingFits:
+        return None
+    return pair_from_plan(plan, draft)
+
+
 def pair_from_plan(plan: Plan, draft: str | None = None) -> PairSpec:
     """The loadable pair of a plan; an explicit `draft` wins over the plan's."""
     target = plan.target.path or plan.target.id

@@ -64,6 +64,9 @@ class Request:
     n_ctx: int | None = None  # the context wanted; None: 8192, or less if trained on less
     min_speed: float = DEFAULT_MIN_SPEED
     draft: str | None = None  # None: choose; "ngram" | "none"; or a draft's id
+    # None: choose; else an installed target's path (`--target` alone): the plan is
+    # about its quantization, offload, context and draft
+    target: str | None = None
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ class _Option:
 def plan(candidates: Sequence[Candidate], hw: Hardware, request: Request = Request()) -> Plan:
     """The best plan among `candidates` for `hw`; NothingFits when none fits."""
     budget = memory_budget(hw)
-    targets = _by_size([c for c in candidates if c.role == "target"])
+    targets = _by_size([c for c in candidates if c.role == "target" and _asked(c, request)])
     if request.draft in ("ngram", "none"):
         drafts: list[Candidate] = []
     else:
@@ -160,6 +163,14 @@ def plan(candidates: Sequence[Candidate], hw: Hardware, request: Request = Reque
         f"nothing fits: the smallest target, {smallest.name} {smallest.quant}, "
         f"needs {needs.describe()}"
     )
+
+
+def _asked(candidate: Candidate, request: Request) -> bool:
+    """Whether `candidate` is a target the request allows (any, unless it names one)."""
+    if request.target is None:
+        return True
+    wanted = Path(request.target).expanduser().resolve()
+    return candidate.path is not None and Path(candidate.path).expanduser().resolve() == wanted
 
 
 def _speed_at_floor(candidate: Candidate, hw: Hardware, budget: Budget, request: Request) -> float:

@@ -27,7 +27,7 @@ from localspec.models.memory import (
     memory_budget,
     place,
 )
-from localspec.models.pairing import PairSpec, default_pair
+from localspec.models.pairing import PairSpec, default_pair, pair_for_target
 from localspec.models.planner import (
     MIN_CTX,
     DrafterChoice,
@@ -624,6 +624,24 @@ def test_default_pair_plans_over_installed_models(home, tmp_path):
     assert default_pair("none", hw=nvidia(8), catalog=CATALOG).draft == "none"
     chosen = default_pair("/some/draft.gguf", hw=nvidia(8), catalog=CATALOG)
     assert chosen.draft == "/some/draft.gguf"
+
+
+def test_a_named_target_is_planned_around(home, tmp_path):
+    """`--target` alone: the plan keeps that target and chooses its draft, offload and
+    context; a file the store does not know is loaded as asked (None here)."""
+    target, draft = _install_tiny_pair(tmp_path)
+    pair = pair_for_target(target, hw=MACHINES["2 cores, 24 GiB"])
+    assert pair is not None and (pair.target, pair.draft) == (str(target), str(draft))
+    assert (pair.n_ctx, pair.n_gpu_layers) == (8192, 0)
+    assert pair_for_target(target, "none", nvidia(8)).draft == "none"  # type: ignore[union-attr]
+    assert pair_for_target(tmp_path / "elsewhere.gguf", hw=nvidia(8)) is None
+    have = [
+        fake_installed("coder-7b", path="/t7.gguf"),
+        fake_installed("coder-1.5b", path="/t.gguf"),
+    ]
+    assert plan_installed(CATALOG, nvidia(24), have).target.path == "/t7.gguf"
+    pinned = plan_installed(CATALOG, nvidia(24), have, Request(target="/t.gguf"))
+    assert pinned.target.path == "/t.gguf"
 
 
 def test_default_pair_falls_back_when_nothing_fits(home, tmp_path):
