@@ -33,6 +33,7 @@ from localspec.thinking import (
     opens_thinking,
     without_reasoning,
 )
+from localspec.window import answer_room, window_start
 
 
 class Message(TypedDict):
@@ -195,6 +196,19 @@ class Session:
         if opens_thinking(template, "") is None:
             return None
         return opens_thinking(template, self.prompt_text(self.history(messages)))
+
+    def window(self, messages: Sequence[Message], kept: int, max_tokens: int) -> int:
+        """The first message of `messages` (after a system prompt, which stays) that the
+        next prompt of a chat holds: `kept`, where the last turn's began, until the
+        conversation outgrows the context (localspec.window)."""
+        head = 1 if messages and messages[0]["role"] == "system" else 0
+        starts = [i for i, m in enumerate(messages) if i >= head and m["role"] == "user"]
+
+        def length(i: int) -> int:
+            return len(self.render(self.history([*messages[:head], *messages[i:]])))
+
+        n_ctx = self.engine.room(0)  # the smaller of the two models' contexts
+        return window_start(starts, length, max(kept, head), n_ctx, answer_room(max_tokens, n_ctx))
 
     def history(self, messages: Sequence[Message]) -> list[Message]:
         """A conversation as saved (each answer as it streamed) as the next turn's prompt

@@ -15,7 +15,7 @@ from textual import on, work
 
 from tui.base import ChatBase
 from tui.figures import stats_record, summary_line
-from tui.messages import AnswerDone, AnswerPieces, AnswerTick
+from tui.messages import AnswerDone, AnswerPieces, AnswerTick, ContextWindow
 from tui.turn import Turn, run_turn
 from tui.widgets import PromptInput
 from tui.widgets.transcript import STATUS
@@ -95,6 +95,17 @@ class Answers(ChatBase):
         if self._is_current(message.answer_id):
             self.stats_panel.figures = stats_record(message.stats, message.speedup)
             self.stats_panel.why = message.why
+
+    def on_context_window(self, message: ContextWindow) -> None:
+        if not self.is_running:
+            return
+        self.notify(
+            f"This conversation outgrew the model's context ({message.n_ctx} tokens): its "
+            f"first {message.dropped} messages no longer reach the model, which reads the "
+            f"last {message.kept}. All of them stay saved here.",
+            title="Context",
+            timeout=10,
+        )
 
     async def on_answer_done(self, message: AnswerDone) -> None:
         if not self.is_running:

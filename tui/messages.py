@@ -55,6 +55,17 @@ class AnswerDone(Message):
 
 
 @dataclass
+class ContextWindow(Message):
+    """The conversation outgrew the context: its prompts now leave out the first
+    `dropped` messages (after the system prompt) and hold the last `kept`."""
+
+    answer_id: int
+    dropped: int
+    kept: int
+    n_ctx: int
+
+
+@dataclass
 class PairLoading(Message):
     """A step of loading a pair worth telling (a memory back-off)."""
 

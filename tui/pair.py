@@ -27,6 +27,8 @@ class LoadedPair:
     spec: PairSpec
     base: Session
     costs: VerifyCosts = field(default_factory=VerifyCosts)  # the target's pass costs
+    # per conversation, the first message its prompts hold (localspec.window)
+    windows: dict[str, int] = field(default_factory=dict)
     _built: tuple[tuple[str, int | str], Session] | None = None
 
     @property

@@ -20,10 +20,11 @@ from localspec.backends.base import Cancelled
 from localspec.conversations import ConversationStore, ConversationWriter
 from localspec.decoding.events import Finished, Piece, RoundEnd, Stats
 from localspec.session import Message as ChatMessage
+from localspec.session import Session
 from localspec.settings import Settings
 from tui.advice import advice
 from tui.figures import Speedup, speedup, stats_record
-from tui.messages import AnswerDone, AnswerPieces, AnswerTick
+from tui.messages import AnswerDone, AnswerPieces, AnswerTick, ContextWindow
 from tui.pair import LoadedPair
 from tui.reasoning import ReasoningRuns
 
@@ -138,6 +139,7 @@ def stream(
     if turn.cancel.is_set():  # stopped while waiting for the previous turn to end
         return "cancelled", Stats()
     session = pair.session_for(turn.settings)
+    messages = windowed(turn, pair, session, messages, post)
     thinking = session.thinking(messages)
     events = session.chat(messages, turn.settings.generation(), turn.cancel)
     last: Stats | None = None
@@ -174,6 +176,26 @@ def stream(
         session.stop_reads_on(None)  # the turn's own: not left for whatever reads next
     pending.end()
     return "cancelled", last or Stats()
+
+
+def windowed(
+    turn: Turn,
+    pair: LoadedPair,
+    session: Session,
+    messages: list[ChatMessage],
+    post: Callable[[Message], object],
+) -> list[ChatMessage]:
+    """The conversation as far as the context holds it with room for the answer: from
+    the message its last turn's prompt began at, or, where it outgrew that, from a later
+    one (localspec.window), which the UI is told of once."""
+    first = 1 if messages and messages[0]["role"] == "system" else 0  # the system prompt
+    kept = max(pair.windows.get(turn.conversation_id, 0), first)
+    start = session.window(messages, kept, turn.settings.max_tokens)
+    if start > kept:
+        pair.windows[turn.conversation_id] = start
+        n_ctx = session.engine.room(0)
+        post(ContextWindow(turn.answer_id, start - first, len(messages) - start, n_ctx))
+    return [*messages[:first], *messages[start:]]
 
 
 class Pending:

@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="open the chat (the default command)",
         description="The terminal chat, with tokens/s, acceptance and memory beside the "
         "conversation. Conversations are saved as they happen (ctrl+o opens one, ctrl+n "
-        "starts one); ctrl+l picks another pair.",
+        "starts one); ctrl+l picks another pair. A conversation that outgrows the context "
+        "goes on: its oldest turns leave the model's prompt (not the file), and it says so.",
     )
     add_model_options(p, saved=True)
     add_sampling_options(p, saved=True)

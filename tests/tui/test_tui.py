@@ -427,6 +427,24 @@ async def test_a_full_context_is_a_notification_not_a_crash(home: Path):
     assert sorted(c.messages[-1].stop_reason for c in saved(home)) == ["eog", "error"]
 
 
+async def test_a_conversation_that_outgrows_the_context_goes_on(home: Path):
+    """Its oldest turns leave the prompt (once, down to half the context, said in a
+    notification); every answer ends as it should, and the file keeps every message."""
+    app = make_app(n_ctx=400)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        for i in range(8):
+            await send(pilot, f"q{i}")
+            await until(pilot, lambda n=i + 1: done(app) and len(answers(app)) == n)
+        assert [a.status for a in answers(app)] == ["done"] * 8
+        notes = [n for n in app._notifications if n.title == "Context"]
+        # in batches down to half the context, not a turn at a time (each drop re-reads)
+        assert 1 <= len(notes) <= 3 and "(400 tokens)" in notes[0].message
+        assert app.pair is not None and min(app.pair.windows.values()) > 1
+    (conversation,) = saved(home)
+    assert len(conversation.messages) == 16
+
+
 async def test_escape_stops_a_long_prompt_while_it_is_read(home: Path):
     """A long paste stopped before its answer began: the reading stops between chunks of
     512 tokens (a long file takes minutes on a CPU), keeps what it read, and the next
