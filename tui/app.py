@@ -67,9 +67,12 @@ class ChatApp(Answers, Loading, Downloads, Conversations):
         with Horizontal(id="main"):
             with Vertical(id="chat"):
                 yield Transcript(id="transcript")
-                yield PromptInput(id="prompt", placeholder="Ask anything… (Enter sends)")
+                yield PromptInput(
+                    id="prompt",
+                    placeholder="Ask anything… (Enter sends, Shift+Enter or Ctrl+J a new line)",
+                )
             yield StatsPanel(id="stats")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.sub_title = self.spec.label

@@ -22,6 +22,7 @@ class Conversations(ChatBase):
         self.conversation_id = new_id()
         self.transcript.clear()
         self.stats_panel.figures = {}
+        self.stats_panel.why = ""  # the last round's reason was the old conversation's
         self.query_one(PromptInput).focus()
 
     def action_conversations(self) -> None:
@@ -53,4 +54,5 @@ class Conversations(ChatBase):
         self.transcript.show(conversation)
         last = next((m for m in reversed(conversation.messages) if m.role == "assistant"), None)
         self.stats_panel.figures = dict(last.stats) if last else {}
+        self.stats_panel.why = ""
         self.query_one(PromptInput).focus()

@@ -219,7 +219,7 @@ def add_sampling_options(p: argparse.ArgumentParser, saved: bool = False) -> Non
     if saved:
         g.add_argument("--temperature", "--temp", type=float, help="0 = greedy" + SAVED)
         g.add_argument("--top-p", type=float, help="nucleus sampling's share" + SAVED)
-        g.add_argument("--max-tokens", "-n", type=int, help="the most tokens an answer" + SAVED)
+        g.add_argument("--max-tokens", "-n", type=int, help="the most tokens of an answer" + SAVED)
         return
     g.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=0.95, help="default %(default)s")

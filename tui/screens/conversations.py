@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import OptionList, Static
+from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
 from localspec.conversations import ConversationInfo, ConversationStore
@@ -40,6 +40,7 @@ class ConversationsScreen(ModalScreen[str | None]):
             yield Static("Conversations", classes="dialog-title")
             yield OptionList(id="conversations")
             yield Static("Enter opens · Esc closes", classes="dialog-hint")
+        yield Footer(compact=True)  # this screen's keys, not the chat's under it
 
     def on_mount(self) -> None:
         self.query_one(OptionList).loading = True

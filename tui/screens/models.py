@@ -12,7 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Label, ProgressBar, Static
+from textual.widgets import DataTable, Footer, Label, ProgressBar, Static
 
 from localspec.models.hardware import fmt_size
 from localspec.models.inventory import PairStatus
@@ -55,6 +55,7 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
             yield Label("Catalog", classes="models-heading")
             yield DataTable(id="models-catalog", cursor_type="row", zebra_stripes=True)
             yield Static("", id="models-plan", classes="dialog-hint")
+        yield Footer(compact=True)  # this screen's keys, not the chat's under it
 
     def on_mount(self) -> None:
         self.query_one("#models-pairs", DataTable).add_columns(*PAIR_COLUMNS)

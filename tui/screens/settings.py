@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Select, Static, TextArea
+from textual.widgets import Button, Footer, Input, Label, Select, Static, TextArea
 
 from localspec.settings import MAX_GAMMA, Settings, SettingsError, updated
 
@@ -54,7 +54,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield Input(str(s.max_tokens), id="max_tokens", type="integer")
                 yield Label("Thinking")
                 yield Select(THINKING, value=s.reasoning, id="reasoning", allow_blank=False)
-                yield Label("Reasoning budget (-1 = off)")
+                yield Label("Reasoning budget (-1 = no limit)")
                 yield Input(str(s.reasoning_budget), id="reasoning_budget", type="integer")
                 yield Label("γ (tokens drafted per round)")
                 yield Select(
@@ -66,6 +66,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", variant="primary", id="save")
                 yield Button("Cancel", id="cancel")
+        yield Footer(compact=True)  # this screen's keys, not the chat's under it
 
     def read(self) -> Settings:
         """The settings as the form has them; SettingsError or ValueError when invalid."""

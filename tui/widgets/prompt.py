@@ -15,7 +15,9 @@ class PromptInput(TextArea):
     """A multi-line input that sends on Enter."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("shift+enter,ctrl+j", "newline", "New line", key_display="⇧⏎/^j"),
+        # not in the footer (it would push the chat's own keys out of 80 columns): the
+        # box's placeholder says it
+        Binding("shift+enter,ctrl+j", "newline", "New line", show=False),
     ]
 
     @dataclass
