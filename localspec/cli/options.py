@@ -273,8 +273,8 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
         from localspec.models.pairing import default_pair
 
         pair = default_pair(draft, with_servers(None, rpc))
-    elif draft is None or n_ctx is None or n_gpu_layers is None:
-        pair = planned_for(target, draft, rpc)
+    elif not rpc and (draft is None or n_ctx is None or n_gpu_layers is None):
+        pair = planned_for(target, draft)
     if pair is not None:
         target, draft = pair.target, pair.draft
         n_ctx = n_ctx or pair.n_ctx
@@ -299,18 +299,19 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
     )
 
 
-def planned_for(target: str, draft: str | None, rpc: tuple[str, ...]):  # -> PairSpec | None
+def planned_for(target: str, draft: str | None):  # -> PairSpec | None
     """The plan around a named target where it is installed (its draft, offload and
     context); None for a file the store does not know, or one that the plan cannot fit
-    (then it loads as asked, llama.cpp's defaults and the memory back-off doing the rest)."""
+    (then it loads as asked, llama.cpp's defaults and the memory back-off doing the
+    rest). Not over RPC: a named target there loads as asked, and a server that is down
+    is for the load to report (the chat shows it and retries), not the plan."""
     from localspec.models.pairing import pair_for_target
     from localspec.session import resolve_model
 
     try:
-        path = resolve_model(target)
+        return pair_for_target(resolve_model(target), draft)
     except LocalspecError:
         return None  # loading it says why
-    return pair_for_target(path, draft, with_servers(None, rpc))
 
 
 def has_mtp_head(target: str) -> bool:
