@@ -33,7 +33,7 @@ from localspec.thinking import (
     opens_thinking,
     without_reasoning,
 )
-from localspec.window import answer_room, window_start
+from localspec.window import answer_room, kept_first, window_start
 
 
 class Message(TypedDict):
@@ -201,7 +201,7 @@ class Session:
         """The first message of `messages` (after a system prompt, which stays) that the
         next prompt of a chat holds: `kept`, where the last turn's began, until the
         conversation outgrows the context (localspec.window)."""
-        head = 1 if messages and messages[0]["role"] == "system" else 0
+        head = kept_first(messages)
         starts = [i for i, m in enumerate(messages) if i >= head and m["role"] == "user"]
 
         def length(i: int) -> int:

@@ -10,7 +10,8 @@ prompt always stays; the conversation itself stays whole (its file, the screen).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 
 def window_start(
@@ -29,6 +30,12 @@ def window_start(
         return kept
     at = bisect.bisect_left(later, True, key=lambda i: length(i) <= n_ctx // 2)
     return later[min(at, len(later) - 1)]
+
+
+def kept_first(messages: Sequence[Mapping[str, Any]]) -> int:
+    """How many messages open every window: 1 where the conversation opens with a
+    system prompt, else 0."""
+    return 1 if messages and messages[0]["role"] == "system" else 0
 
 
 def answer_room(max_tokens: int, n_ctx: int) -> int:

@@ -22,6 +22,7 @@ from localspec.decoding.events import Finished, Piece, RoundEnd, Stats
 from localspec.session import Message as ChatMessage
 from localspec.session import Session
 from localspec.settings import Settings
+from localspec.window import kept_first
 from tui.advice import advice
 from tui.figures import Speedup, speedup, stats_record
 from tui.messages import AnswerDone, AnswerPieces, AnswerTick, ContextWindow
@@ -188,7 +189,7 @@ def windowed(
     """The conversation as far as the context holds it with room for the answer: from
     the message its last turn's prompt began at, or, where it outgrew that, from a later
     one (localspec.window), which the UI is told of once."""
-    first = 1 if messages and messages[0]["role"] == "system" else 0  # the system prompt
+    first = kept_first(messages)  # the system prompt
     kept = max(pair.windows.get(turn.conversation_id, 0), first)
     start = session.window(messages, kept, turn.settings.max_tokens)
     if start > kept:
