@@ -26,7 +26,11 @@ MAX_GAMMA = 32
 
 
 class SettingsError(LocalspecError):
-    """A setting with a value it cannot take."""
+    """A setting with a value it cannot take; `key` names it (as settings.toml does)."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,8 @@ def check(key: str, value: Any) -> None:
 
     def need(ok: bool, what: str) -> None:
         if not ok:
-            raise SettingsError(f"{key} must be {what}, not {value!r}")
+            given = f"{value:g}" if number else repr(value)  # 2, as typed, not 2.0
+            raise SettingsError(f"{key} must be {what}, not {given}", key)
 
     number = isinstance(value, int | float) and not isinstance(value, bool)
     whole = isinstance(value, int) and not isinstance(value, bool)

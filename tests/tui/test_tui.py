@@ -293,7 +293,8 @@ async def test_invalid_settings_are_refused_in_the_form(home: Path):
         app.screen.query_one("#temperature").value = "-3"
         await pilot.click("#save")
         assert app.screen.has_class("-invalid")
-        assert "temperature" in plain(app.screen.query_one("#settings-error"))
+        said = plain(app.screen.query_one("#settings-error")).strip()
+        assert said == "Temperature must be a number from 0 to 5, not -3"  # as typed
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen is app.screen_stack[0]

@@ -27,6 +27,14 @@ THINKING = [  # a thinking model's chat template switch (enable_thinking)
 ]
 
 
+LABELS = {  # settings.toml's keys, as the form names them
+    "temperature": "Temperature",
+    "top_p": "Top-p",
+    "max_tokens": "Max tokens",
+    "reasoning_budget": "Reasoning budget",
+}
+
+
 class SettingsScreen(ModalScreen[Settings | None]):
     """Edit the settings; dismisses with the new Settings, or None when cancelled."""
 
@@ -92,7 +100,10 @@ class SettingsScreen(ModalScreen[Settings | None]):
         try:
             settings = self.read()
         except SettingsError as e:
-            self.query_one("#settings-error", Static).update(str(e))
+            # the form's own name for the field, not the file's key
+            label = LABELS.get(e.key or "")
+            text = f"{label}{str(e)[len(e.key or '') :]}" if label else str(e)
+            self.query_one("#settings-error", Static).update(text)
             self.add_class("-invalid")
             return
         self.dismiss(settings)
