@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localspec.settings import load_settings, updated
+    from localspec.settings import SettingsError, load_settings, updated
 
     settings, problems = load_settings()
     changes = {
@@ -69,7 +69,13 @@ def run(args: argparse.Namespace) -> int:
         for opt, key in FROM_SETTINGS.items()
         if getattr(args, opt) is not None
     }
-    settings = updated(settings, **changes)  # SettingsError: one line, before any screen
+    try:
+        settings = updated(settings, **changes)
+    except SettingsError as e:  # one line, before any screen, naming the option given
+        option = next((o for o, k in FROM_SETTINGS.items() if k == e.key), None)
+        if option is None or e.key is None:
+            raise
+        raise SettingsError("--" + option.replace("_", "-") + str(e)[len(e.key) :]) from None
     from tui.app import run_chat  # the chat alone loads Textual
 
     if args.demo:

@@ -55,7 +55,7 @@ def test_settings_problems_are_passed_to_the_app(home: Path, started: list):
 
 def test_a_bad_option_is_one_line_before_any_screen():
     r = localspec("chat", "--demo", "--top-p", "2", timeout=60)
-    assert_one_line_error(r.returncode, r.stderr, "top_p")
+    assert_one_line_error(r.returncode, r.stderr, "--top-p must be a number above 0, at most 1")
 
 
 def test_the_chat_takes_only_the_sampling_options_it_uses(capsys: pytest.CaptureFixture):
