@@ -272,9 +272,9 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
     if target is None:
         from localspec.models.pairing import default_pair
 
-        pair = default_pair(draft, with_servers(None, rpc))
+        pair = default_pair(draft, with_servers(None, rpc), n_ctx=n_ctx)
     elif not rpc and (draft is None or n_ctx is None or n_gpu_layers is None):
-        pair = planned_for(target, draft)
+        pair = planned_for(target, draft, n_ctx)
     if pair is not None:
         target, draft = pair.target, pair.draft
         n_ctx = n_ctx or pair.n_ctx
@@ -299,7 +299,7 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
     )
 
 
-def planned_for(target: str, draft: str | None):  # -> PairSpec | None
+def planned_for(target: str, draft: str | None, n_ctx: int | None):  # -> PairSpec | None
     """The plan around a named target where it is installed (its draft, offload and
     context); None for a file the store does not know, or one that the plan cannot fit
     (then it loads as asked, llama.cpp's defaults and the memory back-off doing the
@@ -309,7 +309,7 @@ def planned_for(target: str, draft: str | None):  # -> PairSpec | None
     from localspec.session import resolve_model
 
     try:
-        return pair_for_target(resolve_model(target), draft)
+        return pair_for_target(resolve_model(target), draft, n_ctx=n_ctx)
     except LocalspecError:
         return None  # loading it says why
 

@@ -49,10 +49,14 @@ def short_name(spec: str) -> str:
 
 
 def default_pair(
-    draft: str | None = None, hw: Hardware | None = None, catalog: Catalog | None = None
+    draft: str | None = None,
+    hw: Hardware | None = None,
+    catalog: Catalog | None = None,
+    n_ctx: int | None = None,
 ) -> PairSpec:
     """The best installed pair for this machine. `draft` is the user's --draft, if any:
-    it is kept, and the plan places the target around it."""
+    it is kept, and the plan places the target around it; `n_ctx`, the user's --ctx, is
+    the context the plan places the models for."""
     catalog = catalog or default_catalog()
     installed = store.all_installed()
     if not any(e.role == "target" for e in installed):
@@ -60,14 +64,14 @@ def default_pair(
     hw = hw or probe()
     wanted = draft if draft is None or draft in MODEL_FREE_DRAFTERS else _draft_id(draft)
     try:
-        plan = plan_installed(catalog, hw, installed, Request(draft=wanted))
+        plan = plan_installed(catalog, hw, installed, Request(draft=wanted, n_ctx=n_ctx))
     except NothingFits as e:
         return _fallback(str(e), draft, catalog)
     return pair_from_plan(plan, draft)
 
 
 def pair_for_target(
-    target: Path, draft: str | None = None, hw: Hardware | None = None
+    target: Path, draft: str | None = None, hw: Hardware | None = None, n_ctx: int | None = None
 ) -> PairSpec | None:
     """The plan around a target the user named (`--target` alone, or with `--draft`):
     its draft, offload and context as the planner places them, where the target is an
@@ -75,7 +79,7 @@ def pair_for_target(
     catalog = default_catalog()
     installed = store.all_installed()
     wanted = draft if draft is None or draft in MODEL_FREE_DRAFTERS else _draft_id(draft)
-    request = Request(draft=wanted, target=str(target))
+    request = Request(draft=wanted, target=str(target), n_ctx=n_ctx)
     try:
         plan = plan_installed(catalog, hw or probe(), installed, request)
     except NothingFits:

@@ -635,6 +635,10 @@ def test_a_named_target_is_planned_around(home, tmp_path):
     assert (pair.n_ctx, pair.n_gpu_layers) == (8192, 0)
     assert pair_for_target(target, "none", nvidia(8)).draft == "none"  # type: ignore[union-attr]
     assert pair_for_target(tmp_path / "elsewhere.gguf", hw=nvidia(8)) is None
+    # a --ctx given is the context the plan places the models for
+    wide = pair_for_target(target, hw=MACHINES["2 cores, 24 GiB"], n_ctx=16384)
+    assert wide is not None and wide.n_ctx == 16384
+    assert default_pair(hw=MACHINES["2 cores, 24 GiB"], catalog=CATALOG, n_ctx=16384).n_ctx == 16384
     have = [
         fake_installed("coder-7b", path="/t7.gguf"),
         fake_installed("coder-1.5b", path="/t.gguf"),
