@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             elif isinstance(event, Finished):
                 out.end()
-                finish(event, args.json, out)
+                finish(event, args.json, out, models(session))
     finally:
         session.close()
     return 0
@@ -141,7 +141,19 @@ class Output:
             sys.stdout.flush()
 
 
-def finish(done, as_json: bool, out: Output) -> None:  # done: Finished
+def models(session) -> dict[str, str]:  # session: Session
+    """The models that answered, by name: the target, and the draft model (or the
+    model-free drafter: mtp, ngram, none), for --json."""
+    if session.draft_model is not None:
+        draft = session.draft_model.name
+    elif session.head is not None:
+        draft = "mtp"
+    else:
+        draft = session.config.draft if session.config is not None else "none"
+    return {"target": session.target.name, "draft": draft}
+
+
+def finish(done, as_json: bool, out: Output, names: dict[str, str]) -> None:  # done: Finished
     s = done.stats
     if as_json:
         reasoning = {"reasoning": "".join(out.reasoning)} if out.split is not None else {}
@@ -152,6 +164,7 @@ def finish(done, as_json: bool, out: Output) -> None:  # done: Finished
                     **reasoning,
                     "tokens": len(done.tokens),
                     "stop_reason": done.stop_reason,
+                    "models": names,
                     "stats": {
                         "acceptance_rate": s.acceptance_rate,
                         "mean_accepted_len": s.mean_accepted_len,

@@ -120,6 +120,9 @@ def test_json_result_from_stdin(real_paths):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["tokens"] == 12 and out["stop_reason"] == "max_tokens" and out["text"]
+    # the models that answered (on a CPU the draft is its Q4_0 copy: .cpu-q4_0)
+    assert out["models"]["target"] == Path(target).stem
+    assert out["models"]["draft"].startswith(Path(draft).stem)
     stats = out["stats"]
     assert {
         "acceptance_rate",
