@@ -32,6 +32,11 @@ class SettingsError(LocalspecError):
         super().__init__(message)
         self.key = key
 
+    def named(self, name: str) -> str:
+        """The message with the setting called `name` (a form's label, an option)."""
+        text = str(self)
+        return name + text[len(self.key) :] if self.key and text.startswith(self.key) else text
+
 
 @dataclass(frozen=True)
 class Settings:

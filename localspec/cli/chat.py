@@ -73,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
         settings = updated(settings, **changes)
     except SettingsError as e:  # one line, before any screen, naming the option given
         option = next((o for o, k in FROM_SETTINGS.items() if k == e.key), None)
-        if option is None or e.key is None:
+        if option is None:
             raise
-        raise SettingsError("--" + option.replace("_", "-") + str(e)[len(e.key) :]) from None
+        raise SettingsError(e.named("--" + option.replace("_", "-"))) from None
     from tui.app import run_chat  # the chat alone loads Textual
 
     if args.demo:

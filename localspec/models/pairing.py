@@ -62,9 +62,8 @@ def default_pair(
     if not any(e.role == "target" for e in installed):
         raise NotInstalled(NOTHING_INSTALLED)
     hw = hw or probe()
-    wanted = draft if draft is None or draft in MODEL_FREE_DRAFTERS else _draft_id(draft)
     try:
-        plan = plan_installed(catalog, hw, installed, Request(draft=wanted, n_ctx=n_ctx))
+        plan = plan_installed(catalog, hw, installed, Request(draft=_draft_id(draft), n_ctx=n_ctx))
     except NothingFits as e:
         return _fallback(str(e), draft, catalog)
     return pair_from_plan(plan, draft)
@@ -78,8 +77,7 @@ def pair_for_target(
     installed model (pulled, or registered with `add`) that fits; else None."""
     catalog = default_catalog()
     installed = store.all_installed()
-    wanted = draft if draft is None or draft in MODEL_FREE_DRAFTERS else _draft_id(draft)
-    request = Request(draft=wanted, target=str(target), n_ctx=n_ctx)
+    request = Request(draft=_draft_id(draft), target=str(target), n_ctx=n_ctx)
     try:
         plan = plan_installed(catalog, hw or probe(), installed, request)
     except NothingFits:
@@ -104,9 +102,12 @@ def pair_from_plan(plan: Plan, draft: str | None = None) -> PairSpec:
     )
 
 
-def _draft_id(draft: str) -> str:
-    """A catalog id as the planner knows it ('id:Q4_K_M' -> 'id'); paths as given."""
-    return draft if draft.endswith(".gguf") or "/" in draft else draft.partition(":")[0]
+def _draft_id(draft: str | None) -> str | None:
+    """The --draft the planner is asked for: a catalog id as it knows it ('id:Q4_K_M' ->
+    'id'); paths, the model-free drafters and None (choose) as given."""
+    if draft is None or draft in MODEL_FREE_DRAFTERS or draft.endswith(".gguf") or "/" in draft:
+        return draft
+    return draft.partition(":")[0]
 
 
 def _fallback(why: str, draft: str | None, catalog: Catalog) -> PairSpec:

@@ -101,8 +101,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             settings = self.read()
         except SettingsError as e:
             # the form's own name for the field, not the file's key
-            label = LABELS.get(e.key or "")
-            text = f"{label}{str(e)[len(e.key or '') :]}" if label else str(e)
+            text = e.named(LABELS[e.key]) if e.key in LABELS else str(e)
             self.query_one("#settings-error", Static).update(text)
             self.add_class("-invalid")
             return
