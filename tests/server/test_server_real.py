@@ -478,6 +478,19 @@ def test_beyond_the_queue_a_429_with_retry_after(client: openai.OpenAI, server):
             t.join(timeout=300)
 
 
+AUTH = {"Authorization": f"Bearer {KEY}"}
+LONG = {"max_tokens": 1500, "ignore_eos": True}  # an answer that runs for minutes
+
+
+def give_up(url: str, body: dict, after_s: float) -> None:
+    """A client that waits `after_s` for an answer, then leaves while it is written."""
+    try:
+        answer = httpx.post(url, json=body, headers=AUTH, timeout=after_s)
+    except httpx.TimeoutException:
+        return
+    pytest.fail(f"answered within {after_s} s: {answer.status_code} {answer.text[:400]}")
+
+
 def wait_idle(base: str, within_s: float) -> float:
     """Seconds until nothing waits or decodes; fails past `within_s`."""
     started = time.monotonic()
@@ -489,14 +502,8 @@ def wait_idle(base: str, within_s: float) -> float:
 
 def test_a_client_that_gives_up_on_a_whole_answer_frees_its_slot(client: openai.OpenAI, server):
     story = {"model": MODEL, "messages": [{"role": "user", "content": STORY}]}
-    auth = {"Authorization": f"Bearer {KEY}"}
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(
-            f"{server[0]}/v1/chat/completions",
-            json={**story, "max_tokens": 1500, "temperature": 0},
-            headers=auth,
-            timeout=4,
-        )
+    ask_long = {**story, "max_tokens": 1500, "temperature": 0}
+    give_up(f"{server[0]}/v1/chat/completions", ask_long, 8)
     wait_idle(server[0], within_s=10)  # the answer would run on for minutes
     assert "cancelled: the client left" in server[1].read_text()
     # it asks again (for less): what was answered before it gave up comes back at once,
@@ -547,11 +554,9 @@ def test_a_client_that_gives_up_on_n_answers_frees_every_slot(client: openai.Ope
     not, ends all three within a round, the waiting one included."""
     story = {"model": MODEL, "messages": [{"role": "user", "content": STORY}], "n": 3}
     ask_long = {**story, "max_tokens": 1500, "temperature": 0.7}
-    auth = {"Authorization": f"Bearer {KEY}"}
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{server[0]}/v1/chat/completions", json=ask_long, headers=auth, timeout=6)
+    give_up(f"{server[0]}/v1/chat/completions", {**ask_long, **LONG}, 6)
     wait_idle(server[0], within_s=10)
-    streamed = client.chat.completions.create(**ask_long, stream=True)
+    streamed = client.chat.completions.create(**ask_long, stream=True, extra_body=LONG)
     next(iter(streamed))
     streamed.close()
     wait_idle(server[0], within_s=10)
