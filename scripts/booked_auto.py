@@ -6,7 +6,11 @@ on where they come from. This runs the real engine on a real model (a twin,
 scripts/make_twin_gguf.py) but books each target pass as `--t-ms` gives T(k) (or
 `--t1-ms` + `--per-token-ms` a token more), and each MTP head step as `--c-ms`: what a
 GPU would report, on a CPU. `--growth` replaces auto's prior T(k)/T(1) for a MoE target.
-Prints, per prompt, the rounds that drafted out of all rounds and the tokens per round.
+`--real` books nothing: what `auto` decides on this machine's own costs (on a GPU, with
+every layer offloaded). Prints, per prompt, the rounds that drafted out of all rounds and
+the tokens per round; `--why N`, also each of the first N rounds and auto's reason;
+`--as-bench`, each prompt as `localspec bench --modes baseline,mtp,auto` runs it (the
+target's cache cleared, the MTP head at γ 4 first, then a fresh `auto` engine).
 
     python scripts/booked_auto.py TWIN.gguf --t1-ms 1.6 --per-token-ms 0.15 --c-ms 0.8
     python scripts/booked_auto.py MOE_TWIN.gguf --drafter ngram --t-ms 3.23,3.88,4.45 \
@@ -25,6 +29,7 @@ import localspec.backends.llama as llama
 import localspec.backends.mtp as mtp
 import localspec.session as session_module
 from localspec.backends.llama import LoadOptions
+from localspec.bench.modes import Mode, build_engine
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.events import RoundEnd
 from localspec.session import SessionConfig, open_session
@@ -65,9 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--c-ms", type=float, default=0.8)
     parser.add_argument("--growth", help="auto's prior T(k)/T(1), k = 1, 2, ...")
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--real", action="store_true", help="book nothing: the measured costs")
+    parser.add_argument("--why", type=int, default=0, help="print the first N rounds")
+    parser.add_argument("--as-bench", action="store_true", help="fresh engines, as the bench's")
     args = parser.parse_args(argv)
     t_ms = [float(x) for x in args.t_ms.split(",")] if args.t_ms else [args.t1_ms]
-    book([t / 1e3 for t in t_ms], args.per_token_ms / 1e3, args.c_ms / 1e3)
+    if not args.real:
+        book([t / 1e3 for t in t_ms], args.per_token_ms / 1e3, args.c_ms / 1e3)
     if args.growth:
         growth = tuple(float(x) for x in args.growth.split(","))
         session_module.verify_growth = lambda target: growth  # type: ignore[assignment]
@@ -76,10 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     session = open_session(config)
     try:
         for text in PROMPTS:
-            events = session.engine.generate(
-                session.target.tokenize(text), GenerationConfig(args.tokens)
-            )
-            rounds = [e for e in events if isinstance(e, RoundEnd)]
+            prompt, asked = session.target.tokenize(text), GenerationConfig(args.tokens)
+            engine = session.engine
+            if args.as_bench:
+                for mode in (Mode("mtp", "mtp", 4), Mode("auto", "auto")):
+                    session.target.reset()
+                    engine = build_engine(mode, session.target, None)
+                    if mode.kind == "mtp":
+                        list(engine.generate(prompt, asked))
+            rounds = [e for e in engine.generate(prompt, asked) if isinstance(e, RoundEnd)]
+            for i, e in enumerate(rounds[: args.why]):
+                print(f"  {i:2} {e.drafter:>6} {e.accepted}/{e.drafted}: {e.why}")
             drafted = sum(e.drafter != "none" for e in rounds)
             mean = args.tokens / max(len(rounds), 1)
             print(f"{text!r}: {drafted} of {len(rounds)} rounds drafted, {mean:.2f} tokens a round")

@@ -8,6 +8,9 @@
 #   twins     the MoE and hybrid twins' costs and the planner beside them
 #             (scripts/gpu_twins.py), then `localspec bench` on the hybrid twin (its MTP
 #             head) and the MoE twin (n-grams): greedy = plain, and what auto costs
+#   autotrace `auto`'s first rounds and its reasons on the hybrid twin with its MTP head,
+#             on the card's own costs (scripts/booked_auto.py --real), then its bench
+#   moebench  the MoE twin's `localspec bench` (n-grams, auto) alone
 #   clients   `localspec serve` with 1, 4 and 8 streaming clients against the CUDA
 #             `llama-server -np N` with and without -md, on the 7B twin pair
 #             (scripts/serve_bench.py --suite clients --gpu; CLIENTS, ROUNDS, CLIENTS_S)
@@ -65,6 +68,22 @@ for kind in hybrid moe; do
   [ -f "$twin" ] && timeout ${BENCH_S:-100} python3 -m localspec bench --target "$twin" --draft none \
     --modes $modes -n 64 --no-chart --out "$OUT/bench-$kind"
 done
+fi
+if [[ $STEPS == *" autotrace "* ]]; then
+step "autotrace: auto's rounds on the hybrid twin, its own costs"
+H=$M/qwen35-0.8b-twin-24l.gguf
+[ -f "$H" ] || timeout 60 python3 scripts/make_twin_gguf.py --vocab $V --out-dir $M --kind hybrid | tail -1
+timeout 60 python3 scripts/booked_auto.py "$H" --real --why ${WHY:-40} ${AUTOTRACE_ARGS:-}
+step "bench hybrid"
+timeout ${BENCH_S:-100} python3 -m localspec bench --target "$H" --draft none \
+  --modes baseline,mtp,auto -n 64 --no-chart --out "$OUT/bench-hybrid" | grep -v "^\["
+fi
+if [[ $STEPS == *" moebench "* ]]; then
+step "moebench: the MoE twin's bench alone"
+MOE=$M/qwen3moe-30b-a3b-twin-48l.gguf
+[ -f "$MOE" ] || timeout 120 python3 scripts/make_twin_gguf.py --vocab $V --out-dir $M --kind moe | tail -1
+timeout ${BENCH_S:-100} python3 -m localspec bench --target "$MOE" --draft none \
+  --modes baseline,ngram,auto -n 64 --no-chart --out "$OUT/bench-moe" | grep -v "^\["
 fi
 if [[ $STEPS == *" clients "* ]]; then
 T=$M/$T7-q4_k_m-random.gguf; DR=$M/$D-q4_k_m-random.gguf

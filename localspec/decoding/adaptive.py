@@ -305,7 +305,7 @@ class AdaptiveDrafter:
         if choice is None:
             return
         if self.slots() == 1:  # a pass shared with other slots' tokens times them too
-            self.verify.observe(outcome.forced + outcome.drafted + 1, outcome.verify_s)
+            self.verify.time_pass(outcome.forced + outcome.drafted + 1, outcome.verify_s)
         if outcome.forced and self._sampled:
             self.alpha["lead"].observe(outcome.forced, outcome.forced_accepted)
         n_ng = min(choice.ngram, outcome.drafted)
@@ -529,8 +529,8 @@ class AdaptiveDrafter:
         gain = f" ≈ {choice.gain:.2f}× plain" if choice.gain else " (probe)"
         return (
             f"{head}{gain}: α {self._free_alpha()}, "
-            f"draft {self.alpha['draft'].alpha[0]:.2f}; draft {self.draft_cost * 1e3:.0f} "
-            f"ms/token; verify {a * 1e3:.0f} ms + {b * 1e3:.0f} ms per extra token"
+            f"draft {self.alpha['draft'].alpha[0]:.2f}; draft {self.draft_cost * 1e3:.3g} "
+            f"ms/token; verify {a * 1e3:.3g} ms + {b * 1e3:.3g} ms per extra token"
         )
 
     def free_key(self) -> str:

@@ -21,6 +21,7 @@ PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
 RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
 STEEP = 0.5  # T(k) rising by this share of T(1) per token: compute-bound, not in steps
+COLD_PASSES = 2  # a batch size's first passes, not timed (VerifyCost.time_pass)
 
 
 @dataclass
@@ -97,6 +98,7 @@ class VerifyCost:
     """T(k) = a + b(k-1), least squares over moving averages of each timed batch size."""
 
     seconds: dict[int, float] = field(default_factory=dict)
+    cold: dict[int, int] = field(default_factory=dict)  # size -> its passes `time_pass` let go
     a: float = 0.0
     b: float = 0.0
     # T(k) / T(1) at least, where known: a MoE target's pass of k tokens reads the experts
@@ -104,6 +106,17 @@ class VerifyCost:
     growth: tuple[float, ...] = ()
     _key: tuple = field(default=(), repr=False, compare=False)
     _cached: list[float] = field(default_factory=list, repr=False, compare=False)
+
+    def time_pass(self, k: int, seconds: float) -> None:
+        """A pass of k tokens took `seconds`; the first COLD_PASSES of each size teach
+        nothing. On a GPU llama.cpp runs a new batch shape once without its CUDA graph
+        and captures the graph on the next pass: on an H200 a 0.8B hybrid's first passes
+        of a size took 3-6 times a steady one, and kept as T(k), priced that size for
+        good (a T(1) timed so kept `auto` drafting at α 0.01; a T(2) so, never again)."""
+        if k in self.seconds or self.cold.get(k, 0) >= COLD_PASSES:
+            self.observe(k, seconds)
+        else:
+            self.cold[k] = self.cold.get(k, 0) + 1
 
     def observe(self, k: int, seconds: float) -> None:
         old = self.seconds.get(k)
@@ -176,13 +189,18 @@ class VerifyCost:
         return (tk - tj) / (k - j) >= STEEP * self.one
 
     def _build(self, n: int) -> list[float]:
-        """T(1..n) as `table` describes it."""
+        """T(1..n) as `table` describes it; a timed size above a larger one counts at
+        the larger's time (T never falls with k: it is the slower pass of the two that
+        was off, and a T(1) kept too high would make every draft look cheap)."""
         timed = sorted(self.seconds)
         top, steep = max(timed, default=0), self._steep()
+        least = list(accumulate(reversed([self.seconds[k] for k in timed]), min))[::-1]
+        envelope = dict(zip(timed, least, strict=True))  # T(k) ≤ every larger size's
         table, floor = [], None  # floor: the largest T(j) timed for j < k
         for k in range(1, n + 1):
             t = self.seconds.get(k)
             if t is not None:
+                t = envelope[k]
                 floor = t if floor is None else max(floor, t)
             elif floor is not None and k < top:
                 # between timed sizes j < k < l: on the way from T(j) to T(l)

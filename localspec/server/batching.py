@@ -248,7 +248,7 @@ class Batcher:
         # what `auto` prices rounds by: passes of rounds only (neither a prompt's chunk
         # nor an idle slot's reading ahead, whose passes carry one slot's call each)
         if kinds == {"round"}:
-            self.passes(model).observe(tokens, took)
+            self.passes(model).time_pass(tokens, took)
             mean = self._calls_per_pass.get(id(model), len(chosen))
             self._calls_per_pass[id(model)] = mean + 0.2 * (len(chosen) - mean)
         elif kinds == {"prompt"} and tokens >= ALONE_MIN_CHUNK:

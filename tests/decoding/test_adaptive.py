@@ -182,6 +182,25 @@ def drafter_with(a: float, b: float, c: float, alpha: float) -> AdaptiveDrafter:
     return d
 
 
+def test_a_sizes_first_pass_is_not_kept_and_no_size_costs_more_than_a_larger():
+    """An H200's 0.8B hybrid twin, the passes as timed: each size's first two passes ran
+    without llama.cpp's CUDA graph or captured it (T(1) 4.6 and 6.8 ms against 1.6). Kept,
+    a cold T(1) made a draft at α 0.01 look 2× plain decoding, every round of an answer."""
+    cost = VerifyCost()
+    cost.time_pass(1, 0.0046)
+    cost.time_pass(1, 0.0068)  # the pass that captures the graph
+    assert not cost.seconds  # the cold passes teach nothing
+    cost.time_pass(1, 0.0016)
+    for t in (0.0060, 0.0050, 0.0020):
+        cost.time_pass(2, t)
+    assert cost.seconds == {1: 0.0016, 2: 0.0020}
+    cost.seconds[1] = 0.0046  # a T(1) timed too high all the same
+    assert cost.table(3)[0] == pytest.approx(0.0020)
+    d = drafter_with(a=0.0016, b=0.0004, c=0.0003, alpha=0.01)
+    d.verify.seconds[1] = 0.0046
+    assert d.choose(matched=0, gamma=8).k == 0
+
+
 def test_cheap_accurate_draft_is_used_deeply():
     choice = drafter_with(a=0.10, b=0.005, c=0.01, alpha=0.9).choose(matched=0, gamma=8)
     assert choice.source == "draft" and choice.k >= 4 and choice.gain > 1.5
