@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--why", type=int, default=0, help="print the first N rounds")
     parser.add_argument("--as-bench", action="store_true", help="fresh engines, as the bench's")
     args = parser.parse_args(argv)
+    if args.as_bench and args.drafter != "mtp":
+        parser.error("--as-bench runs the bench's mtp and auto modes: a target with an MTP head")
     t_ms = [float(x) for x in args.t_ms.split(",")] if args.t_ms else [args.t1_ms]
     if not args.real:
         book([t / 1e3 for t in t_ms], args.per_token_ms / 1e3, args.c_ms / 1e3)

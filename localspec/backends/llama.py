@@ -519,6 +519,14 @@ class LlamaModel(Model):
         n = ll.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
+    @property
+    def cold_passes(self) -> int:
+        """Passes of a new batch shape that run slower than the next ones: on a GPU
+        llama.cpp runs the shape once without its CUDA graph, then captures the graph
+        (`ggml_backend_cuda_graph_compute`'s warm-up); none on a CPU."""
+        on_gpu = self.options.n_gpu_layers != 0 and supports_gpu_offload()
+        return GRAPH_WARMUP if on_gpu else 0
+
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             for close in list(self.on_close):
@@ -530,6 +538,9 @@ class LlamaModel(Model):
 
     def __del__(self) -> None:
         self.close()
+
+
+GRAPH_WARMUP = 2  # passes of a new batch shape that llama.cpp's CUDA backend runs cold
 
 
 def supports_gpu_offload() -> bool:

@@ -586,4 +586,6 @@ def auto_engine(
     if head is not None:
         ratio = head.head.cost_ratio
     drafter = AdaptiveDrafter(draft, cost_ratio=ratio, head=head, growth=growth)
+    model = getattr(target, "shared", target)  # a slot's: its model's
+    drafter.verify.cold_passes = getattr(model, "cold_passes", 0)
     return Engine(target, drafter, PREDICTION_GAMMA_MAX)

@@ -21,7 +21,6 @@ PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
 RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
 STEEP = 0.5  # T(k) rising by this share of T(1) per token: compute-bound, not in steps
-COLD_PASSES = 2  # a batch size's first passes, not timed (VerifyCost.time_pass)
 
 
 @dataclass
@@ -98,6 +97,9 @@ class VerifyCost:
     """T(k) = a + b(k-1), least squares over moving averages of each timed batch size."""
 
     seconds: dict[int, float] = field(default_factory=dict)
+    # passes of a new batch size that run slower than the next (LlamaModel.cold_passes:
+    # on a GPU, llama.cpp's CUDA-graph warm-up), not timed by `time_pass`
+    cold_passes: int = 0
     cold: dict[int, int] = field(default_factory=dict)  # size -> its passes `time_pass` let go
     a: float = 0.0
     b: float = 0.0
@@ -108,15 +110,23 @@ class VerifyCost:
     _cached: list[float] = field(default_factory=list, repr=False, compare=False)
 
     def time_pass(self, k: int, seconds: float) -> None:
-        """A pass of k tokens took `seconds`; the first COLD_PASSES of each size teach
-        nothing. On a GPU llama.cpp runs a new batch shape once without its CUDA graph
-        and captures the graph on the next pass: on an H200 a 0.8B hybrid's first passes
-        of a size took 3-6 times a steady one, and kept as T(k), priced that size for
-        good (a T(1) timed so kept `auto` drafting at α 0.01; a T(2) so, never again)."""
-        if k in self.seconds or self.cold.get(k, 0) >= COLD_PASSES:
-            self.observe(k, seconds)
-        else:
-            self.cold[k] = self.cold.get(k, 0) + 1
+        """A pass of k tokens took `seconds`. The first `cold_passes` of each size teach
+        nothing: on an H200 a 0.8B hybrid twin's first two passes of a size took 3-6
+        times a steady one, and kept as T(k) such a time priced its size for good (a
+        T(1) timed so kept `auto` drafting at α 0.01; a T(2) so, never drafting again).
+        T(1) alone is needed at once, so until its first warm pass the latest one
+        stands; a larger size, untimed meanwhile, is priced as the table prices one."""
+        seen = self.cold.get(k, 0)
+        if seen < self.cold_passes and (k not in self.seconds or k in self.cold):
+            self.cold[k] = seen + 1
+            if k == 1:
+                self.seconds[1] = seconds
+                self.a, self.b = self._fit()
+            return
+        if seen == self.cold_passes > 0:  # the first warm pass replaces the cold ones
+            self.cold[k] = seen + 1
+            self.seconds.pop(k, None)
+        self.observe(k, seconds)
 
     def observe(self, k: int, seconds: float) -> None:
         old = self.seconds.get(k)

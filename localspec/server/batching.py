@@ -164,7 +164,9 @@ class Batcher:
     def passes(self, model: LlamaModel) -> VerifyCost:
         """`model`'s pass times by tokens in the pass, over passes of rounds only (a
         prompt's chunk would tilt the line): what `auto` prices a draft by under load."""
-        return self._passes.setdefault(id(model), VerifyCost())
+        if id(model) not in self._passes:
+            self._passes[id(model)] = VerifyCost(cold_passes=getattr(model, "cold_passes", 0))
+        return self._passes[id(model)]
 
     def call(
         self,
