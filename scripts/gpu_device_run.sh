@@ -10,6 +10,8 @@
 #             head) and the MoE twin (n-grams): greedy = plain, and what auto costs
 #   autotrace `auto`'s first rounds and its reasons on the hybrid twin with its MTP head,
 #             on the card's own costs (scripts/booked_auto.py --real), then its bench
+#   switch    the 1-token passes after a 2-token one, the MTP head attached and not
+#             (scripts/gpu_switch.py)
 #   moebench  the MoE twin's `localspec bench` (n-grams, auto) alone
 #   clients   `localspec serve` with 1, 4 and 8 streaming clients against the CUDA
 #             `llama-server -np N` with and without -md, on the 7B twin pair
@@ -58,7 +60,7 @@ fi
 if [[ $STEPS == *" twins "* ]]; then
 step twins
 timeout ${TWINS_S:-300} python3 scripts/gpu_twins.py --vocab $V --dir $M \
-  --out "$OUT/twins.json" --keep hybrid,moe
+  --out "$OUT/twins.json" --keep hybrid,moe ${TWINS_ARGS:-}
 for kind in hybrid moe; do
   case $kind in
     hybrid) twin=$M/qwen35-0.8b-twin-24l.gguf; modes=baseline,mtp,auto ;;
@@ -77,6 +79,12 @@ timeout 60 python3 scripts/booked_auto.py "$H" --real --why ${WHY:-40} ${AUTOTRA
 step "bench hybrid"
 timeout ${BENCH_S:-100} python3 -m localspec bench --target "$H" --draft none \
   --modes baseline,mtp,auto -n 64 --no-chart --out "$OUT/bench-hybrid" | grep -v "^\["
+fi
+if [[ $STEPS == *" switch "* ]]; then
+step "switch: what a change of pass size costs the passes after it (hybrid twin)"
+H=$M/qwen35-0.8b-twin-24l.gguf
+[ -f "$H" ] || timeout 60 python3 scripts/make_twin_gguf.py --vocab $V --out-dir $M --kind hybrid | tail -1
+timeout 60 python3 scripts/gpu_switch.py "$H" --out "$OUT/switch.json"
 fi
 if [[ $STEPS == *" moebench "* ]]; then
 step "moebench: the MoE twin's bench alone"

@@ -37,7 +37,7 @@ import json
 import re
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -96,6 +96,22 @@ def profile(model: LlamaModel, reps: int) -> dict[int, float]:
     """T(k) in ms for each k in KS (medians, inside llama.cpp)."""
     prefix = context(PROMPT)
     return {k: round(time_pass(model, prefix, k, reps, warmup=2).llama_s * 1e3, 4) for k in KS}
+
+
+def ram_read_gbps(threads: int, gib: float = 4.0, reps: int = 5) -> float:
+    """The host's RAM read speed in GB/s: `threads` numpy sums at once over a buffer far
+    larger than any cache (numpy lets go of the GIL in them); the best of `reps`."""
+    import numpy as np
+
+    buf = np.ones(int(gib * 2**30) // 4, dtype=np.float32)
+    parts = np.array_split(buf, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(reps):
+            started = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - started)
+    return buf.nbytes / best / 1e9
 
 
 def write(kind: str, vocab: Path, out_dir: Path, layers: int | None) -> Path:
@@ -195,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     hw = probe()
     result: dict = {"device": gpu_name(), "cores": hw.cores, "gamma_max": GAMMA_MAX}
+    # beside the experts-in-RAM T(1): what the planner's CPU bandwidth could be measured as
+    result["ram_read_gbps"] = {n: round(ram_read_gbps(n), 1) for n in (1, hw.cores)}
+    print(f"RAM read (GB/s by threads): {result['ram_read_gbps']}", flush=True)
     kinds = [k for k in args.hybrids.split(",") if k] + ([] if args.skip_moe else ["moe"])
     small = None if args.gpu_layers else 4  # on a CPU: a check of the script, small twins
     layers = {k: args.moe_layers if k == "moe" else small for k in kinds}
