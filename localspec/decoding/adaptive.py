@@ -357,6 +357,8 @@ class AdaptiveDrafter:
         expected tokens added to those forced + 1 (gains are over that round's rate)."""
         if gamma == 0 or not self.timings().seconds:
             return Choice("none", 0, 1.0)  # time one plain round first: T(1)
+        if self.slots() == 1 and not self.verify.warm:
+            return Choice("none", 0, 1.0)  # on a GPU, until T(1) is timed warm
         c = self.draft_cost
         m, depth = min(matched, gamma), min(gamma, GAMMA_MAX)
         t = self.priced(max(m, depth) + 1 + forced)[forced:]  # t[k - 1] = T(forced + k)
@@ -391,10 +393,16 @@ class AdaptiveDrafter:
             # Its first try pays the catch-up of the whole prompt, so it has to pay by the
             # priors, not just time a batch size (on a CPU the dearest one, T(2)).
             batch = t if dm.seen[0] else self.priced(depth + 1 + forced, prior=True)[forced:]
-            gains = [
-                (1 + per * e) * a / (fixed + k * c + batch[k])
-                for k, e in enumerate(dm.expected(depth), 1)
-            ]
+
+            def gains_for(expected: list[float]) -> list[float]:
+                return [
+                    (1 + per * e) * a / (fixed + k * c + batch[k])
+                    for k, e in enumerate(expected, 1)
+                ]
+
+            gains = gains_for(dm.expected(depth))
+            if self._held_back(gains, gains_for(dm.expected(depth, measured=True)), lag):
+                return self._probe(lag) if best.k == 0 else best
             best = better(best, "draft", gains, 1, free_tokens=0)
             if ng and m < depth:
                 # the whole n-gram match, then the draft model goes on after it
@@ -472,12 +480,31 @@ class AdaptiveDrafter:
         idle time has paid for the probe, to notice when it pays again (a change of
         topic). Free sources need no probe: their shadows measure them."""
         k = 1  # one token: the cheapest sign that it pays again
-        b = self.timings().b * self.slots()
-        probe = self.catchup_cost(lag) + k * (self.draft_cost + b)
-        due = self.model is not None and self.draft_idle_s * PROBE_SHARE >= probe
-        if due and self.draft_could_pay():
+        if self.model is not None and self._due(k, lag) and self.draft_could_pay():
             return Choice("draft", k, 0.0)
         return Choice("none", 0, 1.0)
+
+    def _due(self, k: int, lag: int) -> bool:
+        """Whether the draft model's idle time has paid for a try of k tokens PROBE_SHARE
+        times over: its catch-up, its steps and verify slots, and on a GPU the passes
+        after the two changes of size it makes, which run without llama.cpp's CUDA graph
+        (on a 0.8B twin those cost 3 passes' time, the try itself 0.4)."""
+        b = self.timings().b * self.slots()
+        switches = self.timings().switch_cost(1 + self.timings().cold_passes)
+        cost = self.catchup_cost(lag) + k * (self.draft_cost + b) + switches
+        return self.draft_idle_s * PROBE_SHARE >= cost
+
+    def _held_back(self, gains: list[float], measured: list[float], lag: int) -> bool:
+        """Whether a draft that pays only by the draft model's α as its idle recovery
+        raised it (`measured`: its gains at the α measured before) waits until due as a
+        probe, between plain rounds on a GPU, where a change of size costs: else such a
+        retry went off every few dozen tokens, each two changes of size dearer than the
+        draft (a 0.8B twin's MTP head, wrong every time: 14 of 63 rounds, 0.58x plain)."""
+        if not self.draft_idle_s or not self.verify.switch_cost(1):
+            return False
+        if max(gains, default=0.0) < 1 or max(measured, default=0.0) >= 1:
+            return False
+        return not self._due(1 + int(np.argmax(gains)), lag)
 
     def draft_could_pay(self) -> bool:
         """Whether the draft model would beat plain decoding at the measured costs, at
@@ -588,4 +615,5 @@ def auto_engine(
     drafter = AdaptiveDrafter(draft, cost_ratio=ratio, head=head, growth=growth)
     model = getattr(target, "shared", target)  # a slot's: its model's
     drafter.verify.cold_passes = getattr(model, "cold_passes", 0)
+    drafter.verify.after_each_change = True
     return Engine(target, drafter, PREDICTION_GAMMA_MAX)

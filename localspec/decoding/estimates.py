@@ -83,10 +83,12 @@ class Acceptance:
                 # acceptance given the earlier tokens right rarely falls with depth.
                 self.alpha[i] += RELAX * (self.alpha[i - 1] - self.alpha[i])
 
-    def expected(self, k: int) -> list[float]:
-        """E(j) - 1 for j = 1..k: the expected accepted tokens when drafting j. (Sums of
-        products of at most 16 values: plain Python, as numpy costs more on so few.)"""
-        return list(accumulate(accumulate(self.alpha[:k], operator.mul)))
+    def expected(self, k: int, measured: bool = False) -> list[float]:
+        """E(j) - 1 for j = 1..k: the expected accepted tokens when drafting j; `measured`:
+        at the α measured before an idle recovery raised it. (Sums of products of at most
+        16 values: plain Python, as numpy costs more on so few.)"""
+        alpha = self.measured if measured and self.measured is not None else self.alpha
+        return list(accumulate(accumulate(alpha[:k], operator.mul)))
 
     def all_accepted(self, k: int) -> float:
         return math.prod(self.alpha[:k])
@@ -97,36 +99,71 @@ class VerifyCost:
     """T(k) = a + b(k-1), least squares over moving averages of each timed batch size."""
 
     seconds: dict[int, float] = field(default_factory=dict)
-    # passes of a new batch size that run slower than the next (LlamaModel.cold_passes:
-    # on a GPU, llama.cpp's CUDA-graph warm-up), not timed by `time_pass`
+    # passes of a batch size that run slower than the next (LlamaModel.cold_passes: on a
+    # GPU, llama.cpp's CUDA-graph warm-up), not timed by `time_pass`
     cold_passes: int = 0
-    cold: dict[int, int] = field(default_factory=dict)  # size -> its passes `time_pass` let go
+    # whether those are the first passes after every change of size (one engine's own
+    # passes: llama.cpp keeps one graph per context, so a 2-token probe between 1-token
+    # passes warms up twice), or only each size's first ever (serve's shared passes,
+    # whose size changes with the load, so that most of them count)
+    after_each_change: bool = False
+    cold: dict[int, int] = field(default_factory=dict)  # size -> its first passes let go
+    cold_excess: float = 0.0  # seconds a cold pass takes beyond its size's warm T(k)
     a: float = 0.0
     b: float = 0.0
     # T(k) / T(1) at least, where known: a MoE target's pass of k tokens reads the experts
     # any of them is routed to (localspec.models.speed.batch_growth); () for a dense one
     growth: tuple[float, ...] = ()
+    _standin: set[int] = field(default_factory=set, repr=False)  # sizes timed cold only
+    _last: int = field(default=0, repr=False)  # the last pass's size, and passes in a row
+    _run: int = field(default=0, repr=False)
     _key: tuple = field(default=(), repr=False, compare=False)
     _cached: list[float] = field(default_factory=list, repr=False, compare=False)
 
     def time_pass(self, k: int, seconds: float) -> None:
-        """A pass of k tokens took `seconds`. The first `cold_passes` of each size teach
-        nothing: on an H200 a 0.8B hybrid twin's first two passes of a size took 3-6
-        times a steady one, and kept as T(k) such a time priced its size for good (a
-        T(1) timed so kept `auto` drafting at α 0.01; a T(2) so, never drafting again).
-        T(1) alone is needed at once, so until its first warm pass the latest one
-        stands; a larger size, untimed meanwhile, is priced as the table prices one."""
-        seen = self.cold.get(k, 0)
-        if seen < self.cold_passes and (k not in self.seconds or k in self.cold):
-            self.cold[k] = seen + 1
-            if k == 1:
+        """A pass of k tokens took `seconds`. Cold passes teach T(k) nothing: on an H200 a
+        0.8B hybrid twin's passes after a change of size took 2-4 times a steady one, and
+        kept as T(k) such a time priced its size for good (a T(1) timed so kept `auto`
+        drafting at α 0.01, which kept T(1) cold; a T(2) so, never drafting again). What
+        they cost beyond a warm pass is kept instead (`cold_excess`: a change of size has
+        its price). T(1) alone is needed at once, so until its first warm pass the latest
+        one stands; a larger size, untimed meanwhile, is priced as the table prices one."""
+        self._run = self._run + 1 if k == self._last else 1
+        self._last = k
+        if self._is_cold(k):
+            if self._timed_warm(k):
+                excess, old = max(seconds - self.seconds[k], 0.0), self.cold_excess
+                self.cold_excess = old + 2 * EMA_WEIGHT * (excess - old) if old else excess
+            elif k == 1:
                 self.seconds[1] = seconds
+                self._standin.add(1)
                 self.a, self.b = self._fit()
             return
-        if seen == self.cold_passes > 0:  # the first warm pass replaces the cold ones
-            self.cold[k] = seen + 1
-            self.seconds.pop(k, None)
+        if k in self._standin:  # its first warm pass replaces the cold one
+            self._standin.discard(k)
+            self.seconds.pop(k)
         self.observe(k, seconds)
+
+    def _is_cold(self, k: int) -> bool:
+        if self.after_each_change:
+            return self._run <= self.cold_passes
+        seen = self.cold.get(k, 0)
+        if seen < self.cold_passes and not self._timed_warm(k):
+            self.cold[k] = seen + 1
+            return True
+        return False
+
+    def _timed_warm(self, k: int) -> bool:
+        return k in self.seconds and k not in self._standin
+
+    @property
+    def warm(self) -> bool:
+        """Whether T(1) was timed on a warm pass (on a CPU, on any)."""
+        return self._timed_warm(1)
+
+    def switch_cost(self, passes: int) -> float:
+        """What `passes` cold passes cost beyond warm ones (0 where none are)."""
+        return passes * self.cold_excess
 
     def observe(self, k: int, seconds: float) -> None:
         old = self.seconds.get(k)

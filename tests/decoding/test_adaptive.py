@@ -202,6 +202,42 @@ def test_a_sizes_first_pass_is_not_kept_and_no_size_costs_more_than_a_larger():
     assert d.choose(matched=0, gamma=8).k == 0
 
 
+def test_on_a_gpu_the_passes_after_each_change_of_size_are_cold_and_priced():
+    """The same twin on an H200 (scripts/gpu_switch.py): 1-token passes 1.4 ms; after one
+    2-token pass (4.7 ms) the next two 1-token passes took 4.1 and 3.2 ms (llama.cpp keeps
+    one CUDA graph per context: every change of size warms up again). Timed, they kept
+    T(1) high and drafts looking cheap: 14 of 63 rounds drafted at α 0.1-0.2."""
+    cost = VerifyCost(cold_passes=GRAPH_WARMUP, after_each_change=True)
+    cost.time_pass(1, 0.0046)
+    assert cost.seconds == {1: 0.0046} and not cost.warm  # stands in until a warm one
+    for t in (0.0034, 0.0014):
+        cost.time_pass(1, t)
+    assert cost.seconds == {1: 0.0014} and cost.warm
+    for k, t in ((2, 0.0047), (1, 0.0041), (1, 0.0032), (1, 0.0014)):
+        cost.time_pass(k, t)
+    assert cost.seconds == {1: pytest.approx(0.0014)}  # no T(2) warm yet, T(1) as it was
+    assert cost.cold_excess == pytest.approx(0.0027 + 0.3 * (0.0018 - 0.0027))
+    assert cost.switch_cost(3) == pytest.approx(3 * cost.cold_excess)
+
+
+def test_on_a_gpu_a_retry_that_only_the_idle_recovery_made_pay_waits_as_a_probe():
+    """An MTP head measured wrong (α 0.14) whose idle recovery raised α to 0.6: on a CPU
+    it is retried as soon as that pays; on a GPU, where the retry's two changes of size
+    cost three cold passes, only once its idle time paid for that PROBE_SHARE times."""
+
+    def recovered(idle_s: float, cold_excess: float) -> AdaptiveDrafter:
+        d = drafter_with(a=0.0016, b=0.00036, c=0.00027, alpha=0.6)
+        d.alpha["draft"].measured = [0.14] * 8
+        d.verify.cold_passes, d.verify.after_each_change = GRAPH_WARMUP, True
+        d.verify.cold_excess = cold_excess
+        d.draft_idle_s = idle_s
+        return d
+
+    assert recovered(idle_s=0.05, cold_excess=0.0).choose(matched=0, gamma=8).k > 0  # CPU
+    assert recovered(idle_s=0.05, cold_excess=0.0024).choose(matched=0, gamma=8).k == 0
+    assert recovered(idle_s=1.0, cold_excess=0.0024).choose(matched=0, gamma=8).k > 0
+
+
 def test_on_a_cpu_every_pass_is_timed():
     cost = VerifyCost()
     cost.time_pass(2, 0.160)
