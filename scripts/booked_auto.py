@@ -72,7 +72,8 @@ def book(t_s: list[float], per_token_s: float, c_s: float, cold_s: Sequence[floa
 
 def busy(session: Session) -> float:
     """The target's and its MTP head's time so far (booked, where booked)."""
-    head = mtp._HEADS.get(session.target)  # type: ignore[arg-type]  # (head_of attaches it)
+    target = session.target  # its head as is (head_of would attach it)
+    head = mtp._HEADS.get(target) if isinstance(target, llama.LlamaModel) else None
     return session.target.busy_s + (head.busy_s if head is not None else 0.0)
 
 

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = LoadOptions(n_ctx=1024, n_gpu_layers=args.gpu_layers, mtp=True, rollback=8)
     model = LlamaModel(args.target, opts)
     head = head_of(model)
-    result = {}
+    result: dict[str, list[dict]] = {}
     try:
         for attached in (False, True, False):
             if head is not None:
