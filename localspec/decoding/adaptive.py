@@ -6,9 +6,10 @@ Measured online, per conversation:
   is a much safer bet than a 2-token one; a draft cut short by p_min counts as a miss
   where it stopped), as moving averages so a change of topic shows within a few
   rounds; a deep position left untested relaxes toward the one before it, and an idle
-  draft model's α back up toward its prior, so a few early misses cannot keep drafts
-  short, or the draft model off, for good (a retry that misses goes back to the α
-  measured before the raise); a source not yet used is judged at its prior
+  draft model's α back up toward its prior (on a GPU, where a change of pass size costs
+  cold passes, probes do that), so a few early misses cannot keep drafts short, or the
+  draft model off, for good (a retry that misses goes back to the α measured before the
+  raise); a source not yet used is judged at its prior
   (the draft model also on T's prior line: its first try is dear);
 - c, the draft model's cost per token (prior: its weight bytes relative to those a token
   of the target reads, a MoE's active experts only);
@@ -320,7 +321,10 @@ class AdaptiveDrafter:
         if "draft" in choice.source:
             self.draft_idle_s = 0.0
         else:
-            self.alpha["draft"].recover(1 - (1 - RECOVER) ** (outcome.accepted + 1))
+            # not on a GPU: a retry at a raised α went off every few dozen tokens, each
+            # two changes of size dearer than the draft (the priced probe comes back)
+            if not self.verify.switch_cost(1):
+                self.alpha["draft"].recover(1 - (1 - RECOVER) ** (outcome.accepted + 1))
             self.draft_idle_s += self._draft_s + outcome.verify_s
 
     # --- the decision ---------------------------------------------------------------
@@ -393,16 +397,10 @@ class AdaptiveDrafter:
             # Its first try pays the catch-up of the whole prompt, so it has to pay by the
             # priors, not just time a batch size (on a CPU the dearest one, T(2)).
             batch = t if dm.seen[0] else self.priced(depth + 1 + forced, prior=True)[forced:]
-
-            def gains_for(expected: list[float]) -> list[float]:
-                return [
-                    (1 + per * e) * a / (fixed + k * c + batch[k])
-                    for k, e in enumerate(expected, 1)
-                ]
-
-            gains = gains_for(dm.expected(depth))
-            if self._held_back(gains, gains_for(dm.expected(depth, measured=True)), lag):
-                return self._probe(lag) if best.k == 0 else best
+            gains = [
+                (1 + per * e) * a / (fixed + k * c + batch[k])
+                for k, e in enumerate(dm.expected(depth), 1)
+            ]
             best = better(best, "draft", gains, 1, free_tokens=0)
             if ng and m < depth:
                 # the whole n-gram match, then the draft model goes on after it
@@ -478,33 +476,16 @@ class AdaptiveDrafter:
     def _probe(self, lag: int) -> Choice:
         """Speculation does not pay by the estimates; try the idle draft model once its
         idle time has paid for the probe, to notice when it pays again (a change of
-        topic). Free sources need no probe: their shadows measure them."""
+        topic). Free sources need no probe: their shadows measure them. On a GPU its
+        price holds the cold passes after its two changes of pass size (docs/gpu.md, 6)."""
         k = 1  # one token: the cheapest sign that it pays again
-        if self.model is not None and self._due(k, lag) and self.draft_could_pay():
+        timings = self.timings()
+        switches = timings.switch_cost(1 + timings.cold_passes)
+        probe = self.catchup_cost(lag) + k * (self.draft_cost + timings.b * self.slots())
+        due = self.model is not None and self.draft_idle_s * PROBE_SHARE >= probe + switches
+        if due and self.draft_could_pay():
             return Choice("draft", k, 0.0)
         return Choice("none", 0, 1.0)
-
-    def _due(self, k: int, lag: int) -> bool:
-        """Whether the draft model's idle time has paid for a try of k tokens PROBE_SHARE
-        times over: its catch-up, its steps and verify slots, and on a GPU the passes
-        after the two changes of size it makes, which run without llama.cpp's CUDA graph
-        (on a 0.8B twin those cost 3 passes' time, the try itself 0.4)."""
-        b = self.timings().b * self.slots()
-        switches = self.timings().switch_cost(1 + self.timings().cold_passes)
-        cost = self.catchup_cost(lag) + k * (self.draft_cost + b) + switches
-        return self.draft_idle_s * PROBE_SHARE >= cost
-
-    def _held_back(self, gains: list[float], measured: list[float], lag: int) -> bool:
-        """Whether a draft that pays only by the draft model's α as its idle recovery
-        raised it (`measured`: its gains at the α measured before) waits until due as a
-        probe, between plain rounds on a GPU, where a change of size costs: else such a
-        retry went off every few dozen tokens, each two changes of size dearer than the
-        draft (a 0.8B twin's MTP head, wrong every time: 14 of 63 rounds, 0.58x plain)."""
-        if not self.draft_idle_s or not self.verify.switch_cost(1):
-            return False
-        if max(gains, default=0.0) < 1 or max(measured, default=0.0) >= 1:
-            return False
-        return not self._due(1 + int(np.argmax(gains)), lag)
 
     def draft_could_pay(self) -> bool:
         """Whether the draft model would beat plain decoding at the measured costs, at

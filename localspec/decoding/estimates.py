@@ -83,15 +83,18 @@ class Acceptance:
                 # acceptance given the earlier tokens right rarely falls with depth.
                 self.alpha[i] += RELAX * (self.alpha[i - 1] - self.alpha[i])
 
-    def expected(self, k: int, measured: bool = False) -> list[float]:
-        """E(j) - 1 for j = 1..k: the expected accepted tokens when drafting j; `measured`:
-        at the α measured before an idle recovery raised it. (Sums of products of at most
-        16 values: plain Python, as numpy costs more on so few.)"""
-        alpha = self.measured if measured and self.measured is not None else self.alpha
-        return list(accumulate(accumulate(alpha[:k], operator.mul)))
+    def expected(self, k: int) -> list[float]:
+        """E(j) - 1 for j = 1..k: the expected accepted tokens when drafting j. (Sums of
+        products of at most 16 values: plain Python, as numpy costs more on so few.)"""
+        return list(accumulate(accumulate(self.alpha[:k], operator.mul)))
 
     def all_accepted(self, k: int) -> float:
         return math.prod(self.alpha[:k])
+
+
+def moved(old: float | None, new: float) -> float:
+    """A time's moving average after `new` (the first one as it is)."""
+    return new if old is None else old + 2 * EMA_WEIGHT * (new - old)
 
 
 @dataclass
@@ -114,7 +117,7 @@ class VerifyCost:
     # T(k) / T(1) at least, where known: a MoE target's pass of k tokens reads the experts
     # any of them is routed to (localspec.models.speed.batch_growth); () for a dense one
     growth: tuple[float, ...] = ()
-    _standin: set[int] = field(default_factory=set, repr=False)  # sizes timed cold only
+    _cold_one: bool = field(default=False, repr=False)  # T(1) timed on a cold pass only
     _last: int = field(default=0, repr=False)  # the last pass's size, and passes in a row
     _run: int = field(default=0, repr=False)
     _key: tuple = field(default=(), repr=False, compare=False)
@@ -132,16 +135,15 @@ class VerifyCost:
         self._last = k
         if self._is_cold(k):
             if self._timed_warm(k):
-                excess, old = max(seconds - self.seconds[k], 0.0), self.cold_excess
-                self.cold_excess = old + 2 * EMA_WEIGHT * (excess - old) if old else excess
+                excess = max(seconds - self.seconds[k], 0.0)
+                self.cold_excess = moved(self.cold_excess or None, excess)
             elif k == 1:
-                self.seconds[1] = seconds
-                self._standin.add(1)
+                self.seconds[1], self._cold_one = seconds, True
                 self.a, self.b = self._fit()
             return
-        if k in self._standin:  # its first warm pass replaces the cold one
-            self._standin.discard(k)
-            self.seconds.pop(k)
+        if k == 1 and self._cold_one:  # its first warm pass replaces the cold one
+            self._cold_one = False
+            self.seconds.pop(1)
         self.observe(k, seconds)
 
     def _is_cold(self, k: int) -> bool:
@@ -154,7 +156,7 @@ class VerifyCost:
         return False
 
     def _timed_warm(self, k: int) -> bool:
-        return k in self.seconds and k not in self._standin
+        return k in self.seconds and not (k == 1 and self._cold_one)
 
     @property
     def warm(self) -> bool:
@@ -166,8 +168,7 @@ class VerifyCost:
         return passes * self.cold_excess
 
     def observe(self, k: int, seconds: float) -> None:
-        old = self.seconds.get(k)
-        self.seconds[k] = seconds if old is None else old + 2 * EMA_WEIGHT * (seconds - old)
+        self.seconds[k] = moved(self.seconds.get(k), seconds)
         self.a, self.b = self._fit()
 
     def _fit(self) -> tuple[float, float]:
