@@ -408,7 +408,9 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
 
         def build(events: list[Event], done: Finished) -> dict[str, Any]:
             chat_body = response.chat_body(events, done)
-            output = responses.output_items(chat_body["choices"][0]["message"], ids)
+            output = responses.output_items(
+                chat_body["choices"][0]["message"], ids, body.custom_names()
+            )
             whole = responses.response_body(
                 ids, options.model_id, body, output, done, chat_body["usage"]
             )

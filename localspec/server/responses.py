@@ -6,11 +6,16 @@ and `input` items as messages, function tools, `text.format` as `response_format
 the chat's answer (or its stream of chunks) becomes the response's output items
 (reasoning, message, function calls) and their stream of events on the way out. Nothing
 is stored: `previous_response_id` gets a 400 that says to send the conversation.
+
+A custom tool (free text in, as Codex's `apply_patch`, a Lark grammar beside it) is a
+function of one string, `input`, to the model: its calls go out as `custom_tool_call`
+items, the input decoded from the arguments' JSON as they are written.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -64,8 +69,15 @@ class FunctionCallItem(Body):
     arguments: str
 
 
+class CustomCallItem(Body):
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str
+
+
 class FunctionOutputItem(Body):
-    type: Literal["function_call_output"]
+    type: Literal["function_call_output", "custom_tool_call_output"]
     call_id: str
     output: str | list[Part] | dict[str, Any] | None = None  # an object: as its JSON
 
@@ -76,21 +88,42 @@ class ReasoningItem(Body):
     type: Literal["reasoning"]
 
 
-Item = MessageItem | FunctionCallItem | FunctionOutputItem | ReasoningItem
+Item = MessageItem | FunctionCallItem | CustomCallItem | FunctionOutputItem | ReasoningItem
 # the items served, by their type (a message's may be left out)
 ITEMS: dict[str, type[Item]] = {
     "message": MessageItem,
     "function_call": FunctionCallItem,
+    "custom_tool_call": CustomCallItem,
     "function_call_output": FunctionOutputItem,
+    "custom_tool_call_output": FunctionOutputItem,
     "reasoning": ReasoningItem,
 }
 
 
 class ToolIn(Body):
-    type: str  # "function"; others (custom, web_search, local_shell, mcp) cannot run here
+    type: str  # "function", "custom"; others (web_search, local_shell, mcp) run elsewhere
     name: str | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    format: dict[str, Any] | None = None  # a custom tool's: text, or a grammar its input follows
+
+    def as_function(self) -> Tool:
+        if self.type == "function":
+            return Tool.of(self.name or "", self.description, self.parameters)
+        grammar = self.format or {}
+        described = self.description or ""
+        if grammar.get("type") == "grammar" and grammar.get("definition"):
+            syntax = grammar.get("syntax", "lark")
+            described += f"\n\nThe input follows this {syntax} grammar:\n{grammar['definition']}"
+        return Tool.of(self.name or "", described or None, CUSTOM_PARAMETERS)
+
+
+# a custom tool's call as the model writes it: its free text in one string
+CUSTOM_PARAMETERS = {
+    "type": "object",
+    "properties": {"input": {"type": "string"}},
+    "required": ["input"],
+}
 
 
 class NamedToolIn(Body):
@@ -171,9 +204,14 @@ class ResponsesRequest(Body):
             if isinstance(item, MessageItem):
                 text = item_text(item.content, f"{where}.content")
                 out.append(ChatMessageIn(role=item.role, content=text))
-            elif isinstance(item, FunctionCallItem):
+            elif isinstance(item, FunctionCallItem | CustomCallItem):
+                arguments = (
+                    item.arguments
+                    if isinstance(item, FunctionCallItem)
+                    else json.dumps({"input": item.input})
+                )
                 call = ToolCallIn(
-                    id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments)
+                    id=item.call_id, function=FunctionCall(name=item.name, arguments=arguments)
                 )
                 if last is not None and last.role == "assistant":  # the same turn's calls
                     last.tool_calls = [*(last.tool_calls or []), call]
@@ -188,19 +226,20 @@ class ResponsesRequest(Body):
         return out
 
     def chat_tools(self) -> list[Tool] | None:
-        """The function tools (a custom or hosted tool cannot run here, and is left out)."""
+        """The function and custom tools (a hosted tool runs elsewhere, and is left out)."""
         tools = [
-            Tool.of(t.name, t.description, t.parameters)
-            for t in self.tools or []
-            if t.type == "function" and t.name
+            t.as_function() for t in self.tools or [] if t.type in ("function", "custom") and t.name
         ]
         return tools or None
+
+    def custom_names(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.tools or [] if t.type == "custom" and t.name)
 
     def chat_tool_choice(self) -> ToolChoice | None:
         choice = self.tool_choice
         if choice is None or isinstance(choice, str):
             return choice
-        if choice.type != "function" or not choice.name:
+        if choice.type not in ("function", "custom") or not choice.name:
             raise ApiError(
                 400, "tool_choice names a function: {type: function, name}", "tool_choice"
             )
@@ -242,16 +281,22 @@ def item_text(content: str | list[Part], where: str) -> str:
 
 
 # --- the response --------------------------------------------------------------------
-def output_items(message: dict[str, Any], ids: ItemIds) -> list[dict[str, Any]]:
-    """A chat answer's message as the response's output items."""
+def output_items(
+    message: dict[str, Any], ids: ItemIds, custom: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
+    """A chat answer's message as the response's output items (`custom`: the names of
+    the custom tools, whose calls carry their input as it is)."""
     items = []
     if message.get("reasoning_content"):
         items.append(reasoning_item(ids.reasoning, message["reasoning_content"]))
     if message.get("content"):
         items.append(message_item(ids.message, message["content"]))
     for call in message.get("tool_calls") or []:
-        function = call["function"]
-        items.append(call_item(call["id"], function["name"], function["arguments"]))
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        if name in custom:
+            items.append(custom_call_item(call["id"], name, custom_input(arguments)))
+        else:
+            items.append(call_item(call["id"], name, arguments))
     return items
 
 
@@ -283,6 +328,53 @@ def call_item(call_id: str, name: str, arguments: str, status: str = "completed"
         "arguments": arguments,
         "status": status,
     }
+
+
+def custom_call_item(
+    call_id: str, name: str, text: str, status: str = "completed"
+) -> dict[str, Any]:
+    return {
+        "id": f"ctc_{call_id}",
+        "type": "custom_tool_call",
+        "call_id": call_id,
+        "name": name,
+        "input": text,
+        "status": status,
+    }
+
+
+# the start of a custom call's arguments, and of the escapes in its input that are whole
+# (a surrogate pair only as a pair)
+_INPUT_OPENS = re.compile(r'\s*\{\s*"input"\s*:\s*"')
+_WHOLE = re.compile(
+    r'(?:[^"\\]|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[0-9a-fA-F]{4}'
+    r"|\\u(?![dD][89abAB])[0-9a-fA-F]{4}|\\[^u])*"
+)
+
+
+def input_so_far(arguments: str) -> str | None:
+    """The input that arguments written so far as `{"input": "...` hold, decoded up to
+    their last whole escape; None where they are written otherwise."""
+    opened = _INPUT_OPENS.match(arguments)
+    if opened is None:
+        return None
+    whole = _WHOLE.match(arguments, opened.end())
+    try:
+        return json.loads(f'"{whole.group() if whole else ""}"', strict=False)
+    except ValueError:
+        return None
+
+
+def custom_input(arguments: str) -> str:
+    """A custom call's input from its arguments (written otherwise: as they are)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and isinstance(value.get("input"), str):
+        return value["input"]
+    so_far = input_so_far(arguments)  # cut by max tokens
+    return arguments if so_far is None else so_far
 
 
 @dataclass(frozen=True)
@@ -371,6 +463,9 @@ class ResponseStream:
         self.blocks = Blocks()
         self.output: list[dict[str, Any]] = []  # the items done
         self.item: dict[str, Any] = {}  # the open one
+        self.custom = request.custom_names()
+        self.written = ""  # of the open custom call: its arguments, as they came
+        self.sent = ""  # and the input decoded from them, as sent
         self.sequence = 0
         self.closing = "completed"  # the status of items that close as they are done
 
@@ -408,6 +503,9 @@ class ResponseStream:
         at["item_id"] = self.item["id"]
         if isinstance(step, Close):
             return self.finish(step, at)
+        if step.kind == "call" and self.item["type"] == "custom_tool_call":
+            self.written += step.text
+            return self.input_delta(input_so_far(self.written) or "", at)
         if step.kind == "call":
             return [self.event("response.function_call_arguments.delta", delta=step.text, **at)]
         part = PARTS[step.kind]
@@ -417,8 +515,13 @@ class ResponseStream:
         self.item = {
             "thinking": reasoning_item(self.ids.reasoning, "", "in_progress"),
             "text": message_item(self.ids.message, None, "in_progress"),
-            "call": call_item(step.call_id, step.name, "", "in_progress"),
+            "call": (
+                custom_call_item(step.call_id, step.name, "", "in_progress")
+                if step.name in self.custom
+                else call_item(step.call_id, step.name, "", "in_progress")
+            ),
         }[step.kind]
+        self.written = self.sent = ""
         events = [self.event("response.output_item.added", item=self.item, **at)]
         if step.kind != "call":
             at |= {"item_id": self.item["id"], "content_index": 0}
@@ -428,7 +531,14 @@ class ResponseStream:
 
     def finish(self, step: Close, at: dict[str, Any]) -> list[dict[str, Any]]:
         status = self.closing
-        if step.kind == "call":
+        if step.kind == "call" and self.item["type"] == "custom_tool_call":
+            text = custom_input(step.text)
+            item = custom_call_item(self.item["call_id"], self.item["name"], text, status)
+            events = [
+                *self.input_delta(text, at),
+                self.event("response.custom_tool_call_input.done", input=text, **at),
+            ]
+        elif step.kind == "call":
             item = call_item(self.item["call_id"], self.item["name"], step.text, status)
             events = [
                 self.event("response.function_call_arguments.done", arguments=step.text, **at)
@@ -448,6 +558,14 @@ class ResponseStream:
         self.output.append(item)
         del at["item_id"]
         return [*events, self.event("response.output_item.done", item=item, **at)]
+
+    def input_delta(self, text: str, at: dict[str, Any]) -> list[dict[str, Any]]:
+        """A custom call's input beyond what was sent (none where it was written otherwise
+        than its one string: it goes whole, once the call is done)."""
+        if not text.startswith(self.sent) or text == self.sent:
+            return []
+        delta, self.sent = text[len(self.sent) :], text
+        return [self.event("response.custom_tool_call_input.delta", delta=delta, **at)]
 
     @staticmethod
     def text_at(part: str) -> dict[str, Any]:

@@ -29,7 +29,20 @@ WEATHER = {
     "strict": False,
 }
 # what Codex sends beside its functions: tools that run elsewhere, and are left out here
-HOSTED = [{"type": "web_search"}, {"type": "custom", "name": "apply_patch"}]
+HOSTED = [{"type": "web_search"}, {"type": "local_shell"}]
+# Codex's apply_patch: a custom tool, free text that follows a Lark grammar
+APPLY_PATCH = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edits files. This is a FREEFORM tool, so do not wrap the patch in JSON.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" LF'},
+}
+PATCH = '*** Begin Patch\n*** Add File: hi.txt\n+say "hé" \U0001f600\\o/\n*** End Patch\n'
+PATCH_CALL = (
+    '<tool_call>\n{"name": "apply_patch", "arguments": '
+    + json.dumps({"input": PATCH})
+    + "}\n</tool_call>"
+)
 TOOLS_TEMPLATE = "{% if tools %}<|tools|>{{ tools | tojson }}\n{% endif %}" + TEMPLATE
 
 
@@ -43,18 +56,22 @@ class Tooled(ToyModel):
 def answers(prompt: bytes) -> str:
     if b"<|tool|>Sunny" in prompt:
         return "It is sunny in Paris."
+    if b"<|tool|>Patched" in prompt:
+        return "hi.txt is there."
+    if b"<|user|>patch" in prompt:
+        return PATCH_CALL
     if b"<|user|>think" in prompt:
         return "<think>\nThe user greets me.\n</think>\n\nHello!"
     if b"<|system|>Be brief." in prompt:
         return "Brief."
-    if b"web_search" in prompt or b"apply_patch" in prompt:
+    if b"web_search" in prompt or b"local_shell" in prompt:
         return "a hosted tool reached the template"
     return CALL if b"<|tools|>" in prompt else REPLY
 
 
 @pytest.fixture
 def client() -> Iterator[TestClient]:
-    model = Tooled(scripted(answers), n_vocab=258, n_ctx=512)
+    model = Tooled(scripted(answers), n_vocab=258, n_ctx=2048)
     with TestClient(create_app(Session(auto_engine(model, None)), ServerOptions("toy"))) as c:
         yield c
 
@@ -103,7 +120,7 @@ def test_a_response_says_the_temperature_it_was_sampled_with(sdk: openai.OpenAI)
     assert sdk.responses.create(model="m", input="hi", temperature=0.3).temperature == 0.3
     plain = sdk.responses.create(model="m", input="hi")
     assert (plain.temperature, plain.top_p) == (1.0, 1.0)
-    model = Tooled(scripted(answers), n_vocab=258, n_ctx=512)
+    model = Tooled(scripted(answers), n_vocab=258, n_ctx=2048)
     options = ServerOptions("toy", sampling=SamplingDefaults(temperature=0.2))
     with TestClient(create_app(Session(auto_engine(model, None)), options)) as c:
         body = c.post("/v1/responses", json={"input": "hi"}).json()
@@ -181,6 +198,70 @@ def test_a_functions_output_in_each_shape_reaches_the_template():
         assert [m.role for m in messages] == ["user", "assistant", "tool"]
         seen.append(messages[-1].content)
     assert seen == ["sunny", "sun\n\nny", '{"weather": "sunny"}', ""]
+
+
+def test_a_custom_tools_call_carries_its_input_as_written(sdk: openai.OpenAI):
+    """Codex's apply_patch is a custom tool: the model sees a function of one string with
+    the grammar in its description; its call goes out as a custom_tool_call whose input
+    is that string, streamed decoded as the model writes it, and its output goes back."""
+    from localspec.server.responses import CUSTOM_PARAMETERS, ResponsesRequest
+
+    tools = [APPLY_PATCH, WEATHER, *HOSTED]
+    response = sdk.responses.create(model="x", input="patch", tools=tools)
+    (call,) = response.output
+    assert call.type == "custom_tool_call" and call.name == "apply_patch"
+    assert call.input == PATCH and call.call_id
+
+    deltas, done = [], None
+    with sdk.responses.stream(model="x", input="patch", tools=tools) as stream:
+        for event in stream:
+            if event.type == "response.custom_tool_call_input.delta":
+                deltas.append(event.delta)
+            elif event.type == "response.custom_tool_call_input.done":
+                done = event.input
+        final = stream.get_final_response()
+    assert len(deltas) > 10 and "".join(deltas) == done == PATCH  # as written, a token each
+    assert [item.type for item in final.output] == ["custom_tool_call"]
+
+    history = [
+        {"role": "user", "content": "patch"},
+        call.model_dump(exclude_none=True),
+        {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Patched"},
+    ]
+    reply = sdk.responses.create(model="x", input=history, tools=tools)
+    assert reply.output_text == "hi.txt is there."
+
+    chat = ResponsesRequest.model_validate({"input": history, "tools": tools}).chat()
+    patch, weather = chat.tools or []
+    assert patch.function.parameters == CUSTOM_PARAMETERS
+    assert 'lark grammar:\nstart: "*** Begin Patch" LF' in (patch.function.description or "")
+    assert weather.function.name == "get_weather"
+    sent = chat.messages[1].tool_calls[0].function  # type: ignore[index]
+    assert json.loads(sent.arguments) == {"input": PATCH}
+    named = {
+        "input": "patch",
+        "tools": tools,
+        "tool_choice": {"type": "custom", "name": "apply_patch"},
+    }
+    assert ResponsesRequest.model_validate(named).chat().tool_choice.function.name == "apply_patch"  # type: ignore[union-attr]
+
+
+def test_a_custom_calls_input_is_decoded_wherever_its_arguments_are_cut():
+    from localspec.server.responses import custom_input, input_so_far
+
+    for ensure_ascii in (True, False):
+        arguments = json.dumps({"input": PATCH}, ensure_ascii=ensure_ascii)
+        seen = ""
+        for cut in range(len(arguments) + 1):
+            so_far = input_so_far(arguments[:cut])
+            if so_far is None:  # before the string opens
+                assert cut <= len('{"input": "') and not seen
+                continue
+            assert so_far.startswith(seen) and PATCH.startswith(so_far), (cut, so_far)
+            seen = so_far
+        assert seen == PATCH == custom_input(arguments)
+    assert custom_input('{"path": "a"}') == '{"path": "a"}'  # written otherwise: as it is
+    assert input_so_far('{"path": "a"}') is None
 
 
 def test_reasoning_is_an_item_of_its_own(sdk: openai.OpenAI):

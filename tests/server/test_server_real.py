@@ -768,6 +768,53 @@ def test_codexs_requests_through_the_responses_api(client: openai.OpenAI):
     assert structured.output_text == as_chat.choices[0].message.content
 
 
+def test_codexs_apply_patch_a_custom_tool_is_called_with_its_text(client: openai.OpenAI):
+    """Codex CLI sends apply_patch as a custom tool (free text, a Lark grammar beside
+    it): forced, the real model's call comes back as a custom_tool_call whose input is
+    plain text (not the JSON it was written in), streamed in pieces, and its output
+    reaches the next turn."""
+    apply_patch = {
+        "type": "custom",
+        "name": "apply_patch",
+        "description": "Edits files. This is a FREEFORM tool, so do not wrap the patch in JSON.",
+        "format": {
+            "type": "grammar",
+            "syntax": "lark",
+            "definition": 'start: "*** Begin Patch" LF hunk+ "*** End Patch" LF?\n'
+            'hunk: "*** Add File: " /(.+)/ LF ("+" /(.*)/ LF)+\n%import common.LF\n',
+        },
+    }
+    tools = [apply_patch, {"type": "web_search"}]
+    asked = [{"role": "user", "content": "Create hello.txt containing the line: hi"}]
+    deltas, events = [], []
+    with client.responses.stream(
+        model="gpt-5-codex",
+        input=asked,
+        tools=tools,
+        tool_choice={"type": "custom", "name": "apply_patch"},
+        max_output_tokens=60,
+        temperature=0,
+    ) as stream:
+        for event in stream:
+            events.append(event)
+            if event.type == "response.custom_tool_call_input.delta":
+                deltas.append(event.delta)
+    final = events[-1].response  # type: ignore[union-attr]  # completed, or cut at 60
+    call = final.output[-1]
+    assert call.type == "custom_tool_call" and call.name == "apply_patch", final.output
+    assert len(deltas) > 2 and "".join(deltas) == call.input
+    assert call.input.strip() and not call.input.lstrip().startswith("{")
+    history = [
+        *asked,
+        call.model_dump(exclude_none=True),
+        {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done."},
+    ]
+    reply = client.responses.create(
+        model="gpt-5-codex", input=history, tools=tools, max_output_tokens=12, temperature=0
+    )
+    assert reply.status in ("completed", "incomplete") and reply.output
+
+
 def test_ctrl_c_ends_the_answers_in_flight_and_exits_cleanly(real_paths, tmp_path):
     """A server of its own (one slot): Ctrl-C while a stream decodes and a request waits
     tells both clients why (the stream's error event, a 503) and exits at once, without
