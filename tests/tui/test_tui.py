@@ -594,7 +594,7 @@ async def test_models_screen_switches_and_downloads_pairs(
         await pilot.press("ctrl+l")
         await until(pilot, lambda: getattr(app.screen, "listing", None) is not None)
         screen = app.screen
-        assert screen.query_one("#models-pairs").row_count == 2
+        await until(pilot, lambda: screen.query_one("#models-pairs").row_count == 2)
         assert app.focused is screen.query_one("#models-pairs")
         await pilot.press("down", "d")  # "big" is not installed: download it
         await until(pilot, halfway.is_set)
@@ -614,6 +614,33 @@ async def test_models_screen_switches_and_downloads_pairs(
     assert loaded[1] == PairSpec("toy-1b:Q4_K_M", "toy-draft:Q4_K_M")
     settings, _ = load_settings(home / "settings.toml")
     assert (settings.target, settings.draft) == ("toy-1b:Q4_K_M", "toy-draft:Q4_K_M")
+
+
+@pytest.mark.parametrize(("width", "narrow"), [(80, True), (130, False)])
+async def test_the_models_screen_fits_the_terminals_width(home: Path, width: int, narrow: bool):
+    """The real catalog: on 80 columns the pairs' TARGET and DRAFT (and the catalog's
+    QUANT) are left out rather than scrolled off to the side, and the highlighted pair's
+    models are named below its table; on 130 every column is there."""
+    from textual.widgets import DataTable
+
+    app = ChatApp(scripted_loader(), SPEC, memory=lambda: FAKE_MEMORY)
+    async with app.run_test(size=(width, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+l")
+        screen = app.screen
+        pairs = screen.query_one("#models-pairs", DataTable)
+        await until(pilot, lambda: pairs.row_count > 1)
+        await pilot.pause(0.1)
+        for table in screen.query(DataTable):
+            assert table.virtual_size.width <= table.scrollable_content_region.width, table.id
+        labels = [str(c.label) for c in pairs.columns.values()]
+        assert ("TARGET" not in labels) is narrow and screen.has_class("-narrow") is narrow
+        line = screen.query_one("#models-pair-models")
+        assert line.display is narrow
+        first, second = screen.listing.pairs[:2]  # the catalog's, as gather() read it
+        assert str(line.render()) == f"{first.target} + {first.draft}"
+        await pilot.press("down")
+        assert str(line.render()) == f"{second.target} + {second.draft}"
 
 
 async def test_a_finished_download_stays_finished(home: Path, monkeypatch: pytest.MonkeyPatch):

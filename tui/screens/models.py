@@ -4,6 +4,7 @@ app's, so it goes on when this screen closes)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from textual import on, work
@@ -22,6 +23,17 @@ from tui.pair import PairSpec
 
 PAIR_COLUMNS = ("PAIR", "TARGET", "DRAFT", "SIZE", "INSTALLED", "FITS")
 MODEL_COLUMNS = ("MODEL", "ROLE", "QUANT", "SIZE", "INSTALLED", "FITS")
+# left out where the table would not fit its width (80 columns): a pair's models are then
+# named on a line below it, for the highlighted pair
+OPTIONAL = frozenset({"TARGET", "DRAFT", "QUANT"})
+
+
+def shown(columns: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[int]:
+    """The columns to show: every one where they fit in `width` cells, else the ones
+    that are not OPTIONAL."""
+    every = range(len(columns))
+    need = sum(max(len(columns[i]), *(len(r[i]) for r in rows)) + 2 for i in every)
+    return list(every) if need <= width else [i for i in every if columns[i] not in OPTIONAL]
 
 
 class ModelsScreen(ModalScreen[PairSpec | None]):
@@ -49,6 +61,7 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
             yield Static(f"In use: {self.current.label}", id="models-current", markup=False)
             yield Label("Pairs", classes="models-heading")
             yield DataTable(id="models-pairs", cursor_type="row", zebra_stripes=True)
+            yield Static("", id="models-pair-models", markup=False)
             with Horizontal(id="models-download"):
                 yield Label("", id="models-download-line")
                 yield ProgressBar(id="models-progress", show_eta=False)
@@ -61,6 +74,7 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
         self.query_one("#models-pairs", DataTable).add_columns(*PAIR_COLUMNS)
         self.query_one("#models-catalog", DataTable).add_columns(*MODEL_COLUMNS)
         self.query_one("#models-pairs").loading = True
+        self.shown: dict[str, list[int]] = {}  # each table's columns shown
         self.watch(self.app, "download", self._mirror_download)
         self.refresh_listing()
 
@@ -78,23 +92,68 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
     def on_listed(self, message: Listed) -> None:
         self.listing = listing = message.listing
         self.query_one("#models-machine", Static).update(f"This machine: {listing.machine}")
+        # the keys are in the footer
         self.query_one("#models-plan", Static).update(
-            "Enter uses the highlighted pair · d downloads it · p the planner's pair"
-            + (f"\nPlanner: {listing.plan_note}" if listing.plan_note else "")
+            f"Planner: {listing.plan_note}" if listing.plan_note else ""
         )
         pairs = self.query_one("#models-pairs", DataTable)
         pairs.loading = False
-        pairs.clear()
         pairs.focus()  # it could not take the focus while loading
-        for p in listing.pairs:
-            installed = "yes" if p.installed else f"{fmt_size(p.missing)} to get"
-            pairs.add_row(p.id, p.target, p.draft, fmt_size(p.size), installed, p.fits, key=p.id)
-        models = self.query_one("#models-catalog", DataTable)
-        models.clear()
-        for m in listing.models:
-            models.add_row(
-                m.id, m.role, m.quant, fmt_size(m.size), "yes" if m.installed else "-", m.fits
-            )
+        self.shown.clear()
+        self.call_after_refresh(self.fill_tables)  # once the table has its size back
+
+    def on_resize(self) -> None:
+        if self.listing is not None:
+            self.call_after_refresh(self.fill_tables)
+
+    def fill_tables(self) -> None:
+        """Both tables' rows, in the columns that fit their width (kept where unchanged)."""
+        assert self.listing is not None
+        pair_rows = [
+            (p.id, p.target, p.draft, fmt_size(p.size), self.installed(p), p.fits)
+            for p in self.listing.pairs
+        ]
+        model_rows = [
+            (m.id, m.role, m.quant, fmt_size(m.size), "yes" if m.installed else "-", m.fits)
+            for m in self.listing.models
+        ]
+        keys = [p.id for p in self.listing.pairs]
+        self.fill("#models-pairs", PAIR_COLUMNS, pair_rows, keys)
+        self.fill("#models-catalog", MODEL_COLUMNS, model_rows, None)
+        self.set_class(len(self.shown["#models-pairs"]) < len(PAIR_COLUMNS), "-narrow")
+        self.name_pair_models()
+
+    @staticmethod
+    def installed(pair: PairStatus) -> str:
+        return "yes" if pair.installed else f"{fmt_size(pair.missing)} to get"
+
+    def fill(
+        self,
+        selector: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[str]],
+        keys: Sequence[str] | None,
+    ) -> None:
+        table = self.query_one(selector, DataTable)
+        width = table.scrollable_content_region.width or table.size.width
+        cols = shown(columns, rows, width) if rows else list(range(len(columns)))
+        if self.shown.get(selector) == cols and table.row_count == len(rows):
+            return
+        self.shown[selector] = cols
+        row = table.cursor_row
+        table.clear(columns=True)
+        table.add_columns(*(columns[i] for i in cols))
+        for n, r in enumerate(rows):
+            table.add_row(*(r[i] for i in cols), key=keys[n] if keys else None)
+        if rows:
+            table.move_cursor(row=min(max(row, 0), len(rows) - 1))
+
+    @on(DataTable.RowHighlighted, "#models-pairs")
+    def name_pair_models(self) -> None:
+        """Where the pairs' TARGET and DRAFT are left out: the highlighted pair's models."""
+        pair = self.highlighted_pair()
+        line = f"{pair.target} + {pair.draft}" if pair else ""
+        self.query_one("#models-pair-models", Static).update(line)
 
     def _mirror_download(self, download: Download | None) -> None:
         previous, self.download = self.download, download
