@@ -8,6 +8,7 @@ earlier turn, so a new turn only evaluates what is new.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,8 @@ from localspec.thinking import (
     without_reasoning,
 )
 from localspec.window import answer_room, kept_first, window_start
+
+log = logging.getLogger(__name__)
 
 
 class Message(TypedDict):
@@ -232,9 +235,37 @@ class Session:
     def close(self) -> None:
         if self.head is not None:
             self.head.close()
+        record_cpu_speed(self.target)
         self.target.close()
         if self.draft_model is not None:
             self.draft_model.close()
+
+
+def record_cpu_speed(target: Model) -> None:
+    """Keep how this session's one-token passes compared with the planner's estimate,
+    where the target decoded on the CPU with its cores (localspec.models.calibration);
+    never a reason for closing to fail."""
+    from statistics import median
+
+    from localspec.backends.gguf import gguf_info
+    from localspec.models.calibration import MIN_PASSES, enabled, record_cpu_ratio
+    from localspec.models.hardware import probe
+    from localspec.models.memory import Weights
+    from localspec.models.speed import step_seconds
+
+    model = getattr(target, "shared", target)  # a slot's: its model's
+    if not enabled() or not isinstance(model, LlamaModel) or not model.on_cpu:
+        return
+    if len(model.one_token_s) < MIN_PASSES:
+        return
+    try:
+        hw = replace(probe(), cpu_scale=1.0)
+        if model.options.n_threads not in (0, hw.cores):
+            return
+        estimate = step_seconds(Weights.from_gguf(gguf_info(model.path)), 0, hw)
+        record_cpu_ratio(hw.cores, median(model.one_token_s) / estimate)
+    except Exception as e:  # a file the planner cannot read, a home that cannot be written
+        log.debug("no CPU calibration kept: %s", e)
 
 
 # what the chat formatter passes the template itself

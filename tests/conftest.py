@@ -3,6 +3,7 @@ failed set-up, so real tests fail (never skip) without it."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,9 @@ from helpers import DRAFT_ID, TARGET_ID, installed
 from localspec.backends import load_llama_library
 
 load_llama_library()  # before numpy, as the CLI does (docs/gpu-overhead.md)
+# the planner's CPU estimates stay the catalog's: a test's plan must not follow what the
+# sessions of earlier tests (or this machine's user) measured (test_calibration.py sets it)
+os.environ["LOCALSPEC_CALIBRATION"] = "0"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

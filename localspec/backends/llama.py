@@ -15,6 +15,7 @@ import ctypes
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -179,6 +180,7 @@ class LlamaModel(Model):
         self.layout = Layout(options.n_seq, self.kv_unified, self._recurrent, self.n_batch)
         self.on_pass: list[Callable[[list[Part]], None]] = []  # hears of each pass (MTP)
         self.on_close: list[Callable[[], None]] = []  # contexts of this model to free first
+        self.one_token_s: deque[float] = deque(maxlen=256)  # the last one-token passes' times
         # sequence -> (position, its recurrent state there): see `checkpoint`
         self._checkpoints: dict[int, tuple[int, ctypes.Array[ctypes.c_uint8]]] = {}
         # the slots' threads change their sequences' entries between passes, maybe at
@@ -280,6 +282,8 @@ class LlamaModel(Model):
             raise ContextFull(f"llama_decode failed ({rc}): KV cache full")
         took = time.perf_counter() - started
         self.layout.observe(parts, took)
+        if i == 1:
+            self.one_token_s.append(took)
         for hear in self.on_pass:
             hear(parts)
         return took
@@ -518,6 +522,12 @@ class LlamaModel(Model):
         buf = ctypes.create_string_buffer(256)
         n = ll.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    @property
+    def on_cpu(self) -> bool:
+        """Every layer on this machine's CPU (no GPU offload, no rpc-servers)."""
+        on_gpu = self.options.n_gpu_layers != 0 and supports_gpu_offload()
+        return not on_gpu and not self.options.rpc
 
     @property
     def cold_passes(self) -> int:

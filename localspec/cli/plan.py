@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         plan = plan_catalog(catalog, hw, request, installed)
     if args.json:
-        data = plan_json(plan)
+        data = plan_json(plan) | {"cpu_scale": round(hw.cpu_scale, 3)}
         if hw.remote:
             data["rpc_devices"] = [
                 {"endpoint": r.endpoint, "free": r.free, "total": r.total} for r in hw.remote
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if hw.remote:
         print(describe_remote(hw.remote))
-    print(describe(plan))
+    print(describe(plan, hw.cpu_scale))
     return 0
 
 
@@ -111,8 +111,9 @@ def describe_remote(devices: tuple[Remote, ...]) -> str:
     )
 
 
-def describe(plan: Plan) -> str:
-    """The plan for people: what, where, and why; and how to get what is missing."""
+def describe(plan: Plan, cpu_scale: float = 1.0) -> str:
+    """The plan for people: what, where, and why; and how to get what is missing
+    (`cpu_scale`: this CPU's own runs against the estimates, where they were kept)."""
     from localspec.models.explain import reasons
     from localspec.models.hardware import fmt_size
 
@@ -134,7 +135,10 @@ def describe(plan: Plan) -> str:
         "none": "none",
     }[plan.drafter]
     lines.append(f"drafter  {drafter}")
-    lines.append(f"speed    ~{plan.tokens_per_s:.1f} tokens/s plain decoding (estimated)")
+    estimated = "estimated"
+    if cpu_scale != 1 and t.n_gpu_layers == 0:
+        estimated += f", x{1 / cpu_scale:.2f} by this CPU's own runs"
+    lines.append(f"speed    ~{plan.tokens_per_s:.1f} tokens/s plain decoding ({estimated})")
     memory = f"{fmt_size(plan.ram_estimate)} of {fmt_size(plan.ram_budget)} RAM"
     if plan.vram_budget:
         memory = f"{fmt_size(plan.vram_estimate)} of {fmt_size(plan.vram_budget)} GPU, " + memory

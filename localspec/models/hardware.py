@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from localspec.errors import LocalspecError
+from localspec.models.calibration import cpu_scale
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -82,6 +83,9 @@ class Hardware:
     unified: bool = False  # Apple Silicon: GPU memory is system RAM
     notes: tuple[str, ...] = ()
     remote: tuple[Remote, ...] = ()  # rpc-servers' devices, for the target only
+    # a one-token pass on this CPU as this machine's runs measured it, over the estimate
+    # (calibration.py); 1 where none was kept
+    cpu_scale: float = 1.0
 
     @property
     def rpc_servers(self) -> int:
@@ -159,6 +163,8 @@ def probe(
         offload = _llama_offload() if gpus or overrides.vram or overrides.gpu else False
     hw = Hardware(gpus, mem.total, mem.available, cores, offload, unified, tuple(notes))
     hw = apply(hw, overrides)
+    if hw.cores == cores and (scale := cpu_scale(cores)) is not None:  # not a what-if CPU
+        hw = replace(hw, cpu_scale=scale)
     if hw.gpus and not hw.offload:
         vendor = hw.gpus[0].vendor
         hw = replace(

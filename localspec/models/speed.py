@@ -1,8 +1,10 @@
 """How fast a placed model decodes, and what speculation buys, as estimates for choosing.
 
 A decode step costs a fixed overhead plus the bytes read over the memory bandwidth of
-where they live; calibrated on a 2-core CPU and, for GPUs, on conservative bandwidths and
-the costs measured on an H200 (docs/gpu.md: the fixed cost and how a verify pass grows).
+where they live; calibrated on a 2-core CPU (and scaled by what this machine's own runs
+measured, where they ran on its CPU: calibration.py) and, for GPUs, on conservative
+bandwidths and the costs measured on an H200 (docs/gpu.md: the fixed cost and how a
+verify pass grows).
 Speculation with acceptance α and γ drafted tokens yields (1-α^(γ+1))/(1-α) tokens per γ
 draft steps plus one verification pass (Leviathan et al.). `--gamma auto` measures what
 these only estimate.
@@ -76,6 +78,7 @@ def step_seconds(
     all_bytes = sum(read) + weights.head
     cpu_bytes = all_bytes - gpu_bytes
     cpu_bw = min(CPU_BANDWIDTH_PER_CORE * hw.cores, CPU_BANDWIDTH_MAX)
+    cpu_s = hw.cpu_scale  # this CPU's own runs against these estimates
     if on_servers:
         # The RPC backend reports a server's memory, not what kind of device it is: its
         # layers are costed at this machine's CPU speed, a floor (a GPU server is faster),
@@ -83,13 +86,13 @@ def step_seconds(
         overhead = CPU_STEP_OVERHEAD / max(hw.cores, 1) + hw.rpc_servers * RPC_PASS_SECONDS
         return overhead + all_bytes / cpu_bw
     if gpu_layers <= 0:
-        return CPU_STEP_OVERHEAD / max(hw.cores, 1) + all_bytes / cpu_bw
+        return (CPU_STEP_OVERHEAD / max(hw.cores, 1) + all_bytes / cpu_bw) * cpu_s
     per_layer = (GPU_MOE_LAYER if weights.is_moe else 0.0) + GPU_RECURRENT_LAYER * (
         weights.recurrent_layers / max(n, 1)
     )
     handed_over = max(0, min(cpu_moe, n) - (n - on_gpu)) if weights.is_moe else 0
     overhead = GPU_STEP_OVERHEAD + on_gpu * per_layer + handed_over * CPU_EXPERTS_LAYER
-    return overhead + gpu_bytes / gpu_bandwidth(hw) + cpu_bytes / cpu_bw
+    return overhead + gpu_bytes / gpu_bandwidth(hw) + cpu_bytes / cpu_bw * cpu_s
 
 
 def gpu_bandwidth(hw: Hardware) -> float:
