@@ -50,6 +50,9 @@ class ChatApp(Answers, Loading, Downloads, Conversations):
     CSS_PATH: ClassVar[list[str | PurePath]] = [
         STYLES / name for name in ("app.tcss", "settings.tcss", "conversations.tcss", "models.tcss")
     ]
+    # below 100 columns the stats panel gives its width to the transcript (an answer's
+    # line keeps its figures); ctrl+b shows it, or hides it where it shows
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+n", "new_conversation", "New"),
@@ -57,6 +60,7 @@ class ChatApp(Answers, Loading, Downloads, Conversations):
         Binding("ctrl+t", "toggle_provenance", "Provenance"),
         Binding("ctrl+s", "settings", "Settings"),
         Binding("ctrl+l", "models", "Models"),
+        Binding("ctrl+b", "toggle_stats", "Stats"),
         Binding("ctrl+r", "reload_models", "Reload", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
@@ -144,6 +148,9 @@ class ChatApp(Answers, Loading, Downloads, Conversations):
         if action == "stop":
             return True if self.generating else None  # shown, dimmed, when idle
         return True
+
+    def action_toggle_stats(self) -> None:
+        self.toggle_class("-stats-toggled")
 
     def action_toggle_provenance(self) -> None:
         self.provenance = not self.provenance

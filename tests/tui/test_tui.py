@@ -114,6 +114,31 @@ async def test_an_answer_streams_in_and_is_saved(home: Path):
     assert assistant.stats["tokens"] == len(REPLY.encode())
 
 
+@pytest.mark.parametrize(("width", "shown"), [(40, False), (80, False), (120, True)])
+async def test_the_stats_panel_gives_way_on_a_narrow_terminal(width: int, shown: bool):
+    """Below 100 columns the stats panel is hidden and the transcript takes the width
+    (80 columns left 42 for an answer's code); Ctrl+B shows it, or hides it where it
+    shows; the answer's own line keeps its figures either way. Shown on 40 columns, the
+    chat keeps a width of its own (the prompt's placeholder wrapped in no columns at all
+    was a crash in Textual)."""
+    app = make_app()
+    async with app.run_test(size=(width, 30)) as pilot:
+        await ready(pilot)
+        stats, transcript = app.query_one("#stats"), app.query_one("#transcript")
+        await pilot.pause()
+        assert stats.display is shown
+        assert transcript.outer_size.width == width - (stats.outer_size.width if shown else 0)
+        await pilot.press("ctrl+b")
+        await pilot.pause()
+        assert stats.display is not shown
+        assert app.query_one("#chat").outer_size.width >= 24
+        await send(pilot, "hi")
+        await until(pilot, lambda: done(app))
+        await pilot.press("ctrl+b")
+        await pilot.pause()
+        assert stats.display is shown
+
+
 async def test_shift_enter_and_ctrl_j_start_a_new_line():
     app = make_app()
     async with app.run_test() as pilot:
@@ -338,7 +363,7 @@ async def test_a_provenance_view_hidden_while_the_answer_streams_shows_all_of_it
         assert view.display
         assert view.render().plain == "stream " * 60
         assert (
-            "".join(strip.text for strip in view.render_lines(view.region.reset_offset)).split()
+            " ".join(strip.text for strip in view.render_lines(view.region.reset_offset)).split()
             == ["stream"] * 60
         )
 

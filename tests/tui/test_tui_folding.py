@@ -86,7 +86,7 @@ async def test_a_change_of_height_refolds_at_the_new_height(change: str):
         transcript = await open_long_chat(pilot)
         before = transcript.virtual_size.height
         if change == "width":
-            await pilot.resize_terminal(50, 30)
+            await pilot.resize_terminal(30, 30)
         else:
             await pilot.press("ctrl+t")
         await settle(pilot)

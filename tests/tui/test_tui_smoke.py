@@ -55,6 +55,12 @@ def test_chat_answers_in_a_real_terminal(real_paths: tuple[Path, Path], tmp_path
         f"LOCALSPEC_HOME={tmp_path}",
         "-e",
         "TERM=xterm-256color",
+        # the size the app reads: started from pytest, it laid out 80x24 in this 140x45
+        # window (shutil's fallback), where the stats panel this test reads is hidden
+        "-e",
+        "COLUMNS=140",
+        "-e",
+        "LINES=45",
         f"{command}; echo EXITED $?; sleep 60",
     )
 

@@ -25,7 +25,8 @@ STATUS = {"cancelled": "stopped", "interrupted": "stopped", "error": "error"}
 WELCOME = (
     "Ask anything. **Enter** sends, **Shift+Enter** or **Ctrl+J** adds a line, "
     "**Esc** stops the answer. **Ctrl+T** colours each piece of an answer by who chose it: "
-    "the draft model (accepted) or the target."
+    "the draft model (accepted) or the target. **Ctrl+B** shows or hides the stats panel "
+    "(hidden below 100 columns)."
 )
 
 
