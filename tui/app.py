@@ -52,7 +52,7 @@ class ChatApp(Answers, Loading, Downloads, Conversations):
     ]
     # below 100 columns the stats panel gives its width to the transcript (an answer's
     # line keeps its figures); ctrl+b shows it, or hides it where it shows
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]  # noqa: RUF012 - as App has it
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+n", "new_conversation", "New"),
