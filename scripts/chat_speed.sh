@@ -12,7 +12,7 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/task/$1/stat"; }  # user + system, 1
 
 for _ in $(seq "$REPEATS"); do
     tmux kill-session -t $SESSION 2>/dev/null || true
-    tmux new-session -d -s $SESSION -x 120 -y 40 ".venv/bin/localspec chat"
+    tmux new-session -d -s $SESSION -x 120 -y 40 -e COLUMNS=120 -e LINES=40 ".venv/bin/localspec chat"
     until tmux capture-pane -t $SESSION -p | grep -q "▏ target "; do sleep 1; done  # loaded
     sleep 2
     pid=$(pgrep -f "python.*localspec chat" | head -1)

@@ -403,6 +403,9 @@ def test_the_chat_survives_a_server_killed_mid_answer(real_paths, tmp_path):
     tmux(
         "new-session", "-d", "-s", name, "-x", "140", "-y", "45",
         "-e", f"LOCALSPEC_HOME={tmp_path}", "-e", "TERM=xterm-256color",
+        # the size the app reads (from pytest it laid out 80x24, shutil's fallback,
+        # where the stats panel this test reads is hidden)
+        "-e", "COLUMNS=140", "-e", "LINES=45",
         f"{command}; echo EXITED $?; sleep 60",
     )  # fmt: skip
 
