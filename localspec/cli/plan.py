@@ -44,7 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the target + draft that fit this machine, and why",
         description="Pick the largest target and its draft that fit this machine's memory "
         "(or the one described by --vram/--ram/--gpu), with GPU offload, context and "
-        "drafting, and say why.",
+        "drafting, and say why. Speed estimates on a CPU follow what this machine's own "
+        "runs measured there, once there are some (LOCALSPEC_CALIBRATION=0: the "
+        "catalog's constants).",
     )
     p.add_argument(
         "--family",
