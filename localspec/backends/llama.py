@@ -524,18 +524,21 @@ class LlamaModel(Model):
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     @property
+    def on_gpu(self) -> bool:
+        """Some of its layers offloaded to this machine's GPU."""
+        return self.options.n_gpu_layers != 0 and supports_gpu_offload()
+
+    @property
     def on_cpu(self) -> bool:
         """Every layer on this machine's CPU (no GPU offload, no rpc-servers)."""
-        on_gpu = self.options.n_gpu_layers != 0 and supports_gpu_offload()
-        return not on_gpu and not self.options.rpc
+        return not self.on_gpu and not self.options.rpc
 
     @property
     def cold_passes(self) -> int:
         """Passes of a new batch shape that run slower than the next ones: on a GPU
         llama.cpp runs the shape once without its CUDA graph, then captures the graph
         (`ggml_backend_cuda_graph_compute`'s warm-up); none on a CPU."""
-        on_gpu = self.options.n_gpu_layers != 0 and supports_gpu_offload()
-        return GRAPH_WARMUP if on_gpu else 0
+        return GRAPH_WARMUP if self.on_gpu else 0
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

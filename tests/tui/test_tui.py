@@ -641,7 +641,7 @@ async def test_models_screen_switches_and_downloads_pairs(
     assert (settings.target, settings.draft) == ("toy-1b:Q4_K_M", "toy-draft:Q4_K_M")
 
 
-@pytest.mark.parametrize(("width", "narrow"), [(80, True), (130, False)])
+@pytest.mark.parametrize(("width", "narrow"), [(80, True), (110, True), (130, False)])
 async def test_the_models_screen_fits_the_terminals_width(home: Path, width: int, narrow: bool):
     """The real catalog: on 80 columns the pairs' TARGET and DRAFT (and the catalog's
     QUANT) are left out rather than scrolled off to the side, and the highlighted pair's
@@ -659,7 +659,7 @@ async def test_the_models_screen_fits_the_terminals_width(home: Path, width: int
         for table in screen.query(DataTable):
             assert table.virtual_size.width <= table.scrollable_content_region.width, table.id
         labels = [str(c.label) for c in pairs.columns.values()]
-        assert ("TARGET" not in labels) is narrow and screen.has_class("-narrow") is narrow
+        assert ("TARGET" not in labels) is narrow and screen.has_class("-compact") is narrow
         line = screen.query_one("#models-pair-models")
         assert line.display is narrow
         first, second = screen.listing.pairs[:2]  # the catalog's, as gather() read it

@@ -53,6 +53,7 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
         super().__init__()
         self.current = current
         self.listing: Listing | None = None
+        self.shown: dict[str, list[int]] = {}  # each table's columns shown
 
     def compose(self) -> ComposeResult:
         with Vertical(id="models-dialog", classes="dialog"):
@@ -74,7 +75,6 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
         self.query_one("#models-pairs", DataTable).add_columns(*PAIR_COLUMNS)
         self.query_one("#models-catalog", DataTable).add_columns(*MODEL_COLUMNS)
         self.query_one("#models-pairs").loading = True
-        self.shown: dict[str, list[int]] = {}  # each table's columns shown
         self.watch(self.app, "download", self._mirror_download)
         self.refresh_listing()
 
@@ -120,7 +120,8 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
         keys = [p.id for p in self.listing.pairs]
         self.fill("#models-pairs", PAIR_COLUMNS, pair_rows, keys)
         self.fill("#models-catalog", MODEL_COLUMNS, model_rows, None)
-        self.set_class(len(self.shown["#models-pairs"]) < len(PAIR_COLUMNS), "-narrow")
+        # not "-narrow": the app's breakpoints set that on every screen by the terminal's width
+        self.set_class(len(self.shown["#models-pairs"]) < len(PAIR_COLUMNS), "-compact")
         self.name_pair_models()
 
     @staticmethod
