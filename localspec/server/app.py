@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -30,11 +32,15 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from localspec import version
+from localspec.backends.base import Cancelled
+from localspec.backends.embedding import embedding_limit, embedding_size
+from localspec.backends.llama import LlamaModel
 from localspec.decoding.events import Event, Finished
 from localspec.decoding.opening import pieces_of
 from localspec.server import anthropic, choices, native, responses
 from localspec.server.anchors import Anchors
 from localspec.server.answer import Answer, as_function_call, as_function_call_chunks, short_id, sse
+from localspec.server.embeddings import EmbeddingRequest, embeddings_body, token_lists
 from localspec.server.errors import ApiError, error_body
 from localspec.server.guard import Guard, GuardMiddleware
 from localspec.server.infill import (
@@ -63,6 +69,8 @@ from localspec.server.schemas import (
 )
 from localspec.server.worker import Job, Worker
 from localspec.session import Session
+
+log = logging.getLogger("localspec.server")
 
 # requests that amount to a chat: what the token-counting endpoints read
 ChatSource = ChatRequest | anthropic.MessagesRequest | responses.ResponsesRequest
@@ -157,7 +165,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         return (
             f"localspec is serving {options.model_id}{draft}, {n} slot{'s' * (n > 1)}.\n\n"
             f"OpenAI API:     {base}/v1  (POST /v1/chat/completions, /v1/completions, "
-            "/v1/responses; GET /v1/models)\n"
+            "/v1/responses, /v1/embeddings; GET /v1/models)\n"
             f"Anthropic API:  {base}  (POST /v1/messages)\n"
             "llama-server's: POST /infill, /completion, /tokenize; GET /props\n"
             "Figures:        GET /metrics, /health\n"
@@ -321,6 +329,30 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             await choices.collect(completions, request, lambda c: c.completion_body)
         )
 
+    @app.post("/v1/embeddings", dependencies=guarded)
+    async def embeddings(request: Request) -> dict[str, Any]:
+        """OpenAI's embeddings, from the served model's own weights (embeddings.py)."""
+        body = parse(EmbeddingRequest, await read_body(request, options.max_body_bytes))
+        target = session.target
+        if not isinstance(target, LlamaModel):
+            raise ApiError(501, f"{options.model_id} gives no embeddings")
+        limit, size = embedding_limit(target), embedding_size(target)
+        texts = await run_in_threadpool(token_lists, body, target, limit, size)
+        cancel = threading.Event()
+        watcher = asyncio.create_task(until_gone(request, cancel))
+        try:
+            vectors = await asyncio.wrap_future(worker.embed(texts, cancel))
+        except Cancelled:
+            if worker.stopping or not cancel.is_set():
+                raise ApiError(503, "the server is shutting down", code="shutting_down") from None
+            log.info("embeddings cancelled: the client left")
+            raise ApiError(499, "the client left") from None
+        finally:
+            watcher.cancel()
+        metrics.observe_request(endpoint(request), 200)
+        tokens = sum(len(t) for t in texts)
+        return embeddings_body(vectors, options.model_id, tokens, body.encoding_format)
+
     @app.post("/v1/messages", dependencies=guarded)
     async def messages(request: Request) -> Response:
         """Anthropic's Messages API (Claude Code, Anthropic's SDKs), answered as a chat."""
@@ -474,3 +506,10 @@ def endpoint(request: Request) -> str:
 def in_anthropic(request: Request) -> bool:
     """A request to Anthropic's API, answered in its error shape."""
     return request.url.path.startswith("/v1/messages")
+
+
+async def until_gone(request: Request, cancel: threading.Event) -> None:
+    """Set `cancel` when the client disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    cancel.set()

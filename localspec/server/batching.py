@@ -13,6 +13,10 @@ runs at once. The pass itself runs without the batcher's lock, so a slot that co
 meanwhile (a keystroke's completion while a paste is read) joins the next step; no slot's
 thread runs during a pass, since each may change its sequences' cache between calls.
 
+Work beside the slots (an embedding request's texts) runs there too, in passes of its
+own, one after each of their target passes and as long as it (`beside_chunk`): it
+neither waits for the slots to go idle nor stops them.
+
 Every pass runs on that one thread: llama.cpp's CPU backend (OpenMP) keeps a team of
 worker threads per calling thread, which it makes on the first pass from a thread and
 which spins a while after each; passes from changing threads ran ~35% slower here
@@ -25,7 +29,8 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -35,7 +40,14 @@ from localspec.backends.base import Cancelled, FimTokens, Model, common_prefix
 from localspec.backends.llama import LlamaModel
 from localspec.backends.seq_layout import Part
 from localspec.decoding.estimates import VerifyCost
-from localspec.server.scheduling import ALONE_MIN_CHUNK, ROUND_TOKENS, Pace, Want, plan_step
+from localspec.server.scheduling import (
+    ALONE_MIN_CHUNK,
+    ROUND_TOKENS,
+    Pace,
+    Want,
+    beside_chunk,
+    plan_step,
+)
 
 
 @dataclass(eq=False)
@@ -78,6 +90,24 @@ class Call:
         return Part(self.seq, self.tokens[start : start + n], self.pos + start, scored)
 
 
+# Work beside the slots: a generator that waits at each `yield` for the next pass's most
+# tokens (sent) and yields the tokens it read in the last (0 before the first), and
+# returns its result
+Work = Generator[int, int, object]
+
+
+@dataclass(eq=False)
+class Beside:
+    """Work beside the slots, with passes of `model`'s weights; dropped between two
+    passes where `cancel` is set."""
+
+    work: Work
+    model: LlamaModel
+    cancel: threading.Event
+    result: Future[object] = field(default_factory=Future)
+    started: bool = False
+
+
 @dataclass(frozen=True)
 class PassRecord:
     """One pass: its model, tokens read per sequence, and its time."""
@@ -114,6 +144,10 @@ class Batcher:
         self._passes: dict[int, VerifyCost] = {}  # per model: pass times by tokens in them
         self._calls_per_pass: dict[int, float] = {}  # per model: a moving average
         self._prompt_token_s: dict[int, float] = {}  # per model: in passes of prompts alone
+        self._beside: deque[Beside] = deque()
+        self._beside_turn = False  # a step of its model ran since its last pass
+        self._beside_token_s: dict[int, float] = {}  # per model: a token's time in its passes
+        self._last_pass_s: dict[int, float] = {}  # per model
         self._thread = threading.Thread(target=self._run, name="localspec-passes", daemon=True)
         self._thread.start()
         self.log = StepLog()
@@ -123,15 +157,64 @@ class Batcher:
             self._stopping = True
             self._cv.notify_all()
         self._thread.join(timeout=30)
+        for beside in self._beside:
+            beside.result.set_exception(Cancelled())
 
     def _run(self) -> None:
-        """The passes' thread: a step whenever every active slot waits for one."""
+        """The passes' thread: a step whenever every active slot waits for one, and a
+        pass of the work beside them after each step of its model (its turn), or
+        whenever no slot decodes."""
         with self._cv:
             while not self._stopping:
+                ran = False
                 if self._calls and len(self._calls) >= self._active and not self._joining:
-                    self._step()
-                else:
+                    model = self._step()
+                    self._beside_turn |= bool(self._beside) and model is self._beside[0].model
+                    ran = True
+                if self._beside and not self._joining and (self._beside_turn or not self._active):
+                    self._beside_turn = False
+                    self._step_beside()
+                    ran = True
+                if not ran:
                     self._cv.wait()
+
+    def beside(self, work: Work, model: LlamaModel, cancel: threading.Event) -> Future[object]:
+        """`work` run beside the slots, a pass of it (of `model`'s weights) after each
+        of their steps: its result, or its error (Cancelled where `cancel` was set
+        before it ended)."""
+        beside = Beside(work, model, cancel)
+        with self._cv:
+            self._beside.append(beside)
+            self._cv.notify_all()
+        return beside.result
+
+    def _step_beside(self) -> None:
+        """One pass of the first work beside the slots: as long as the slots' last pass
+        of its model, timed by its own passes."""
+        beside = self._beside[0]
+        model = beside.model
+        step_s = self._last_pass_s.get(id(model)) if self._active else None
+        token_s = self._beside_token_s.get(id(model), 0.0)
+        n = beside_chunk(token_s, step_s, model.n_batch)
+        try:
+            if beside.cancel.is_set():
+                raise Cancelled()
+            with self._unlocked():
+                if not beside.started:  # to its first pass
+                    next(beside.work)
+                    beside.started = True
+                started = time.perf_counter()
+                read = beside.work.send(n)
+            if read > 0:
+                took = (time.perf_counter() - started) / read
+                last = self._beside_token_s.get(id(model), took)
+                self._beside_token_s[id(model)] = last + 0.3 * (took - last)
+            return
+        except StopIteration as done:
+            beside.result.set_result(done.value)
+        except Exception as e:
+            beside.result.set_exception(e)
+        self._beside.popleft()
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -193,9 +276,9 @@ class Batcher:
                 self._cv.wait()
         return call
 
-    def _step(self) -> None:
+    def _step(self) -> LlamaModel | None:
         """One pass over the waiting calls of one model (the lock is held, but for the
-        pass itself: every active slot waits for it anyway)."""
+        pass itself: every active slot waits for it anyway); that model."""
         for call in self._calls:
             if call.cancel is not None and call.cancel.is_set():
                 call.error, call.finished = Cancelled(call.done), True
@@ -208,6 +291,7 @@ class Batcher:
             self._pass(model, [c for c in live if c.model is model])
         self._calls = [c for c in self._calls if not c.finished]
         self._cv.notify_all()
+        return model if live else None
 
     def pace(self, model: LlamaModel, wants: Sequence[Want]) -> Pace:
         """`model`'s passes as timed, for this step's `wants`: a prompt token's time, and
@@ -245,6 +329,7 @@ class Batcher:
                 call.error, call.finished = e, True
             return
         took = time.perf_counter() - started
+        self._last_pass_s[id(model)] = took
         tokens = sum(n for _c, n in chosen)
         kinds = {c.kind for c, _n in chosen}
         # what `auto` prices rounds by: passes of rounds only (neither a prompt's chunk

@@ -115,6 +115,20 @@ def plan_step(wants: Sequence[Want], budget: int, pace: Pace = Pace()) -> dict[i
     return shares
 
 
+def beside_chunk(token_s: float, step_s: float | None, budget: int) -> int:
+    """Tokens that work beside the slots reads in a pass of its own after a step of
+    theirs that took `step_s`: an embedding request's texts, which an index of a whole
+    codebase may bring by the thousand, go after the slots' answers, which someone waits
+    for. So it takes as long as the step did, and they keep about half the time (as an
+    editor's completion does beside a paste); with no slot decoding (no step), as long
+    as a prompt alone. `token_s`: a token's time in its passes (0: untimed)."""
+    if token_s <= 0:
+        return min(BUSY_CHUNK, budget)
+    if step_s is None:
+        return min(budget, max(ALONE_MIN_CHUNK, round(PROMPT_PASS_S / token_s)))
+    return min(budget, max(MIN_CHUNK, round(step_s / token_s)))
+
+
 def cut(w: Want, most: int) -> int:
     """A prompt's chunk of at most `most` tokens, leaving no fewer than its logits rows
     (which must come together) for the next."""

@@ -23,6 +23,10 @@ it back instead of reading it again.
 An idle slot's draft model reads ahead what the slot's cache holds, a chunk at a time,
 while no request waits or decodes: an editor's next completion shares most of the last
 one's prompt, which the draft model would otherwise read within it.
+
+Embedding requests take no slot: their texts are read in a context of their own, a
+chunk after each of the slots' target passes (batching.py). With one slot, whose passes
+do not go through the batcher, they wait while it decodes.
 """
 
 from __future__ import annotations
@@ -34,10 +38,15 @@ import math
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Generator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import cast
+
+import numpy as np
 
 from localspec.backends.base import Cancelled, Model, common_prefix, moves
+from localspec.backends.embedding import Embedder, embed_all
 from localspec.backends.llama import LlamaModel
 from localspec.decoding.adaptive import AdaptiveDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
@@ -165,6 +174,7 @@ class Worker:
         if cache is not None:
             self.metrics.kept_prompts.set_function(lambda: cache.size)
         self.batcher = Batcher()
+        self._embedder: Embedder | None = None  # made at the first embedding request
         self.slots = self._make_slots(parallel)
         self._waiting: list[Job] = []  # submitted, no slot yet; the oldest first
         self._lock = threading.Lock()
@@ -207,6 +217,26 @@ class Worker:
                 )
             slots.append(Slot(i, engine, views, list(views)))
         return slots
+
+    def embed(self, texts: list[list[int]], cancel: threading.Event) -> Future[list[np.ndarray]]:
+        """The texts' embeddings, read beside the slots; dropped between two chunks once
+        `cancel` is set."""
+        target = self.session.target
+        assert isinstance(target, LlamaModel)
+        work = self._embeddings(target, texts)
+        return cast(Future[list[np.ndarray]], self.batcher.beside(work, target, cancel))
+
+    def _embeddings(
+        self, target: LlamaModel, texts: list[list[int]]
+    ) -> Generator[int, int, list[np.ndarray]]:
+        if self._embedder is None:  # on the passes' thread, as every pass of it
+            self._embedder = Embedder(target)
+        started = time.perf_counter()
+        vectors = yield from embed_all(self._embedder, texts)
+        n, tokens = len(texts), sum(len(t) for t in texts)
+        took = time.perf_counter() - started
+        log.info("embeddings: %d text%s, %d tokens in %.2f s", n, "s" * (n > 1), tokens, took)
+        return vectors
 
     def _drafting(self) -> float:
         """Slots drafting in each draft-model pass, on average."""

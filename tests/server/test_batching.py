@@ -4,12 +4,15 @@ test_slots_real.py."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
 
 import numpy as np
+import pytest
 
+from localspec.backends.base import Cancelled
 from localspec.backends.seq_layout import Part
 from localspec.server.batching import Batcher
 
@@ -53,3 +56,111 @@ def test_a_slot_that_comes_during_a_long_prompt_joins_after_the_pass_in_flight()
         reading.join(timeout=10)
         batcher.stop()
     assert sum(p.get(0, 0) for p in model.passes) == 160  # the paste was read whole
+
+
+def side_work(log: list[str], passes: int):
+    """Work beside the slots (as an embedding request's): 20 ms a pass of one token."""
+    read = 0
+    for i in range(passes):
+        n = yield read  # the tokens the last pass read; this one's most
+        time.sleep(0.02)
+        log.append(f"beside {i} {n}")
+        read = 1
+    return "done"
+
+
+def test_work_beside_the_slots_runs_a_pass_between_two_of_their_steps():
+    batcher, model = Batcher(), SlowModel()
+    stand_in: Any = model
+    log: list[str] = []
+
+    class Logged(list):  # the slot's passes, in the same log
+        def append(self, item: dict[int, int]) -> None:
+            log.append("slot")
+            super().append(item)
+
+    model.passes = Logged()
+    reading_started = threading.Event()
+
+    def paste() -> None:  # 80 tokens: 10 passes of 8
+        with batcher.active():
+            reading_started.set()
+            batcher.call(stand_in, 0, list(range(80)), 0, 1)
+
+    reading = threading.Thread(target=paste)
+    reading.start()
+    try:
+        reading_started.wait()
+        result = batcher.beside(side_work(log, 5), stand_in, threading.Event())
+        assert result.result(timeout=10) == "done"
+        reading.join(timeout=10)
+    finally:
+        batcher.stop()
+    kinds = [entry.split()[0] for entry in log]
+    first, last = kinds.index("beside"), len(kinds) - kinds[::-1].index("beside")
+    # neither waited for the other: from the first beside pass on, the two took turns
+    turns = kinds[first:last]
+    assert all(a != b for a, b in itertools.pairwise(turns)), log
+    assert turns.count("beside") == 5 and kinds.count("slot") == 10, log
+
+
+def test_work_beside_the_slots_is_dropped_between_two_passes_once_cancelled():
+    batcher, stand_in = Batcher(), SlowModel()
+    log: list[str] = []
+    cancel = threading.Event()
+    try:
+        result = batcher.beside(side_work(log, 50), stand_in, cancel)
+        while not log:
+            time.sleep(0.001)
+        cancel.set()
+        with pytest.raises(Cancelled):
+            result.result(timeout=10)
+        assert len(log) <= 3  # the pass in flight ended, no more began
+        after = batcher.beside(side_work(log, 1), stand_in, threading.Event())  # the next runs
+        assert after.result(timeout=10) == "done"
+    finally:
+        batcher.stop()
+
+
+def test_work_beside_the_slots_waits_for_their_whole_round_not_each_draft_step():
+    """Its passes are of the target's weights: one after each target pass, none after a
+    draft model's (a round of γ drafts would otherwise wait γ + 1 of them)."""
+    batcher, target, draft = Batcher(), SlowModel(), SlowModel()
+    draft.size_bytes = 0  # the smaller: its calls pass first
+    log: list[str] = []
+
+    class Logged(list):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        def append(self, item: dict[int, int]) -> None:
+            log.append(self.name)
+            super().append(item)
+
+    target.passes, draft.passes = Logged("target"), Logged("draft")
+    stand_ins: tuple[Any, Any] = (target, draft)
+    decoding = threading.Event()
+
+    def rounds() -> None:  # 6 rounds of 3 draft steps and a target pass
+        with batcher.active():
+            decoding.set()
+            for r in range(6):
+                for d in range(3):
+                    batcher.call(stand_ins[1], 0, [1], r * 3 + d, 1)
+                batcher.call(stand_ins[0], 0, [1, 2, 3, 4], r * 4, 4)
+
+    slot = threading.Thread(target=rounds)
+    slot.start()
+    try:
+        decoding.wait()
+        result = batcher.beside(side_work(log, 3), stand_ins[0], threading.Event())
+        assert result.result(timeout=10) == "done"
+        slot.join(timeout=10)
+    finally:
+        batcher.stop()
+    kinds = [entry.split()[0] for entry in log]
+    for i, kind in enumerate(kinds):
+        if kind == "beside" and i > 0:
+            assert kinds[i - 1] == "target", log
+    assert kinds.count("beside") == 3 and kinds.count("target") == 6, log

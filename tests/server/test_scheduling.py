@@ -13,6 +13,7 @@ from localspec.server.scheduling import (
     Pace,
     Swap,
     Want,
+    beside_chunk,
     pick_slot,
     plan_step,
     read_ahead_chunk,
@@ -73,6 +74,20 @@ def test_a_short_requests_own_prompt_is_read_whole_and_a_paste_as_long_beside_it
     assert plan_step(wants, budget=512, pace=CPU) == {1: 30, 0: 30}
     wants = [Want(0, 5000, 1, arrived=0), Want(1, 900, 1, short=True, arrived=1)]
     assert plan_step(wants, budget=512, pace=CPU) == {1: 512}
+
+
+def test_work_beside_the_slots_takes_as_long_as_their_step_or_as_a_prompt_alone():
+    """An embedding request's texts, read in passes of their own between the slots'."""
+    token_s = CPU.prompt_token_s
+    # after a step that took 0.12 s, as many tokens as take as long
+    assert beside_chunk(token_s, 0.12, 512) == round(0.12 / token_s)
+    assert beside_chunk(token_s, 0.0001, 512) == MIN_CHUNK  # it never stops
+    assert beside_chunk(GPU.prompt_token_s, 0.5, 512) == 512
+    # with no slot decoding, as a prompt alone: half a second, or the least a CPU reads
+    # efficiently
+    assert beside_chunk(token_s, None, 512) == round(PROMPT_PASS_S / token_s)
+    assert beside_chunk(SLOW.prompt_token_s, None, 512) == ALONE_MIN_CHUNK
+    assert beside_chunk(0.0, 0.12, 512) == beside_chunk(0.0, None, 512) == BUSY_CHUNK
 
 
 def test_when_the_pass_is_full_short_requests_go_first():

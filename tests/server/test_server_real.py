@@ -15,6 +15,7 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import numpy as np
 import openai
 import pytest
 from decoding.test_real_engine import NEAR_TIE  # the near-tie rule
@@ -858,3 +859,51 @@ def test_ctrl_c_ends_the_answers_in_flight_and_exits_cleanly(real_paths, tmp_pat
     assert json.loads(last.removeprefix("data:"))["error"]["code"] == "shutting_down"
     assert waited[0].status_code == 503, waited[0].text
     assert "cancelled while waiting: the server is shutting down" in said, said
+
+
+def test_embeddings_from_the_models_own_weights(client: openai.OpenAI, server):
+    """As the openai SDK asks (base64 floats), for several texts, token ids, and floats."""
+    texts = ["def add(a, b):\n    return a + b", "def sum_two(x, y):\n    return x + y"]
+    texts.append("The weather in Paris is rainy in autumn.")
+    got = client.embeddings.create(model=MODEL, input=texts)
+    vectors = np.array([d.embedding for d in got.data])
+    assert vectors.shape == (3, 1536) and [d.index for d in got.data] == [0, 1, 2]
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    # two functions that add are closer to each other than to the weather
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.2
+    ids = httpx.post(f"{server[0]}/tokenize", json={"content": texts[0]}, headers=AUTH)
+    tokens = ids.json()["tokens"]
+    as_ids = client.embeddings.create(model=MODEL, input=[tokens], encoding_format="float")
+    assert as_ids.data[0].embedding == pytest.approx(vectors[0].tolist(), abs=1e-6)
+    assert as_ids.usage.prompt_tokens == len(tokens) and got.usage.prompt_tokens > 3 * 8
+    for bad, says in [
+        ("", "an empty text has no embedding"),
+        ("word " * 2100, "embeds at most 2,048 a text"),
+        ([[1, 2], [10**9]], r"input\[1\]: token ids must be in"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=says):
+            client.embeddings.create(model=MODEL, input=bad)
+    with pytest.raises(openai.BadRequestError, match="1536 dimensions, not 256"):
+        client.embeddings.create(model=MODEL, input="x", dimensions=256)
+
+
+def test_an_index_being_built_neither_holds_back_a_completion_nor_outlives_its_client(
+    client: openai.OpenAI, server
+):
+    """A long text is embedded in passes between the slots' steps: an editor's
+    completion that comes meanwhile is answered while it is read; its client gives up,
+    and the reading stops."""
+    long_text = "x = compute(x, y) + 1\n" * 180  # 1,980 tokens: 14 s or more on 2 cores
+    embedding = threading.Thread(
+        target=give_up, args=(f"{server[0]}/v1/embeddings", {"input": long_text}, 12)
+    )
+    embedding.start()
+    time.sleep(1)
+    done = client.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=8)
+    assert done.choices[0].text and embedding.is_alive()  # answered while it was read
+    embedding.join(timeout=60)
+    short = client.embeddings.create(model=MODEL, input="def add(a, b):")
+    assert len(short.data[0].embedding) == 1536
+    log = server[1].read_text()
+    assert "embeddings cancelled: the client left" in log
+    assert "embeddings: 1 text, 1980 tokens" not in log  # its reading was not finished
