@@ -29,7 +29,11 @@ over its latency alone, on the same servers (with `--paste-chars N`, beside a ch
 request carrying an N-character code paste, sent a second before it, while the server
 reads the paste: an agent sending a file). Two conversations taking turns (`--suite
 alternate`): each turn's TTFT, the second turns' over the first's (does each find its
-context still cached?).
+context still cached?). A chat beside an index (`--suite index`): a chat answer's tok/s
+while `/v1/embeddings` reads `--index-texts` chunks of the standard library (8 a
+request, as an indexer sends them), over its tok/s alone, and the index's time beside
+the chat over alone; llama-server serves embeddings when started with `--embeddings
+--pooling mean`, which it is here.
 
     scripts/serve_bench.py --target T.gguf --draft D.gguf --threads 4 --prompts 10 \
         --out docs/bench/serve/results.json
@@ -584,6 +588,104 @@ def alternate_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     return rows
 
 
+def index_texts(n: int) -> list[str]:
+    """`n` chunks of ~600 characters of the standard library's modules (about 150
+    tokens each), as an indexer cuts a codebase."""
+    texts: list[str] = []
+    for path in sorted(Path(textwrap.__file__).parent.glob("*.py")):
+        source = path.read_text(errors="replace")
+        texts += [source[i : i + 600] for i in range(0, min(len(source), 2400), 600)]
+        if len(texts) >= n:
+            break
+    return texts[:n]
+
+
+def embed_texts(base: str, texts: list[str], per_request: int = 8) -> float:
+    """Seconds to embed `texts`, `per_request` a request, one request at a time."""
+    started = time.perf_counter()
+    with httpx.Client(timeout=1200) as client:
+        for i in range(0, len(texts), per_request):
+            body = {"model": "x", "input": texts[i : i + per_request]}
+            client.post(f"{base}/embeddings", json=body).raise_for_status()
+    return time.perf_counter() - started
+
+
+def index_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
+    texts = index_texts(args.index_texts)
+    slots = args.slots or max(2, args.clients)
+    ports = {name: free_port() for name in ("localspec", "llama-spec", "llama-plain")}
+    commands = {"localspec": localspec_server(args, ports["localspec"], parallel=slots)}
+    if args.peer:
+        embeddings = ["--embeddings", "--pooling", "mean"]
+        spec = llama_server(args, ports["llama-spec"], True, slots)
+        plain = llama_server(args, ports["llama-plain"], False, slots)
+        commands |= {"llama-spec": [*spec, *embeddings], "llama-plain": [*plain, *embeddings]}
+    prompts = clients_prompts(args)
+    rows: list[dict] = []
+    with servers(commands, ports, logs, "index") as bases:
+        for r in range(args.rounds):
+            chat = [{"role": "user", "content": prompts[r % len(prompts)][1]["prompt"]}]
+            for name in turns(list(bases), r):
+                base = bases[name]
+                alone = stream_one(base, chat, args.max_tokens, seed=r)
+                settle(base)
+                index_alone = embed_texts(base, texts)
+                settle(base)
+                with ThreadPoolExecutor(1) as pool:
+                    indexing = pool.submit(embed_texts, base, texts)
+                    time.sleep(1)  # the index is being read when the chat comes
+                    beside = stream_one(base, chat, args.max_tokens, seed=r + 1000)  # not recalled
+                    index_beside = indexing.result()
+                settle(base)
+                row = {
+                    "suite": "index",
+                    "prompt": f"r{r}",
+                    "server": name,
+                    "texts": len(texts),
+                    "chat_alone_tokens_per_s": alone["tokens_per_s"],
+                    "chat_beside_tokens_per_s": beside["tokens_per_s"],
+                    "chat_beside_ttft_s": beside["ttft_s"],
+                    "index_alone_s": index_alone,
+                    "index_beside_s": index_beside,
+                    "tokens": beside["tokens"],
+                    "tokens_per_s": beside["tokens_per_s"],
+                    "ttft_s": beside["ttft_s"],
+                }
+                rows.append(row)
+                print(
+                    f"index r{r} {name:12} chat {alone['tokens_per_s']:.1f} tok/s alone, "
+                    f"{beside['tokens_per_s']:.1f} beside the index (TTFT "
+                    f"{beside['ttft_s']:.2f}s); index {index_alone:.1f}s alone, "
+                    f"{index_beside:.1f}s beside the chat",
+                    flush=True,
+                )
+    return rows
+
+
+def index_report(rows: list[dict]) -> str:
+    """Medians over the rounds, per server."""
+    lines = [
+        "### A chat beside an index being built (`/v1/embeddings`)",
+        "",
+        "| server | chat tok/s alone | beside the index | ratio | TTFT beside s | "
+        "index s alone | beside the chat |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in dict.fromkeys(r["server"] for r in rows):
+        mine = [r for r in rows if r["server"] == name]
+
+        def med(key: str, mine: list[dict] = mine) -> float:
+            return statistics.median(r[key] for r in mine)
+
+        alone, beside = med("chat_alone_tokens_per_s"), med("chat_beside_tokens_per_s")
+        lines.append(
+            f"| {name} | {alone:.1f} | {beside:.1f} | {beside / alone:.2f} | "
+            f"{med('chat_beside_ttft_s'):.2f} | {med('index_alone_s'):.1f} | "
+            f"{med('index_beside_s'):.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def many_report(rows: list[dict]) -> str:
     """The clients' and the editor's figures: medians, p95, and side-by-side ratios."""
     lines = []
@@ -729,11 +831,14 @@ def main() -> None:
     p.add_argument("--edit-max-tokens", type=int, default=2048)
     p.add_argument("--prompts", type=int, default=10, help="prompts (or edits) per suite")
     p.add_argument(
-        "--suite", choices=("chat", "edit", "all", "clients", "editor", "alternate"), default="all"
+        "--suite",
+        choices=("chat", "edit", "all", "clients", "editor", "alternate", "index"),
+        default="all",
     )
     p.add_argument("--clients", type=int, default=4, help="concurrent clients (clients suite)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of N clients (clients suite)")
     p.add_argument("--completion-tokens", type=int, default=32, help="editor suite")
+    p.add_argument("--index-texts", type=int, default=48, help="texts embedded (index suite)")
     p.add_argument(
         "--paste-chars",
         type=int,
@@ -800,6 +905,8 @@ def main() -> None:
         rows += editor_suite(args, logs)
     if args.suite == "alternate":
         rows += alternate_suite(args, logs)
+    if args.suite == "index":
+        rows += index_suite(args, logs)
     args.out.write_text(
         json.dumps(
             {
@@ -811,6 +918,8 @@ def main() -> None:
     )
     many = args.suite in ("clients", "editor", "alternate")
     text = f"{many_report(rows)}\n" if many else f"{table(rows)}\n\n{ratios(rows)}\n"
+    if args.suite == "index":
+        text = f"{index_report(rows)}\n"
     args.out.with_suffix(".md").write_text(text)
     print(text)
 

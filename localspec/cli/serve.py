@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="serve the pair over the OpenAI and Anthropic APIs",
         description="""\
 Load the pair once and answer the OpenAI API at http://HOST:PORT/v1 (chat,
-completions with a suffix, Responses), Anthropic's Messages API at
+completions with a suffix, Responses, embeddings), Anthropic's Messages API at
 http://HOST:PORT, and llama-server's /infill and /completion for editors; several
 clients at once, each in a slot with its own cache. docs/serve.md has each
 editor's and agent's settings.""",

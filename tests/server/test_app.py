@@ -425,9 +425,11 @@ def test_the_paths_without_v1_are_served_as_llama_servers_are(client: TestClient
 
 
 def test_unknown_routes_use_the_error_shape_and_say_what_is_served(client: TestClient):
-    error = assert_error(client.post("/v1/embeddings", json={"input": "x"}, headers=AUTH), 404)
-    assert error["message"].startswith("no POST /v1/embeddings here; served: ")
+    speech = {"input": "x", "voice": "alloy"}  # an OpenAI endpoint not served
+    error = assert_error(client.post("/v1/audio/speech", json=speech, headers=AUTH), 404)
+    assert error["message"].startswith("no POST /v1/audio/speech here; served: ")
     assert "/v1/chat/completions" in error["message"] and "/infill" in error["message"]
+    assert "/v1/embeddings" in error["message"]
     assert "/v1/models/{name}," in error["message"]  # not starlette's {name:path}
     error = assert_error(client.get("/v1/chat/completions", headers=AUTH), 405)
     assert error["message"] == "/v1/chat/completions does not take GET"
