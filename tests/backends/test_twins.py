@@ -524,3 +524,22 @@ def test_the_chats_draft_model_setting_drafts_with_the_targets_mtp_head(twins) -
         assert isinstance(fixed, MtpDrafter) and fixed.head is base.head
     finally:
         pair.close()
+
+
+def test_a_hybrids_embeddings_read_in_chunks_are_its_one_pass_ones(twins) -> None:
+    """serve's /v1/embeddings on a hybrid target: its recurrent state goes on from chunk
+    to chunk, as in one pass, and starts over for the next text."""
+    from test_embedding_real import llama_cpps_mean, run
+
+    from localspec.backends.embedding import Embedder
+
+    model = load(twins["hybrid"], rollback=GAMMA)
+    embedder = Embedder(model)
+    try:
+        text = list(range(100, 400))
+        whole, again = run(embedder, [text, text], 64)
+        assert float(whole @ llama_cpps_mean(model, text)) > 0.9999
+        np.testing.assert_allclose(again, whole, atol=1e-6)
+    finally:
+        embedder.close()
+        model.close()
