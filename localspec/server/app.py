@@ -343,7 +343,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         try:
             vectors = await asyncio.wrap_future(worker.embed(texts, cancel))
         except Cancelled:
-            if worker.stopping or not cancel.is_set():
+            if worker.stopping:
                 raise ApiError(503, "the server is shutting down", code="shutting_down") from None
             log.info("embeddings cancelled: the client left")
             raise ApiError(499, "the client left") from None

@@ -188,6 +188,13 @@ class Batcher:
             self._cv.notify_all()
         return beside.result
 
+    def cancel_beside(self) -> None:
+        """Every work beside the slots ends before its next pass."""
+        with self._cv:
+            for beside in self._beside:
+                beside.cancel.set()
+            self._cv.notify_all()
+
     def _step_beside(self) -> None:
         """One pass of the first work beside the slots: as long as the slots' last pass
         of its model, timed by its own passes."""

@@ -259,11 +259,13 @@ class Worker:
 
     def stop_answers(self) -> None:
         """The server is shutting down: waiting jobs leave the queue and running ones stop
-        within the round, each with SHUTTING_DOWN for its client; none start after."""
+        within the round, each with SHUTTING_DOWN for its client; none start after (nor
+        does the next pass of any embedding request)."""
         with self._lock:
             self.stopping = True
             waiting, self._waiting = self._waiting, []
             running = [s.job for s in self.slots if s.job is not None]
+        self.batcher.cancel_beside()
         for job in [*waiting, *running]:
             job.cancel.set()
         for job in waiting:

@@ -118,6 +118,16 @@ def test_work_beside_the_slots_is_dropped_between_two_passes_once_cancelled():
         assert len(log) <= 3  # the pass in flight ended, no more began
         after = batcher.beside(side_work(log, 1), stand_in, threading.Event())  # the next runs
         assert after.result(timeout=10) == "done"
+        # the server stops (Ctrl-C): every work ends before its next pass
+        log.clear()
+        works = [batcher.beside(side_work(log, 50), stand_in, threading.Event()) for _ in "ab"]
+        while not log:
+            time.sleep(0.001)
+        batcher.cancel_beside()
+        for work in works:
+            with pytest.raises(Cancelled):
+                work.result(timeout=10)
+        assert len(log) <= 3
     finally:
         batcher.stop()
 
