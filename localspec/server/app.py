@@ -32,7 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from localspec import version
-from localspec.backends.base import Cancelled
+from localspec.backends.base import Cancelled, ModelError
 from localspec.backends.embedding import embedding_limit, embedding_size
 from localspec.backends.llama import LlamaModel
 from localspec.decoding.events import Event, Finished
@@ -347,6 +347,8 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
                 raise ApiError(503, "the server is shutting down", code="shutting_down") from None
             log.info("embeddings cancelled: the client left")
             raise ApiError(499, "the client left") from None
+        except ModelError as e:  # no memory for its context, or llama.cpp's pass failed
+            raise ApiError(500, str(e), code="embeddings_failed") from None
         finally:
             watcher.cancel()
         metrics.observe_request(endpoint(request), 200)

@@ -221,6 +221,8 @@ class Worker:
     def embed(self, texts: list[list[int]], cancel: threading.Event) -> Future[list[np.ndarray]]:
         """The texts' embeddings, read beside the slots; dropped between two chunks once
         `cancel` is set."""
+        if self.stopping:
+            raise ApiError(503, SHUTTING_DOWN.message, code="shutting_down")
         target = self.session.target
         assert isinstance(target, LlamaModel)
         work = self._embeddings(target, texts)
