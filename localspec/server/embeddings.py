@@ -3,8 +3,8 @@
 (llama.vscode's agent, Continue's @codebase, Open WebUI) need no second server. A
 chat model's vectors are coarser than an embedding model's, but close texts land close.
 
-The texts are read beside the slots (the worker runs a chunk of them between two of
-their steps), so an editor's completion does not wait for an index to be built.
+The texts are read beside the slots (a chunk after each of their target passes:
+batching.py), so an editor's completion does not wait for an index to be built.
 """
 
 from __future__ import annotations
