@@ -73,7 +73,9 @@ class Answer:
         (its disconnect is the next message the request receives; None: the caller
         watches, for several answers at once)."""
         events: list[Event] = []
-        watcher = asyncio.create_task(self.watch(request)) if request is not None else None
+        watcher = None
+        if request is not None:
+            watcher = asyncio.create_task(on_disconnect(request, lambda: self.withdraw(self.job)))
         try:
             async for event in self.events():
                 events.append(event)
@@ -83,11 +85,6 @@ class Answer:
         finally:
             if watcher is not None:
                 watcher.cancel()
-
-    async def watch(self, request: Request) -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        self.withdraw(self.job)
 
     def chat_body(self, events: list[Event], done: Finished) -> dict[str, Any]:
         reasoning, answer = self.think([e for e in events if isinstance(e, Piece)])
@@ -346,6 +343,14 @@ def stats_object(s: Stats) -> dict[str, Any]:
         "drafter": s.drafter,
         "recalled": s.recalled,
     }
+
+
+async def on_disconnect(request: Request, then: Callable[[], None]) -> None:
+    """`then()` once the client of a request whose body was read disconnects (its next
+    message): a task beside a request that is not streamed."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    then()
 
 
 def failure(event: Failed) -> ApiError:

@@ -39,7 +39,14 @@ from localspec.decoding.events import Event, Finished
 from localspec.decoding.opening import pieces_of
 from localspec.server import anthropic, choices, native, responses
 from localspec.server.anchors import Anchors
-from localspec.server.answer import Answer, as_function_call, as_function_call_chunks, short_id, sse
+from localspec.server.answer import (
+    Answer,
+    as_function_call,
+    as_function_call_chunks,
+    on_disconnect,
+    short_id,
+    sse,
+)
 from localspec.server.embeddings import EmbeddingRequest, embeddings_body, token_lists
 from localspec.server.errors import ApiError, error_body
 from localspec.server.guard import Guard, GuardMiddleware
@@ -339,7 +346,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         limit, size = embedding_limit(target), embedding_size(target)
         texts = await run_in_threadpool(token_lists, body, target, limit, size)
         cancel = threading.Event()
-        watcher = asyncio.create_task(until_gone(request, cancel))
+        watcher = asyncio.create_task(on_disconnect(request, cancel.set))
         try:
             vectors = await asyncio.wrap_future(worker.embed(texts, cancel))
         except Cancelled:
@@ -508,10 +515,3 @@ def endpoint(request: Request) -> str:
 def in_anthropic(request: Request) -> bool:
     """A request to Anthropic's API, answered in its error shape."""
     return request.url.path.startswith("/v1/messages")
-
-
-async def until_gone(request: Request, cancel: threading.Event) -> None:
-    """Set `cancel` when the client disconnects."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    cancel.set()

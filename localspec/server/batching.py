@@ -180,8 +180,8 @@ class Batcher:
 
     def beside(self, work: Work, model: LlamaModel, cancel: threading.Event) -> Future[object]:
         """`work` run beside the slots, a pass of it (of `model`'s weights) after each
-        of their steps: its result, or its error (Cancelled where `cancel` was set
-        before it ended)."""
+        of their passes of that model, or whenever none decodes: its result, or its error
+        (Cancelled where `cancel` was set before it ended)."""
         beside = Beside(work, model, cancel)
         with self._cv:
             self._beside.append(beside)

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import Request
 
 from localspec.decoding.events import Event, Finished
-from localspec.server.answer import Answer
+from localspec.server.answer import Answer, on_disconnect
 from localspec.server.errors import ApiError
 
 Build = Callable[[Answer], Callable[[list[Event], Finished], dict[str, Any]]]
@@ -27,7 +27,7 @@ async def collect(answers: Sequence[Answer], request: Request, build: Build) -> 
     client that leaves, or one answer's failure, cancels them all."""
     if len(answers) == 1:
         return await answers[0].collect(request, build(answers[0]))
-    watcher = asyncio.create_task(_watch(answers, request))
+    watcher = asyncio.create_task(on_disconnect(request, lambda: _withdraw(answers)))
     try:
         bodies = await asyncio.gather(*(a.collect(None, build(a)) for a in answers))
     except BaseException:
@@ -41,12 +41,6 @@ async def collect(answers: Sequence[Answer], request: Request, build: Build) -> 
     if "usage" in body:
         body["usage"] = usage(answers, [b["usage"] for b in bodies])
     return body
-
-
-async def _watch(answers: Sequence[Answer], request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    _withdraw(answers)
 
 
 def _withdraw(answers: Sequence[Answer]) -> None:
