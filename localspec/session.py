@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from localspec.backends.base import LoadFailed, Model, ModelError, check_compatible
+from localspec.backends.gguf import is_assistant
 from localspec.backends.llama import LlamaModel, LoadOptions, supports_gpu_offload
-from localspec.backends.mtp import MtpHead
+from localspec.backends.mtp import AssistantHead, MtpHead
 from localspec.backends.quantize import draft_to_load
 from localspec.decoding.adaptive import auto_engine
 from localspec.decoding.budget import ThoughtBudget
@@ -389,6 +390,8 @@ def with_cpu_draft(config: SessionConfig, say: Callable[[str], None]) -> Session
     if config.draft in MODEL_FREE_DRAFTERS:
         return config
     draft = resolve_model(config.draft)
+    if is_assistant(draft):  # no copy: it runs as it is, beside the target
+        return config
     path = draft_to_load(
         draft,
         draft_on_gpu(config.draft_load),
@@ -401,6 +404,9 @@ def with_cpu_draft(config: SessionConfig, say: Callable[[str], None]) -> Session
 
 def _load(config: SessionConfig) -> Session:
     draft_path = None if config.draft in MODEL_FREE_DRAFTERS else resolve_model(config.draft)
+    assistant = draft_path if draft_path is not None and is_assistant(draft_path) else None
+    if assistant is not None:  # Gemma 4's drafter reads the target's context: its head
+        draft_path = None
     # a hybrid target (Qwen3.5) keeps snapshots of its recurrent state to roll a rejected
     # draft back to; other models ignore this
     rollback = 0 if config.draft == "none" else GAMMA_MAX
@@ -410,9 +416,9 @@ def _load(config: SessionConfig) -> Session:
         resolve_model(config.target), target_load, draft_path, config.draft_load
     )
     head = None
-    if mtp:
+    if mtp or assistant is not None:
         try:
-            head = MtpHead(target)
+            head = MtpHead(target) if assistant is None else AssistantHead(target, assistant)
         except BaseException:
             target.close()
             raise

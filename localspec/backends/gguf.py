@@ -297,6 +297,17 @@ def gguf_info_or_none(paths: Iterable[Path]) -> GgufInfo | None:
     return None
 
 
+# drafters that read the target's own context (its KV cache, its token embeddings):
+# loaded beside the target as its head (localspec.backends.mtp), never on their own
+ASSISTANT_ARCHS = ("gemma4-assistant",)
+
+
+def is_assistant(path: Path) -> bool:
+    """Whether the GGUF at `path` is such a drafter (Gemma 4's "assistant")."""
+    info = gguf_info_or_none([path])
+    return info is not None and info.architecture in ASSISTANT_ARCHS
+
+
 def split_parts(path: Path) -> list[Path]:
     """All parts of a split GGUF (name-00001-of-0000N.gguf), or just `path`."""
     m = SPLIT_SUFFIX.search(path.name)

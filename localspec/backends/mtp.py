@@ -24,11 +24,12 @@ import ctypes
 import time
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 
 import llama_cpp as ll
 import numpy as np
 
-from localspec.backends.base import ModelError, shared_prefix
+from localspec.backends.base import LoadFailed, ModelError, shared_prefix
 from localspec.backends.llama import LlamaModel
 from localspec.backends.seq_layout import Part
 
@@ -71,6 +72,9 @@ class MtpHead:
     sequence 0. `cached` is the text its KV cache holds (positions before `_start` were
     skipped, see `read`)."""
 
+    in_place = False  # a draft step after the first goes one position further
+    window = WINDOW  # the trunk's rows kept of each pass, for a catch-up to read
+
     def __init__(self, target: LlamaModel) -> None:
         if mtp_layers(target) == 0:
             raise ModelError(
@@ -79,15 +83,30 @@ class MtpHead:
             )
         self.target = target
         self.name = f"{target.name} (MTP head)"
+        self._open(target._model)
+        # c / T(1) before it is timed: one decoder block and the output head, over the
+        # trunk's layers and its output head (weights read, a pass's cost on a GPU; a
+        # MoE's active experts only)
+        share = target.read_bytes / max(1, target.size_bytes)
+        n_params = max(1, int(ll.llama_model_n_params(target._model) * share))
+        head_params = target.n_vocab * self.n_embd
+        self.cost_ratio = 1 / max(1, ll.llama_model_n_layer(target._model)) + head_params / n_params
+
+    def _open(self, model: ctypes.c_void_p, other: ctypes.c_void_p | None = None) -> None:
+        """The head's context over `model` (the target's own, or a drafter's that reads
+        the target's context `other`), sized as the target's, and its bookkeeping."""
+        target = self.target
         self.n_embd = int(ll.llama_model_n_embd_out(target._model))
         cparams = ll.llama_context_default_params()
         cparams.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
         cparams.n_ctx = ll.llama_n_ctx(target._ctx)
         cparams.n_batch = cparams.n_ubatch = target.n_batch
         cparams.n_seq_max = target.n_seq
+        cparams.kv_unified = target.kv_unified
+        cparams.ctx_other = other
         threads = ll.llama_n_threads(target._ctx)
         cparams.n_threads = cparams.n_threads_batch = threads
-        self._ctx = ll.llama_init_from_model(target._model, cparams)
+        self._ctx = ll.llama_init_from_model(model, cparams)
         if not self._ctx:
             raise ModelError(f"llama.cpp could not make a context for {self.name}")
         self._mem = ll.llama_get_memory(self._ctx)
@@ -99,13 +118,6 @@ class MtpHead:
         self._zeros = np.zeros(self.n_embd, dtype=np.float32)
         self.busy_s = 0.0
         self.n_ctx = target.n_ctx
-        # c / T(1) before it is timed: one decoder block and the output head, over the
-        # trunk's layers and its output head (weights read, a pass's cost on a GPU; a
-        # MoE's active experts only)
-        share = target.read_bytes / max(1, target.size_bytes)
-        n_params = max(1, int(ll.llama_model_n_params(target._model) * share))
-        head_params = target.n_vocab * self.n_embd
-        self.cost_ratio = 1 / max(1, ll.llama_model_n_layer(target._model)) + head_params / n_params
         target.on_close.append(self.close)
         self.attach()
 
@@ -134,12 +146,12 @@ class MtpHead:
                 n = len(part.tokens)
                 ptr = _nextn_rows(self.target._ctx)
                 rows = np.ctypeslib.as_array(ptr, shape=(offset + n, self.n_embd))
-                for j in range(max(0, n - WINDOW - 1), n):
+                for j in range(max(0, n - self.window - 1), n):
                     self._rows[part.pos + j] = rows[offset + j].copy()
             offset += len(part.tokens)
-        if len(self._rows) > 2 * WINDOW:  # what a catch-up would skip anyway
+        if len(self._rows) > 2 * self.window:  # what a catch-up would skip anyway
             newest = max(self._rows)
-            self._rows = {p: r for p, r in self._rows.items() if p >= newest - WINDOW}
+            self._rows = {p: r for p, r in self._rows.items() if p >= newest - self.window}
 
     def row(self, pos: int) -> np.ndarray:
         """h_pos, or zeros where no pass of this text kept it (the head's input there is
@@ -223,3 +235,62 @@ class MtpHead:
 
     def __del__(self) -> None:
         self.close()
+
+
+class AssistantHead(MtpHead):
+    """Gemma 4's drafter, its "assistant" (GGUF arch `gemma4-assistant`, a file of its
+    own): four blocks that read the target's KV cache (its last sliding-window and last
+    full-attention layers) instead of keeping one, and the target's final state h_{n-2}
+    (after its output norm) with the last token x_{n-1}. Every step drafts in place, at
+    x_{n-1}'s position, its own output state standing in for the target's (transformers'
+    gemma4_assistant; llama.cpp's draft-mtp over shared memory). It has nothing to catch
+    up: the target's cache, which holds the text up to x_{n-1} between rounds, is its own.
+    """
+
+    in_place = True
+    window = 16  # a draft reads h of the last accepted token only: of the last pass
+
+    def __init__(self, target: LlamaModel, path: Path) -> None:
+        self.target = target
+        self.name = path.stem
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = 999 if target.on_gpu else 0  # beside the cache it reads
+        self._model = ll.llama_model_load_from_file(str(path).encode(), params)
+        if not self._model:
+            raise LoadFailed(f"llama.cpp could not load {path} (out of memory, or a corrupt file)")
+        try:
+            self._check(path)
+            self._open(self._model, target._ctx)
+        except BaseException:
+            ll.llama_model_free(self._model)
+            raise
+        # c / T(1) before it is timed: its weights over what a target pass reads
+        self.cost_ratio = path.stat().st_size / max(1, target.read_bytes)
+
+    def _check(self, path: Path) -> None:
+        ours, theirs = self.target._model, self._model
+        if ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(theirs)) != self.target.n_vocab:
+            raise ModelError(f"{path.name} drafts for another vocabulary than {self.target.name}'s")
+        if ll.llama_model_n_embd_out(theirs) != ll.llama_model_n_embd_out(ours):
+            raise ModelError(
+                f"{path.name} reads a model of width {ll.llama_model_n_embd_out(theirs)}, "
+                f"not {self.target.name} ({ll.llama_model_n_embd_out(ours)}): "
+                "use the assistant made for this Gemma 4 size"
+            )
+
+    def unread(self, context: Sequence[int]) -> int:
+        return 1
+
+    def catch_up(self, context: Sequence[int]) -> list[tuple[int, int, np.ndarray]]:
+        last = len(context) - 1
+        return [(context[last], last, self.row(last - 1))]
+
+    def settle(self, context: Sequence[int]) -> None:
+        pass  # its steps wrote nothing: it keeps no cache
+
+    def close(self) -> None:
+        had = getattr(self, "_ctx", None)
+        super().close()
+        if had and getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None

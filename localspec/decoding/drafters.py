@@ -305,7 +305,7 @@ class MtpDrafter(StepTimes):
         def step(i: int) -> np.ndarray:
             nonlocal entries
             if i > 0:  # the token drafted last, its own state standing in for the trunk's
-                entries = [(seq[-1], last + i, state)]
+                entries = [(seq[-1], last if head.in_place else last + i, state)]
             busy = head.busy_s
             logits, state[:] = head.step(entries)
             self.time_step(len(entries), head.busy_s - busy)

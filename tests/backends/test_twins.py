@@ -1,6 +1,8 @@
 """The models people run now, without their weights: scripts/make_twin_gguf.py's random
-twins of Qwen3.5-0.8B (hybrid: Gated DeltaNet + attention, one MTP head) and
-Qwen3-Coder-30B-A3B (MoE, 128 experts), at fewer layers, loaded by the real llama.cpp.
+twins of Qwen3.5-0.8B (hybrid: Gated DeltaNet + attention, one MTP head),
+Qwen3-Coder-30B-A3B (MoE, 128 experts) and Gemma 4 12B (sliding-window and full
+attention, with its "assistant" drafter of four blocks), at fewer layers, loaded by the
+real llama.cpp.
 
 Random weights make every drafter wrong, so the tests draft with an oracle too (plain
 decoding's own tokens with one wrong in each round): rejections of every length, so
@@ -33,7 +35,8 @@ GAMMA = 4
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The hybrid twin at 4 layers (3 DeltaNet, 1 attention, + the MTP head), the MoE
-    twin at 2, a 1-layer qwen2 draft for each vocabulary, and a hybrid draft."""
+    twin at 2, a 1-layer qwen2 draft for each vocabulary, a hybrid draft, and the Gemma 4
+    twin at 2 layers with its assistant."""
 
     twin, tiny = load_script("make_twin_gguf"), load_script("make_tiny_gguf")
     out = tmp_path_factory.mktemp("twins")
@@ -47,6 +50,9 @@ def twins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "moe-draft": tiny.build(draft, vocab, out / "d2.gguf"),
         # a hybrid draft model: another twin, other weights
         "hybrid-hybrid-draft": twin.build("hybrid", vocab, out / "other", layers=4, seed=1),
+        # one sliding-window and one full-attention layer: what the assistant reads
+        "gemma4": twin.build("gemma4", vocab, out, layers=2),
+        "gemma4-assistant": twin.build("gemma4-assistant", vocab, out, layers=None),
     }
 
 
@@ -293,6 +299,101 @@ def test_a_sampled_mtp_draft_reports_the_law_it_was_drawn_from(twins) -> None:
             assert q is not None and q[token] > 0 and abs(float(q.sum()) - 1) < 1e-4
     finally:
         head.close()
+        target.close()
+
+
+# --- Gemma 4's assistant: a drafter over the target's own cache -------------------------
+@pytest.mark.parametrize("drafter", ["assistant", "oracle", "auto"])
+def test_greedy_speculation_on_the_gemma4_twin_is_plain_decoding(twins, drafter: str) -> None:
+    from localspec.backends.mtp import AssistantHead
+
+    target = load(twins["gemma4"])
+    head = AssistantHead(target, twins["gemma4-assistant"])
+    try:
+        assert target.metadata("general.architecture") == "gemma4"
+        prompt = target.tokenize("def fibonacci(n):\n    if n < 2:\n        return n\n")
+        want, pieces = plain_answer(target, prompt, 32)
+        assert len(set(want.tokens)) > 8  # varied text, not one token again and again
+        made = {
+            "assistant": lambda: MtpDrafter(head, p_min=0.0),
+            "oracle": lambda: Oracle(len(prompt), want.tokens, target.n_vocab),
+            "auto": lambda: AdaptiveDrafter(head=MtpDrafter(head)),
+        }[drafter]()
+        got = list(Engine(target, made, GAMMA).generate(prompt, GenerationConfig(32)))[-1]
+        assert isinstance(got, Finished)
+        assert_plain(got.tokens, want.tokens, pieces)
+        if drafter != "auto":
+            assert got.stats.drafted >= 16
+    finally:
+        head.close()
+        target.close()
+
+
+def test_the_assistant_sees_the_accepted_text_only(twins) -> None:
+    """After rounds of rejected drafts, the assistant's first step sees what it sees over
+    a target that read the text at once: the rejected tokens left the target's cache,
+    which is the assistant's, and each step drafted in place without writing to it."""
+    from localspec.backends.mtp import AssistantHead
+
+    target, fresh = load(twins["gemma4"]), load(twins["gemma4"])
+    heads = [AssistantHead(target, twins["gemma4-assistant"])]
+    try:
+        prompt = target.tokenize("import os\nimport sys\n")
+        engine = Engine(target, MtpDrafter(heads[0], p_min=0.0), GAMMA)
+        done = list(engine.generate(prompt, GenerationConfig(16)))[-1]
+        assert isinstance(done, Finished) and done.stats.drafted > done.stats.accepted
+        text = [*prompt, *done.tokens]
+        target.evaluate(text[:-1], 1)  # reads the last accepted token, as a round would
+        assert heads[0].unread(text) == 1
+        following, state = heads[0].step(heads[0].catch_up(text))
+        following = following.copy()
+
+        heads.append(AssistantHead(fresh, twins["gemma4-assistant"]))
+        fresh.evaluate(text[:-1], 1)
+        again, state_again = heads[1].step(heads[1].catch_up(text))
+        assert np.allclose(following, again, atol=1e-2)
+        assert np.allclose(state, state_again, atol=1e-2)
+    finally:
+        for head in heads:
+            head.close()
+        target.close()
+        fresh.close()
+
+
+def test_a_session_drafts_with_the_gemma4_assistant_it_is_given(twins) -> None:
+    """`--draft` naming an assistant's file loads it beside the target as its head (not
+    as a draft model: it cannot run alone), as it is (no CPU copy); `run` names it."""
+    from localspec.backends.llama import LoadOptions
+    from localspec.backends.mtp import AssistantHead
+    from localspec.cli.run import models
+    from localspec.session import SessionConfig, open_session, with_cpu_draft
+
+    load_options = LoadOptions(n_ctx=512, n_threads=2)
+    assistant = str(twins["gemma4-assistant"])
+    config = SessionConfig(str(twins["gemma4"]), draft=assistant, gamma=3, target_load=load_options)
+    assert with_cpu_draft(config, print) == config
+    session = open_session(config)
+    try:
+        assert isinstance(session.head, AssistantHead) and session.draft_model is None
+        assert isinstance(session.engine.drafter, MtpDrafter)
+        assert models(session)["draft"] == twins["gemma4-assistant"].stem
+        prompt = session.target.tokenize("x = 1\n")
+        done = list(session.engine.generate(prompt, GenerationConfig(12)))[-1]
+        assert isinstance(done, Finished) and done.stats.drafted > 0
+    finally:
+        session.close()
+
+
+def test_an_assistant_for_another_model_is_refused_in_one_line(twins) -> None:
+    from localspec.backends.base import ModelError
+    from localspec.backends.mtp import AssistantHead
+
+    target = load(twins["moe"])  # another vocabulary and width
+    try:
+        with pytest.raises(ModelError, match="another vocabulary") as refused:
+            AssistantHead(target, twins["gemma4-assistant"])
+        assert "\n" not in str(refused.value)
+    finally:
         target.close()
 
 
