@@ -390,8 +390,6 @@ def with_cpu_draft(config: SessionConfig, say: Callable[[str], None]) -> Session
     if config.draft in MODEL_FREE_DRAFTERS:
         return config
     draft = resolve_model(config.draft)
-    if is_assistant(draft):  # no copy: it runs as it is, beside the target
-        return config
     path = draft_to_load(
         draft,
         draft_on_gpu(config.draft_load),

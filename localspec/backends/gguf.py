@@ -29,6 +29,11 @@ GGUF_MAGIC = b"GGUF"  # a GGUF file's first four bytes
 SPLIT_SUFFIX = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
 
+# drafters that read the target's own context (its KV cache, its token embeddings):
+# loaded beside the target as its head (localspec.backends.mtp), never on their own
+ASSISTANT_ARCHS = ("gemma4-assistant",)
+
+
 class GgufError(LocalspecError):
     """A file that is not a readable GGUF model."""
 
@@ -141,7 +146,8 @@ def gguf_info(paths: Path | Iterable[Path]) -> GgufInfo:
         name=str(kv.get("general.name", shards[0].stem)),
         file_type=kv.get("general.file_type"),
         layers=layers,
-        kv_heads=int(key("attention.head_count_kv", heads)),
+        # a drafter over its target's KV cache (ASSISTANT_ARCHS) keeps none of its own
+        kv_heads=0 if arch in ASSISTANT_ARCHS else int(key("attention.head_count_kv", heads)),
         head_dim=int(key("attention.key_length", embedding // heads)),
         embedding=embedding,
         vocab=int(vocab),
@@ -295,11 +301,6 @@ def gguf_info_or_none(paths: Iterable[Path]) -> GgufInfo | None:
     with contextlib.suppress(GgufError):
         return gguf_info(list(paths))
     return None
-
-
-# drafters that read the target's own context (its KV cache, its token embeddings):
-# loaded beside the target as its head (localspec.backends.mtp), never on their own
-ASSISTANT_ARCHS = ("gemma4-assistant",)
 
 
 def is_assistant(path: Path) -> bool:

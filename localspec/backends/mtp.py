@@ -55,10 +55,15 @@ def mtp_layers(model: LlamaModel) -> int:
 _HEADS: weakref.WeakKeyDictionary[LlamaModel, MtpHead] = weakref.WeakKeyDictionary()
 
 
+def adopt(target: LlamaModel, head: MtpHead) -> None:
+    """Make `head` (Gemma 4's assistant, loaded from its own file) `target`'s head."""
+    _HEADS[target] = head
+
+
 def head_of(target: LlamaModel) -> MtpHead | None:
-    """The one MTP head of `target` (made at the first call, attached), or None where it
-    has none loaded: every engine over the target drafts with that one (its cache
-    follows the target's sequence 0)."""
+    """The one MTP head of `target` (its own, made at the first call, or the one it was
+    given), attached, or None where it has none: every engine over the target drafts
+    with that one (its cache follows the target's sequence 0)."""
     head = _HEADS.get(target)
     if head is None and mtp_layers(target):
         head = _HEADS[target] = MtpHead(target)
@@ -73,6 +78,7 @@ class MtpHead:
     skipped, see `read`)."""
 
     in_place = False  # a draft step after the first goes one position further
+    own_cache = True  # a KV cache of its own, which a saved state of the target's lacks
     window = WINDOW  # the trunk's rows kept of each pass, for a catch-up to read
 
     def __init__(self, target: LlamaModel) -> None:
@@ -248,6 +254,7 @@ class AssistantHead(MtpHead):
     """
 
     in_place = True
+    own_cache = False
     window = 16  # a draft reads h of the last accepted token only: of the last pass
 
     def __init__(self, target: LlamaModel, path: Path) -> None:
@@ -269,6 +276,8 @@ class AssistantHead(MtpHead):
 
     def _check(self, path: Path) -> None:
         ours, theirs = self.target._model, self._model
+        if (arch := self.target.metadata("general.architecture")) != "gemma4":
+            raise ModelError(f"{path.name} drafts for a Gemma 4 model, not {arch}")
         if ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(theirs)) != self.target.n_vocab:
             raise ModelError(f"{path.name} drafts for another vocabulary than {self.target.name}'s")
         if ll.llama_model_n_embd_out(theirs) != ll.llama_model_n_embd_out(ours):

@@ -101,7 +101,7 @@ def cpu_draft(
     `source` itself where a copy would not be faster, cannot be made, or would be
     wasted (a vocabulary that cannot pair with `target`'s: the load refuses it)."""
     from localspec.backends.base import MAX_VOCAB_DIFFERENCE
-    from localspec.backends.gguf import GgufError, gguf_info
+    from localspec.backends.gguf import ASSISTANT_ARCHS, GgufError, gguf_info
 
     if not repacks_q4_0():
         return source
@@ -110,6 +110,8 @@ def cpu_draft(
         other = gguf_info(target) if target is not None else info
     except GgufError:
         return source  # llama.cpp will say what is wrong with it
+    if info.architecture in ASSISTANT_ARCHS:  # a head over the target's context, not a model
+        return source
     far = abs(info.vocab - other.vocab) > MAX_VOCAB_DIFFERENCE
     if info.file_type == Q4_0 or info.tokenizer != other.tokenizer or far:
         return source

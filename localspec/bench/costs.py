@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from localspec.backends.base import Model
 
@@ -23,6 +23,7 @@ class Costs:
     verify_s: tuple[float, ...]
     draft_s: float | None = None
     head_s: float | None = None  # c of the target's own MTP head, where it has one
+    head: str = "the target's MTP head"  # or Gemma 4's assistant, from a file of its own
 
     def ceiling(self, per_token_s: float) -> tuple[int, float] | None:
         """(γ, speedup) for a drafter that is always right (α = 1) and costs
@@ -39,9 +40,15 @@ def measure_costs(
     target: Model, draft: Model | None, prompt: list[int], k_max: int = 8, reps: int = 5
 ) -> Costs:
     """T(1..k_max) and c (the timed runs after this start cold again)."""
+    from localspec.backends.llama import LlamaModel
+    from localspec.backends.mtp import head_of
+
     verify = tuple(time_pass(target, prompt, k, reps).llama_s for k in range(1, k_max + 1))
     step = time_pass(draft, prompt, 1, reps).llama_s if draft is not None else None
-    return Costs(verify, step, time_head_step(target, prompt, reps))
+    costs = Costs(verify, step, time_head_step(target, prompt, reps))
+    if isinstance(target, LlamaModel) and (head := head_of(target)) and head.in_place:
+        return replace(costs, head=f"its assistant {head.name}")
+    return costs
 
 
 def time_head_step(target: Model, prompt: list[int], reps: int) -> float | None:
@@ -59,7 +66,8 @@ def time_head_step(target: Model, prompt: list[int], reps: int) -> float | None:
     times = []
     for _ in range(reps + 1):
         busy = head.busy_s
-        head.step([(prompt[-1], last, head.row(last - 2))])  # one drafted position
+        at = last - 1 if head.in_place else last  # one drafted position
+        head.step([(prompt[-1], at, head.row(last - 2))])
         times.append(head.busy_s - busy)
         head.settle(prompt)
     return median(times[1:])

@@ -217,7 +217,7 @@ def costs_section(costs: Costs | None) -> list[str]:
         )
     if costs.head_s is not None and (best := costs.ceiling(costs.head_s)):
         lines.append(
-            f"the target's MTP head (c = {costs.head_s * 1e3:.3g} ms a token, "
+            f"{costs.head} (c = {costs.head_s * 1e3:.3g} ms a token, "
             f"{costs.head_s / t[0]:.2f} T(1)) {fmt_ratio(best[1])} at γ {best[0]}"
         )
     if best := costs.ceiling(0.0):

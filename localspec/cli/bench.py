@@ -456,7 +456,9 @@ def draft_options(args: argparse.Namespace):  # -> LoadOptions
 def load_models(
     target_path: Path, draft_path: Path | None, args: argparse.Namespace, rpc: tuple[str, ...]
 ):
+    from localspec.backends.gguf import is_assistant
     from localspec.backends.llama import LoadOptions
+    from localspec.backends.mtp import AssistantHead, adopt
     from localspec.cli.options import has_mtp_head
     from localspec.drafting import GAMMA_MAX
     from localspec.session import load_pair
@@ -469,6 +471,14 @@ def load_models(
         rollback=GAMMA_MAX,  # a hybrid target's state snapshots (see LoadOptions)
         mtp=has_mtp_head(str(target_path)),
     )
+    if draft_path is not None and is_assistant(draft_path):  # Gemma 4's: the target's head
+        target, _ = load_pair(target_path, target_load, None, draft_options(args))
+        try:
+            adopt(target, AssistantHead(target, draft_path))
+        except BaseException:
+            target.close()
+            raise
+        return target, None
     return load_pair(target_path, target_load, draft_path, draft_options(args))
 
 

@@ -138,9 +138,10 @@ def add_model_options(p: argparse.ArgumentParser, saved: bool = False) -> None:
     g.add_argument(
         "--draft",
         "-d",
-        help="draft: a .gguf path, a catalog id, 'mtp' (the target's own MTP head), 'ngram' "
-        "or 'none' (default: the plan's; for a target neither pulled nor added, mtp where "
-        "its GGUF has a head, else ngram)",
+        help="draft: a .gguf path (a draft model, or Gemma 4's assistant for its target), a "
+        "catalog id, 'mtp' (the target's own MTP head), 'ngram' or 'none' (default: the "
+        "plan's; for a target neither pulled nor added, mtp where its GGUF has a head, else "
+        "ngram)",
     )
     g.add_argument(
         "--gamma",

@@ -167,8 +167,9 @@ class Worker:
         self.session = session
         self.max_queue = max_queue
         self.cache_reuse = cache_reuse  # llama-server's --cache-reuse (0: off, exact)
-        # llama-server's --cache-ram, in bytes (an MTP head's state would not come back)
-        keeps = cache_ram > 0 and session.head is None
+        # llama-server's --cache-ram, in bytes (an MTP head's own cache would not come
+        # back; Gemma 4's assistant reads the target's)
+        keeps = cache_ram > 0 and (session.head is None or not session.head.own_cache)
         self.prompt_cache = cache = PromptCache(cache_ram) if keeps else None
         self.metrics = Metrics(self.depth)
         if cache is not None:

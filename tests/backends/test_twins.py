@@ -363,9 +363,11 @@ def test_the_assistant_sees_the_accepted_text_only(twins) -> None:
 def test_a_session_drafts_with_the_gemma4_assistant_it_is_given(twins) -> None:
     """`--draft` naming an assistant's file loads it beside the target as its head (not
     as a draft model: it cannot run alone), as it is (no CPU copy); `run` names it."""
+    from localspec.backends.gguf import gguf_info
     from localspec.backends.llama import LoadOptions
     from localspec.backends.mtp import AssistantHead
     from localspec.cli.run import models
+    from localspec.server.worker import Worker
     from localspec.session import SessionConfig, open_session, with_cpu_draft
 
     load_options = LoadOptions(n_ctx=512, n_threads=2)
@@ -380,17 +382,20 @@ def test_a_session_drafts_with_the_gemma4_assistant_it_is_given(twins) -> None:
         prompt = session.target.tokenize("x = 1\n")
         done = list(session.engine.generate(prompt, GenerationConfig(12)))[-1]
         assert isinstance(done, Finished) and done.stats.drafted > 0
+        # it keeps no cache of its own: serve's prompts kept in RAM come back whole
+        assert Worker(session, cache_ram=1 << 28).prompt_cache is not None
     finally:
         session.close()
+    assert gguf_info(twins["gemma4-assistant"]).kv_heads == 0  # none for the planner either
 
 
 def test_an_assistant_for_another_model_is_refused_in_one_line(twins) -> None:
     from localspec.backends.base import ModelError
     from localspec.backends.mtp import AssistantHead
 
-    target = load(twins["moe"])  # another vocabulary and width
+    target = load(twins["moe"])  # another architecture (llama.cpp would abort on it)
     try:
-        with pytest.raises(ModelError, match="another vocabulary") as refused:
+        with pytest.raises(ModelError, match="for a Gemma 4 model, not qwen3moe") as refused:
             AssistantHead(target, twins["gemma4-assistant"])
         assert "\n" not in str(refused.value)
     finally:

@@ -56,7 +56,13 @@ def test_the_current_models_carry_what_the_planner_and_the_engine_need() -> None
     assert mtp.mtp_layers == 1 and mtp.moe is not None and mtp.moe.shared
     assert CATALOG.model("gpt-oss-20b").quant("MXFP4").sha256
     for family in NEW_FAMILIES:  # no draft model of theirs pays or exists (see models.toml)
-        assert all(m.role == "target" for m in CATALOG.models if m.family == family)
+        drafts = [m for m in CATALOG.models if m.family == family and m.role == "draft"]
+        # but Gemma 4's assistants, each over its own target's KV cache (none of its own)
+        assert all(d.architecture == "gemma4-assistant" and d.shape.kv_heads == 0 for d in drafts)
+    for target in ("gemma-4-12b-it", "gemma-4-26b-a4b-it"):
+        drafts = CATALOG.drafts_for(CATALOG.model(target))
+        assert [d.id for d in drafts] == [f"{target}-assistant"]  # its own only
+        assert drafts[0].quant().sha256
 
 
 def test_every_model_has_its_quantizations_shape_and_sources():
@@ -68,7 +74,8 @@ def test_every_model_has_its_quantizations_shape_and_sources():
         else:
             assert {"Q4_K_M", "Q8_0"} <= names
         s = m.shape
-        assert s.layers > 0 and s.kv_heads > 0 and s.head_dim > 0 and s.vocab > 1000
+        assert s.layers > 0 and s.head_dim > 0 and s.vocab > 1000
+        assert s.kv_heads > 0 or m.architecture == "gemma4-assistant"  # reads its target's
         assert s.context >= 8192
         for q in m.quants:
             assert q.hub is not None or q.mirror is not None
