@@ -99,15 +99,16 @@ class Session:
         return other
 
     def engine_for(
-        self, target: Model, draft_model: Model | None, head: MtpHead | None = None
+        self, target: Model, draft_model: Model | None, head: MtpHead | None = None, seq: int = 0
     ) -> Engine:
-        """An engine like the session's over other models (views of one sequence of the
+        """An engine like the session's over other models (views of sequence `seq` of the
         session's, for serve's slots): the same drafter kind and γ, statistics afresh;
-        `head`: the session's MTP head, for the slot of sequence 0 (the one it follows;
-        the others draft with n-grams)."""
+        `head`: the session's MTP head, for the slot of sequence 0 (the one a target's
+        own head follows; the others draft with n-grams), or Gemma 4's assistant, for
+        every slot."""
         if self.config is None:
             raise ModelError("this session cannot make more engines (no config)")
-        return make_engine(target, draft_model, self.config, head)
+        return make_engine(target, draft_model, self.config, head, seq)
 
     def render(self, messages: Sequence[Message]) -> list[int]:
         """The conversation as prompt tokens, through the GGUF's chat template."""
@@ -453,13 +454,17 @@ def draft_on_gpu(load: LoadOptions) -> bool:
 
 
 def make_engine(
-    target: Model, draft_model: Model | None, config: SessionConfig, head: MtpHead | None = None
+    target: Model,
+    draft_model: Model | None,
+    config: SessionConfig,
+    head: MtpHead | None = None,
+    seq: int = 0,
 ) -> Engine:
     """The drafter the config names: none, n-grams, the draft model or the target's MTP
     head (n-grams where it has none to give: serve's other slots), fixed or auto."""
     if config.draft == "none":
         return Engine(target, NoDrafter(), 0)
-    mtp = MtpDrafter(head, config.p_min) if head is not None else None
+    mtp = MtpDrafter(head, config.p_min, seq) if head is not None else None
     if config.gamma == "auto":
         return auto_engine(target, draft_model, mtp, verify_growth(target))
     if not isinstance(config.gamma, int):

@@ -59,10 +59,10 @@ def book(t_s: list[float], per_token_s: float, c_s: float, cold_s: Sequence[floa
     step = mtp.MtpHead.step
 
     def booked_step(
-        self: mtp.MtpHead, entries: Sequence[tuple[int, int, np.ndarray]]
+        self: mtp.MtpHead, entries: Sequence[tuple[int, int, np.ndarray]], seq: int = 0
     ) -> tuple[np.ndarray, np.ndarray]:
         busy = self.busy_s
-        out = step(self, entries)
+        out = step(self, entries, seq)
         self.busy_s = busy + c_s
         return out
 

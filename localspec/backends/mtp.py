@@ -21,6 +21,7 @@ with C++ names: bound here by those names.
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -78,7 +79,9 @@ class MtpHead:
     skipped, see `read`)."""
 
     in_place = False  # a draft step after the first goes one position further
-    own_cache = True  # a KV cache of its own, which a saved state of the target's lacks
+    # a KV cache of its own: it follows the target's sequence 0 only (serve's first
+    # slot), and a saved state of the target's lacks it
+    own_cache = True
     window = WINDOW  # the trunk's rows kept of each pass, for a catch-up to read
 
     def __init__(self, target: LlamaModel) -> None:
@@ -115,6 +118,7 @@ class MtpHead:
         self._ctx = ll.llama_init_from_model(model, cparams)
         if not self._ctx:
             raise ModelError(f"llama.cpp could not make a context for {self.name}")
+        self.lock = threading.Lock()  # serve's slots draft one at a time
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_ext_init(self._ctx)
         _set_nextn(self._ctx, True, True)
@@ -177,10 +181,11 @@ class MtpHead:
         last = len(context) - 1
         return last + 1 - max(self._held(context), last - WINDOW)
 
-    def catch_up(self, context: Sequence[int]) -> list[tuple[int, int, np.ndarray]]:
-        """The first draft step's entries after `context`: each token the cache does not
-        hold with the trunk's h before it, the last token last (the cache keeps what it
-        can of context[:-1]; of a stretch longer than WINDOW, the last WINDOW are read)."""
+    def catch_up(self, context: Sequence[int], seq: int = 0) -> list[tuple[int, int, np.ndarray]]:
+        """The first draft step's entries after `context` (of sequence 0): each token the
+        cache does not hold with the trunk's h before it, the last token last (the cache
+        keeps what it can of context[:-1]; of a stretch longer than WINDOW, the last
+        WINDOW are read)."""
         start = self._keep(context)
         return [(context[p], p, self.row(p - 1)) for p in range(start, len(context))]
 
@@ -198,13 +203,15 @@ class MtpHead:
         self.cached = list(context[:start])
         return start
 
-    def step(self, entries: Sequence[tuple[int, int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-        """One pass of the head over (token, position, h) entries, the last scored: its
-        logits there and its own output state (the next step's h)."""
-        batch, pos = self._batch, (ll.llama_pos * 4)()
+    def step(
+        self, entries: Sequence[tuple[int, int, np.ndarray]], seq: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One pass of the head over (token, position, h) entries of sequence `seq`, the
+        last scored: its logits there and its own output state (the next step's h)."""
+        batch, pos, at = self._batch, (ll.llama_pos * 4)(), self._seq_id(seq)
         ll.llama_batch_ext_clear(batch)
         for i, (token, p, h) in enumerate(entries):
-            idx = ll.llama_batch_ext_add_token(batch, 0, token)
+            idx = ll.llama_batch_ext_add_token(batch, at, token)
             pos[0] = p
             ll.llama_batch_ext_set_pos(batch, idx, pos)
             embd = ll.llama_embd(h.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
@@ -223,6 +230,9 @@ class MtpHead:
         logits = np.ctypeslib.as_array(ptr, shape=(self.target.n_vocab,))
         state = np.ctypeslib.as_array(_nextn_row(self._ctx, n), shape=(self.n_embd,)).copy()
         return logits, state
+
+    def _seq_id(self, seq: int) -> int:
+        return 0  # its own cache's one sequence
 
     def settle(self, context: Sequence[int]) -> None:
         """After drafting after `context`: the cache holds it; the drafted tokens' entries,
@@ -254,7 +264,7 @@ class AssistantHead(MtpHead):
     """
 
     in_place = True
-    own_cache = False
+    own_cache = False  # so it drafts for every slot's sequence
     window = 16  # a draft reads h of the last accepted token only: of the last pass
 
     def __init__(self, target: LlamaModel, path: Path) -> None:
@@ -271,6 +281,7 @@ class AssistantHead(MtpHead):
         except BaseException:
             ll.llama_model_free(self._model)
             raise
+        self._seq_rows: dict[int, dict[int, np.ndarray]] = {}  # sequence -> position -> h
         # c / T(1) before it is timed: its weights over what a target pass reads
         self.cost_ratio = path.stat().st_size / max(1, target.read_bytes)
 
@@ -287,12 +298,33 @@ class AssistantHead(MtpHead):
                 "use the assistant made for this Gemma 4 size"
             )
 
+    def _keep_rows(self, parts: Sequence[Part]) -> None:
+        """After a target pass: keep the last rows of h of each sequence's tokens."""
+        ptr, offset = _nextn_rows(self.target._ctx), 0
+        for part in parts:
+            n = len(part.tokens)
+            if part.n_logits:  # not a filler, nor a prompt's chunk before its last
+                rows = np.ctypeslib.as_array(ptr, shape=(offset + n, self.n_embd))
+                kept = self._seq_rows.setdefault(part.seq, {})
+                kept.clear()  # a draft reads a row of its sequence's last pass only
+                for j in range(max(0, n - self.window), n):
+                    kept[part.pos + j] = rows[offset + j].copy()
+            offset += n
+
+    def detach(self) -> None:
+        super().detach()
+        self._seq_rows.clear()
+
     def unread(self, context: Sequence[int]) -> int:
         return 1
 
-    def catch_up(self, context: Sequence[int]) -> list[tuple[int, int, np.ndarray]]:
+    def catch_up(self, context: Sequence[int], seq: int = 0) -> list[tuple[int, int, np.ndarray]]:
         last = len(context) - 1
-        return [(context[last], last, self.row(last - 1))]
+        h = self._seq_rows.get(seq, {}).get(last - 1, self._zeros)
+        return [(context[last], last, h)]
+
+    def _seq_id(self, seq: int) -> int:
+        return self.target.layout.where[seq]  # the target's cache of that sequence
 
     def settle(self, context: Sequence[int]) -> None:
         pass  # its steps wrote nothing: it keeps no cache

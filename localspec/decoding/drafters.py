@@ -272,9 +272,10 @@ class MtpDrafter(StepTimes):
     name = "mtp"
     round_s = 0.0  # nothing beyond its steps: its cache follows the target's
 
-    def __init__(self, head: MtpHead, p_min: float | Sequence[float] = 0.5) -> None:
+    def __init__(self, head: MtpHead, p_min: float | Sequence[float] = 0.5, seq: int = 0) -> None:
         self.head = head
         self.p_min = p_min
+        self.seq = seq  # the target's sequence it drafts for (serve's slot)
 
     @property
     def busy_s(self) -> float:
@@ -299,22 +300,24 @@ class MtpDrafter(StepTimes):
         grammar: GrammarState | None = None,
     ) -> Draft:
         head, last = self.head, len(context) - 1
-        entries = head.catch_up(context)
         seq = list(context)
+        entries: Sequence[tuple[int, int, np.ndarray]] = []
 
         def step(i: int) -> np.ndarray:
             nonlocal entries
             if i > 0:  # the token drafted last, its own state standing in for the trunk's
                 entries = [(seq[-1], last if head.in_place else last + i, state)]
             busy = head.busy_s
-            logits, state[:] = head.step(entries)
+            logits, state[:] = head.step(entries, self.seq)
             self.time_step(len(entries), head.busy_s - busy)
             return logits
 
         state = np.empty(head.n_embd, dtype=np.float32)
         p_min = self.p_min if p_min is None else p_min
-        drafted = draw(step, seq, gamma, params, rng, p_min, grammar)
-        head.settle(context)
+        with head.lock:  # serve's slots that share the head draft one at a time
+            entries = head.catch_up(context, self.seq)
+            drafted = draw(step, seq, gamma, params, rng, p_min, grammar)
+            head.settle(context)
         return drafted
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:

@@ -389,6 +389,47 @@ def test_a_session_drafts_with_the_gemma4_assistant_it_is_given(twins) -> None:
     assert gguf_info(twins["gemma4-assistant"]).kv_heads == 0  # none for the planner either
 
 
+def test_serves_slots_each_draft_with_the_assistant_and_answer_as_plain_decoding(twins) -> None:
+    """The assistant keeps no cache of its own, so every slot drafts with it (a target's
+    own MTP head follows sequence 0 only), over its own sequence of the shared cache;
+    rounds that meet in one pass still answer as each would alone."""
+    from server.test_slots_real import Loop
+
+    from localspec.backends.llama import LoadOptions
+    from localspec.server.worker import Worker
+    from localspec.session import SessionConfig, open_session
+
+    load_options = LoadOptions(n_ctx=512, n_threads=2, n_seq=2, kv_unified=True)
+    assistant = str(twins["gemma4-assistant"])
+    config = SessionConfig(str(twins["gemma4"]), draft=assistant, gamma=3, target_load=load_options)
+    session, loop = open_session(config), Loop()
+    worker = Worker(session, parallel=2)
+    drafters = [slot.engine.drafter for slot in worker.slots]
+    assert all(isinstance(d, MtpDrafter) and d.head is session.head for d in drafters)
+    assert [d.seq for d in drafters] == [0, 1]
+    worker.start()
+    try:
+        prompts = [session.target.tokenize(t) for t in ("import os\n", "def main():\n")]
+        jobs = [loop.job(p, 20, f"slot {i}") for i, p in enumerate(prompts)]
+        for job in jobs:
+            worker.submit(job)
+        ends = [loop.wait(job) for job in jobs]
+        assert worker.batcher.log.shared > 0  # the rounds met in passes
+    finally:
+        worker.stop()
+        loop.close()
+        session.close()
+    plain = load(twins["gemma4"])
+    try:
+        for prompt, end in zip(prompts, ends, strict=True):
+            assert isinstance(end, Finished), end
+            assert end.stats.drafted >= 10  # with the assistant, in either slot
+            want, pieces = plain_answer(plain, prompt, 20)
+            assert_plain(end.tokens, want.tokens, pieces)
+    finally:
+        plain.close()
+
+
 def test_an_assistant_for_another_model_is_refused_in_one_line(twins) -> None:
     from localspec.backends.base import ModelError
     from localspec.backends.mtp import AssistantHead
