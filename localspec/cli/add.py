@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localspec.backends.gguf import split_parts
+    from localspec.backends.gguf import is_assistant, split_parts
     from localspec.models.catalog_file import default_catalog
     from localspec.models.download import register as register_file
     from localspec.models.store import FileRecord, all_installed
@@ -37,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
     if args.model_id is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", args.model_id):
         raise LocalspecError("--id: use lowercase letters, digits, '.', '_' and '-'")
     shards = split_parts(path)
+    assistant = is_assistant(path)
+    if assistant and args.role == "target":
+        raise LocalspecError(f"{path.name} is a Gemma 4 assistant: a drafter, not a target")
     catalog = default_catalog()
     # a local file is trusted as it is: not hashed (it never came over a network)
     records = [FileRecord.of(p, "") for p in shards]
@@ -48,6 +51,12 @@ def run(args: argparse.Namespace) -> int:
         f"added {entry.model}: {info.name}, {entry.quant}, {info.layers} layers, "
         f"{info.vocab} tokens, as a {entry.role}"
     )
+    if assistant:  # it reads its target's cache: it pairs with the Gemma 4 it was made for
+        print(
+            f"a Gemma 4 assistant: it drafts beside the Gemma 4 target it was made for "
+            f"(localspec run --target TARGET --draft {entry.model})"
+        )
+        return 0
     if family is None:
         print(
             "its vocabulary matches no catalog family: it can draft (or be drafted for) "

@@ -130,6 +130,16 @@ def test_add_defaults_and_errors(home, tmp_path, capsys):
     assert_one_line_error(*run(capsys, "add", str(path), "--id", "Bad Id")[::2], "--id")
 
 
+def test_add_a_gemma4_assistant_says_what_it_drafts_for(home, tmp_path, capsys):
+    path = make_gguf(tmp_path / "mtp-gemma-4-12b-it.gguf", arch="gemma4-assistant")
+    code, out, _ = run(capsys, "add", str(path))
+    assert code == 0 and "as a draft" in out
+    assert "a Gemma 4 assistant: it drafts beside the Gemma 4 target it was made for" in out
+    assert "--draft mtp-gemma-4-12b-it)" in out
+    refused = run(capsys, "add", str(path), "--id", "as-target", "--role", "target")
+    assert_one_line_error(*refused[::2], "a drafter, not a target")
+
+
 def test_add_a_split_gguf_needs_every_part(home, tmp_path, capsys):
     first = tmp_path / "big-00001-of-00002.gguf"
     make_gguf(first)
