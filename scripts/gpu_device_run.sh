@@ -7,7 +7,8 @@
 #   plan      `localspec plan` there
 #   twins     the MoE and hybrid twins' costs and the planner beside them
 #             (scripts/gpu_twins.py), then `localspec bench` on the hybrid twin (its MTP
-#             head) and the MoE twin (n-grams): greedy = plain, and what auto costs
+#             head) and the MoE twin (n-grams): greedy = plain, and what auto costs;
+#             TWINS_ARGS="--hybrids hybrid,gemma4" adds Gemma 4 12B with its assistant
 #   autotrace `auto`'s first rounds and its reasons on the hybrid twin with its MTP head,
 #             on the card's own costs (scripts/booked_auto.py --real), then its bench
 #   switch    the 1-token passes after a 2-token one, the MTP head attached and not

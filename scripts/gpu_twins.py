@@ -12,7 +12,8 @@ llama.cpp's `--n-cpu-moe` at its most; and the planner's split for a card of
 
 For the hybrid twins (Qwen3.5-0.8B and Qwen3.6-27B shapes with their MTP head): T(k), the
 MTP head's seconds per drafted token c, and c / T(1) beside the prior auto starts from
-(`MtpHead.cost_ratio`).
+(`MtpHead.cost_ratio`). The same for the Gemma 4 12B twin with its assistant, a drafter
+from a file of its own (`--hybrids hybrid,gemma4`).
 
 Random weights make every drafter wrong, so nothing here measures acceptance.
 
@@ -165,10 +166,16 @@ def moe(args: argparse.Namespace, path: Path, hw: Hardware) -> dict:
     return out
 
 
-def hybrid(kind: str, args: argparse.Namespace, path: Path, hw: Hardware) -> dict:
+def hybrid(
+    kind: str, args: argparse.Namespace, path: Path, hw: Hardware, assistant: Path | None = None
+) -> dict:
+    from localspec.backends.mtp import AssistantHead, adopt
+
     weights = Weights.from_gguf(gguf_info(path))
     opts = LoadOptions(n_ctx=N_CTX, n_gpu_layers=args.gpu_layers, mtp=True, rollback=max(KS))
     model, log, load_s = load_logged(path, opts)
+    if assistant is not None:  # Gemma 4's drafter: the target's head from its own file
+        adopt(model, AssistantHead(model, assistant))
     times = profile(model, args.reps)
     head_s = time_head_step(model, context(PROMPT), args.reps)
     from localspec.backends.mtp import head_of
@@ -217,13 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [k for k in args.hybrids.split(",") if k] + ([] if args.skip_moe else ["moe"])
     small = None if args.gpu_layers else 4  # on a CPU: a check of the script, small twins
     layers = {k: args.moe_layers if k == "moe" else small for k in kinds}
+    files = [*kinds, "gemma4-assistant"] if "gemma4" in kinds else kinds
     started = time.perf_counter()
-    with ProcessPoolExecutor(len(kinds)) as pool:
-        jobs = {k: pool.submit(write, k, args.vocab, args.dir, layers[k]) for k in kinds}
+    with ProcessPoolExecutor(len(files)) as pool:
+        jobs = {k: pool.submit(write, k, args.vocab, args.dir, layers.get(k)) for k in files}
         paths = {k: job.result() for k, job in jobs.items()}
     print(f"twins written in {time.perf_counter() - started:.0f} s", flush=True)
-    for kind, path in paths.items():
+    for kind in kinds:
+        path = paths[kind]
         measure = moe if kind == "moe" else partial(hybrid, kind)
+        if kind == "gemma4":
+            measure = partial(hybrid, kind, assistant=paths["gemma4-assistant"])
         result[kind] = measure(args, path, hw)
         args.out.write_text(json.dumps(result, indent=1))
         if kind not in args.keep.split(","):
