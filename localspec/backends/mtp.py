@@ -163,9 +163,10 @@ class MtpHead:
             newest = max(self._rows)
             self._rows = {p: r for p, r in self._rows.items() if p >= newest - self.window}
 
-    def row(self, pos: int) -> np.ndarray:
-        """h_pos, or zeros where no pass of this text kept it (the head's input there is
-        then poorer: its drafts may be worse, the output is the target's either way)."""
+    def row(self, pos: int, seq: int = 0) -> np.ndarray:
+        """h_pos (of sequence 0), or zeros where no pass of this text kept it (the head's
+        input there is then poorer: its drafts may be worse, the output is the target's
+        either way)."""
         return self._rows.get(pos, self._zeros) if pos >= 0 else self._zeros
 
     # --- the head's cache -------------------------------------------------------------
@@ -270,6 +271,7 @@ class AssistantHead(MtpHead):
     def __init__(self, target: LlamaModel, path: Path) -> None:
         self.target = target
         self.name = path.stem
+        self._seq_rows: dict[int, dict[int, np.ndarray]] = {}  # sequence -> position -> h
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 999 if target.on_gpu else 0  # beside the cache it reads
         self._model = ll.llama_model_load_from_file(str(path).encode(), params)
@@ -280,8 +282,8 @@ class AssistantHead(MtpHead):
             self._open(self._model, target._ctx)
         except BaseException:
             ll.llama_model_free(self._model)
+            self._model = None
             raise
-        self._seq_rows: dict[int, dict[int, np.ndarray]] = {}  # sequence -> position -> h
         # c / T(1) before it is timed: its weights over what a target pass reads
         self.cost_ratio = path.stat().st_size / max(1, target.read_bytes)
 
@@ -318,10 +320,12 @@ class AssistantHead(MtpHead):
     def unread(self, context: Sequence[int]) -> int:
         return 1
 
+    def row(self, pos: int, seq: int = 0) -> np.ndarray:
+        return self._seq_rows.get(seq, {}).get(pos, self._zeros)
+
     def catch_up(self, context: Sequence[int], seq: int = 0) -> list[tuple[int, int, np.ndarray]]:
         last = len(context) - 1
-        h = self._seq_rows.get(seq, {}).get(last - 1, self._zeros)
-        return [(context[last], last, h)]
+        return [(context[last], last, self.row(last - 1, seq))]
 
     def _seq_id(self, seq: int) -> int:
         return self.target.layout.where[seq]  # the target's cache of that sequence
@@ -330,8 +334,7 @@ class AssistantHead(MtpHead):
         pass  # its steps wrote nothing: it keeps no cache
 
     def close(self) -> None:
-        had = getattr(self, "_ctx", None)
-        super().close()
-        if had and getattr(self, "_model", None):
+        super().close()  # its context first: it is over this model
+        if getattr(self, "_model", None):
             ll.llama_model_free(self._model)
             self._model = None
