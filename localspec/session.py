@@ -103,9 +103,8 @@ class Session:
     ) -> Engine:
         """An engine like the session's over other models (views of sequence `seq` of the
         session's, for serve's slots): the same drafter kind and γ, statistics afresh;
-        `head`: the session's MTP head, for the slot of sequence 0 (the one a target's
-        own head follows; the others draft with n-grams), or Gemma 4's assistant, for
-        every slot."""
+        `head`: the session's MTP head (a target's own, or Gemma 4's assistant), which
+        drafts for every slot over its sequence."""
         if self.config is None:
             raise ModelError("this session cannot make more engines (no config)")
         return make_engine(target, draft_model, self.config, head, seq)
@@ -461,7 +460,7 @@ def make_engine(
     seq: int = 0,
 ) -> Engine:
     """The drafter the config names: none, n-grams, the draft model or the target's MTP
-    head (n-grams where it has none to give: serve's other slots), fixed or auto."""
+    head (n-grams where it has none to give), fixed or auto."""
     if config.draft == "none":
         return Engine(target, NoDrafter(), 0)
     mtp = MtpDrafter(head, config.p_min, seq) if head is not None else None

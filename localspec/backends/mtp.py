@@ -7,12 +7,15 @@ the same model (`LLAMA_CONTEXT_TYPE_MTP`) with a KV cache of its own, as its `dr
 does (common/speculative.cpp):
 
 - every target pass outputs h for each of its tokens (`llama_set_embeddings_nextn`);
-  `MtpHead` keeps the rows the head has not read yet;
+  `MtpHead` keeps the rows the head has not read yet, per sequence (serve's slots);
 - before drafting, the head reads what it has not: token x_p with h_{p-1}, in one batch
   (its catch-up);
 - a draft step reads the last token with h_{n-2}, predicts x_n, and goes on with its own
   output state in place of the trunk's for the tokens it drafted; those entries leave
   its cache after the round (the trunk's rows replace them once the target read them).
+
+The head's context holds a sequence for each of the target's, so every slot of `serve`
+drafts with it, one at a time (its `lock`), each step over that slot's own cache.
 
 The functions it needs are in llama.cpp's staging header (src/llama-ext.h), exported
 with C++ names: bound here by those names.
@@ -25,6 +28,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp as ll
@@ -64,7 +68,7 @@ def adopt(target: LlamaModel, head: MtpHead) -> None:
 def head_of(target: LlamaModel) -> MtpHead | None:
     """The one MTP head of `target` (its own, made at the first call, or the one it was
     given), attached, or None where it has none: every engine over the target drafts
-    with that one (its cache follows the target's sequence 0)."""
+    with that one (each over its own sequence)."""
     head = _HEADS.get(target)
     if head is None and mtp_layers(target):
         head = _HEADS[target] = MtpHead(target)
@@ -73,14 +77,21 @@ def head_of(target: LlamaModel) -> MtpHead | None:
     return head
 
 
+@dataclass
+class SeqCache:
+    """What the head's cache holds of one sequence: `tokens`, of which the positions
+    before `start` were skipped (see `MtpHead.catch_up`)."""
+
+    tokens: list[int] = field(default_factory=list)
+    start: int = 0
+
+
 class MtpHead:
-    """The MTP head of `target` (loaded with `LoadOptions.mtp`), drafting for its
-    sequence 0. `cached` is the text its KV cache holds (positions before `_start` were
-    skipped, see `read`)."""
+    """The MTP head of `target` (loaded with `LoadOptions.mtp`), drafting for each of its
+    sequences: `caches[seq]` is what its KV cache holds of that one."""
 
     in_place = False  # a draft step after the first goes one position further
-    # a KV cache of its own: it follows the target's sequence 0 only (serve's first
-    # slot), and a saved state of the target's lacks it
+    # a KV cache of its own, which a saved state of the target's lacks
     own_cache = True
     window = WINDOW  # the trunk's rows kept of each pass, for a catch-up to read
 
@@ -122,9 +133,9 @@ class MtpHead:
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_ext_init(self._ctx)
         _set_nextn(self._ctx, True, True)
-        self.cached: list[int] = []
-        self._start = 0  # positions before it are not in the cache (a skipped stretch)
-        self._rows: dict[int, np.ndarray] = {}  # position -> the trunk's h there, unread
+        self.caches: dict[int, SeqCache] = {}  # sequence -> what its cache holds
+        # sequence -> position -> the trunk's h there, unread
+        self._rows: dict[int, dict[int, np.ndarray]] = {}
         self._zeros = np.zeros(self.n_embd, dtype=np.float32)
         self.busy_s = 0.0
         self.n_ctx = target.n_ctx
@@ -148,60 +159,65 @@ class MtpHead:
 
     # --- the trunk's rows -------------------------------------------------------------
     def _keep_rows(self, parts: Sequence[Part]) -> None:
-        """After a target pass: keep h of each of sequence 0's tokens (copies: the next
-        pass overwrites them)."""
-        offset = 0
+        """After a target pass: keep h of each sequence's tokens (copies: the next pass
+        overwrites them). A filler's rows (seq_layout) sit past its sequence's text,
+        where a real pass writes again before a catch-up reads them."""
+        ptr, offset = _nextn_rows(self.target._ctx), 0
         for part in parts:
-            if part.seq == 0:
-                n = len(part.tokens)
-                ptr = _nextn_rows(self.target._ctx)
-                rows = np.ctypeslib.as_array(ptr, shape=(offset + n, self.n_embd))
-                for j in range(max(0, n - self.window - 1), n):
-                    self._rows[part.pos + j] = rows[offset + j].copy()
-            offset += len(part.tokens)
-        if len(self._rows) > 2 * self.window:  # what a catch-up would skip anyway
-            newest = max(self._rows)
-            self._rows = {p: r for p, r in self._rows.items() if p >= newest - self.window}
+            n = len(part.tokens)
+            rows = np.ctypeslib.as_array(ptr, shape=(offset + n, self.n_embd))
+            kept = self._rows.setdefault(part.seq, {})
+            for j in range(max(0, n - self.window - 1), n):
+                kept[part.pos + j] = rows[offset + j].copy()
+            if len(kept) > 2 * self.window:  # what a catch-up would skip anyway
+                newest = max(kept)
+                self._rows[part.seq] = {p: r for p, r in kept.items() if p >= newest - self.window}
+            offset += n
 
     def row(self, pos: int, seq: int = 0) -> np.ndarray:
-        """h_pos (of sequence 0), or zeros where no pass of this text kept it (the head's
-        input there is then poorer: its drafts may be worse, the output is the target's
-        either way)."""
-        return self._rows.get(pos, self._zeros) if pos >= 0 else self._zeros
+        """h_pos of sequence `seq`, or zeros where no pass of this text kept it (the
+        head's input there is then poorer: its drafts may be worse, the output is the
+        target's either way)."""
+        return self._rows.get(seq, {}).get(pos, self._zeros) if pos >= 0 else self._zeros
 
     # --- the head's cache -------------------------------------------------------------
-    def _held(self, context: Sequence[int]) -> int:
-        """How much of context[:-1] the cache holds (none where they part before the end
-        of a skipped stretch: the entries after it were read after other text)."""
-        held = shared_prefix(self.cached, context[:-1]) if self.cached else 0
-        return held if held >= self._start else 0
+    def _held(self, context: Sequence[int], seq: int) -> int:
+        """How much of context[:-1] the cache holds of sequence `seq` (none where they
+        part before the end of a skipped stretch: the entries after it were read after
+        other text)."""
+        cache = self.caches.get(seq)
+        if cache is None or not cache.tokens:
+            return 0
+        n = shared_prefix(cache.tokens, context[:-1])
+        return n if n >= cache.start else 0
 
-    def unread(self, context: Sequence[int]) -> int:
+    def unread(self, context: Sequence[int], seq: int = 0) -> int:
         """Positions the first draft step after `context` reads (its catch-up and the last
         token)."""
         last = len(context) - 1
-        return last + 1 - max(self._held(context), last - WINDOW)
+        return last + 1 - max(self._held(context, seq), last - WINDOW)
 
     def catch_up(self, context: Sequence[int], seq: int = 0) -> list[tuple[int, int, np.ndarray]]:
-        """The first draft step's entries after `context` (of sequence 0): each token the
-        cache does not hold with the trunk's h before it, the last token last (the cache
-        keeps what it can of context[:-1]; of a stretch longer than WINDOW, the last
-        WINDOW are read)."""
-        start = self._keep(context)
-        return [(context[p], p, self.row(p - 1)) for p in range(start, len(context))]
+        """The first draft step's entries after `context` (of sequence `seq`): each token
+        the cache does not hold with the trunk's h before it, the last token last (the
+        cache keeps what it can of context[:-1]; of a stretch longer than WINDOW, the
+        last WINDOW are read)."""
+        start = self._keep(context, seq)
+        return [(context[p], p, self.row(p - 1, seq)) for p in range(start, len(context))]
 
-    def _keep(self, context: Sequence[int]) -> int:
-        """Cut the cache to what it can keep of context[:-1]; the first position to read."""
+    def _keep(self, context: Sequence[int], seq: int) -> int:
+        """Cut sequence `seq`'s cache to what it can keep of context[:-1]; the first
+        position to read."""
         last = len(context) - 1
-        held = self._held(context)
+        held, cache = self._held(context, seq), self.caches.setdefault(seq, SeqCache())
         start = max(held, last - WINDOW)
         if start > held:  # skip: the cache goes on from `start`, with nothing before
-            held, self._start = 0, start
+            held, cache.start = 0, start
         elif held == 0:
-            self._start = 0
-        if held < len(self.cached) or held == 0:
-            ll.llama_memory_seq_rm(self._mem, 0, held, -1)
-        self.cached = list(context[:start])
+            cache.start = 0
+        if held < len(cache.tokens) or held == 0:
+            ll.llama_memory_seq_rm(self._mem, self._seq_id(seq), held, -1)
+        cache.tokens = list(context[:start])
         return start
 
     def step(
@@ -233,13 +249,14 @@ class MtpHead:
         return logits, state
 
     def _seq_id(self, seq: int) -> int:
-        return 0  # its own cache's one sequence
+        return seq  # its own cache's sequence for the target's `seq`
 
-    def settle(self, context: Sequence[int]) -> None:
-        """After drafting after `context`: the cache holds it; the drafted tokens' entries,
-        read with the head's own states instead of the trunk's, go."""
-        ll.llama_memory_seq_rm(self._mem, 0, len(context), -1)
-        self.cached = list(context)
+    def settle(self, context: Sequence[int], seq: int = 0) -> None:
+        """After drafting after `context` (of sequence `seq`): the cache holds it; the
+        drafted tokens' entries, read with the head's own states instead of the trunk's,
+        go."""
+        ll.llama_memory_seq_rm(self._mem, self._seq_id(seq), len(context), -1)
+        self.caches.setdefault(seq, SeqCache()).tokens = list(context)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -265,13 +282,12 @@ class AssistantHead(MtpHead):
     """
 
     in_place = True
-    own_cache = False  # so it drafts for every slot's sequence
+    own_cache = False  # it reads the target's, which a saved state of the target's holds
     window = 16  # a draft reads h of the last accepted token only: of the last pass
 
     def __init__(self, target: LlamaModel, path: Path) -> None:
         self.target = target
         self.name = path.stem
-        self._seq_rows: dict[int, dict[int, np.ndarray]] = {}  # sequence -> position -> h
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 999 if target.on_gpu else 0  # beside the cache it reads
         self._model = ll.llama_model_load_from_file(str(path).encode(), params)
@@ -307,21 +323,14 @@ class AssistantHead(MtpHead):
             n = len(part.tokens)
             if part.n_logits:  # not a filler, nor a prompt's chunk before its last
                 rows = np.ctypeslib.as_array(ptr, shape=(offset + n, self.n_embd))
-                kept = self._seq_rows.setdefault(part.seq, {})
+                kept = self._rows.setdefault(part.seq, {})
                 kept.clear()  # a draft reads a row of its sequence's last pass only
                 for j in range(max(0, n - self.window), n):
                     kept[part.pos + j] = rows[offset + j].copy()
             offset += n
 
-    def detach(self) -> None:
-        super().detach()
-        self._seq_rows.clear()
-
-    def unread(self, context: Sequence[int]) -> int:
+    def unread(self, context: Sequence[int], seq: int = 0) -> int:
         return 1
-
-    def row(self, pos: int, seq: int = 0) -> np.ndarray:
-        return self._seq_rows.get(seq, {}).get(pos, self._zeros)
 
     def catch_up(self, context: Sequence[int], seq: int = 0) -> list[tuple[int, int, np.ndarray]]:
         last = len(context) - 1
@@ -330,7 +339,7 @@ class AssistantHead(MtpHead):
     def _seq_id(self, seq: int) -> int:
         return self.target.layout.where[seq]  # the target's cache of that sequence
 
-    def settle(self, context: Sequence[int]) -> None:
+    def settle(self, context: Sequence[int], seq: int = 0) -> None:
         pass  # its steps wrote nothing: it keeps no cache
 
     def close(self) -> None:

@@ -286,7 +286,7 @@ class MtpDrafter(StepTimes):
         return self.head.n_ctx
 
     def unread(self, context: Sequence[int]) -> int:
-        return self.head.unread(context)
+        return self.head.unread(context, self.seq)
 
     def draft(
         self,
@@ -317,7 +317,7 @@ class MtpDrafter(StepTimes):
         with head.lock:  # serve's slots that share the head draft one at a time
             entries = head.catch_up(context, self.seq)
             drafted = draw(step, seq, gamma, params, rng, p_min, grammar)
-            head.settle(context)
+            head.settle(context, self.seq)
         return drafted
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:

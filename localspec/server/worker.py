@@ -204,11 +204,8 @@ class Worker:
             views = [SlotModel(target, i, self.batcher)]
             if draft is not None:
                 views.append(SlotModel(draft, i, self.batcher))
-            head = session.head  # a target's own follows sequence 0; an assistant, all
-            if i > 0 and head is not None and head.own_cache:
-                head = None
             engine = session.engine_for(
-                views[0], views[1] if draft is not None else None, head, seq=i
+                views[0], views[1] if draft is not None else None, session.head, seq=i
             )
             if isinstance(engine.drafter, AdaptiveDrafter):  # γ follows the load
                 engine.drafter.load = Load(

@@ -12,6 +12,7 @@ Qwen2.5-Coder 0.5B GGUF (tokenizer keys only): these are `real` tests.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -250,36 +251,50 @@ def test_the_mtp_heads_time_lasts_until_its_logits_are_ready(twins, monkeypatch)
         target.close()
 
 
-def test_the_mtp_heads_cache_after_rejections_equals_a_fresh_read(twins) -> None:
-    """After rounds of rejected drafts, the head's next draft step sees what a head that
-    reads the whole text at once sees: its cache followed the target's, and the drafted
-    entries (read with its own states) left it."""
+def test_the_mtp_heads_caches_after_rejections_equal_a_fresh_read(twins) -> None:
+    """Two sequences (serve's slots) drafting with the head in turns, round by round:
+    after rejected drafts, the head's next draft step in each sees what a head that reads
+    that sequence's whole text at once sees: its cache of each followed the target's, the
+    drafted entries (read with its own states) left it, and neither touched the other's."""
     from localspec.backends.mtp import MtpHead
+    from localspec.server.batching import Batcher, SlotModel
 
-    target = load(twins["hybrid"], rollback=GAMMA, mtp=True)
+    target = load(twins["hybrid"], rollback=GAMMA, mtp=True, n_seq=2, kv_unified=True)
+    batcher = Batcher()  # one slot's calls run at once
     head = MtpHead(target)
     try:
-        prompt = target.tokenize("import os\nimport sys\n")
-        engine = Engine(target, MtpDrafter(head, p_min=0.0), GAMMA)
-        done = list(engine.generate(prompt, GenerationConfig(24)))[-1]
-        assert isinstance(done, Finished) and done.stats.drafted > done.stats.accepted
-        text = [*prompt, *done.tokens]
-        target.evaluate(text[:-1], 1)  # the target has read all but the last token
-        entries = head.catch_up(text)
-        assert len(entries) < 5  # it had read almost all of it already
-        following, _ = head.step(entries)
-        following = following.copy()
-        head.settle(text)
+        views = [SlotModel(target, seq, batcher) for seq in (0, 1)]
+        prompts = [target.tokenize(t) for t in ("import os\nimport sys\n", "def f(x):\n")]
+        answers = [
+            Engine(view, MtpDrafter(head, p_min=0.0, seq=seq), GAMMA).generate(
+                prompt, GenerationConfig(24)
+            )
+            for seq, (view, prompt) in enumerate(zip(views, prompts, strict=True))
+        ]
+        ends: list[Finished] = []
+        for pair in itertools.zip_longest(*answers):  # an event of each in turn
+            ends += [e for e in pair if isinstance(e, Finished)]
+        assert len(ends) == 2 and all(e.stats.drafted > e.stats.accepted for e in ends)
+        texts = [[*prompt, *end.tokens] for prompt, end in zip(prompts, ends, strict=True)]
+        following = []
+        for seq, (view, text) in enumerate(zip(views, texts, strict=True)):
+            view.evaluate(text[:-1], 1)  # the target has read all but the last token
+            entries = head.catch_up(text, seq)
+            assert len(entries) < 5  # it had read almost all of it already
+            following.append(head.step(entries, seq)[0].copy())
+            head.settle(text, seq)
 
         head.close()
-        target.reset()
-        head = MtpHead(target)  # a fresh head: reads the whole text in one catch-up
-        target.evaluate(text[:-1], 1)
-        entries = head.catch_up(text)
-        assert len(entries) == len(text)
-        fresh, _ = head.step(entries)
-        assert np.allclose(following, fresh, atol=1e-2)
+        head = MtpHead(target)  # a fresh head: reads each whole text in one catch-up
+        for seq, (view, text) in enumerate(zip(views, texts, strict=True)):
+            view.reset()
+            view.evaluate(text[:-1], 1)
+            entries = head.catch_up(text, seq)
+            assert len(entries) == len(text)
+            fresh, _ = head.step(entries, seq)
+            assert np.allclose(following[seq], fresh, atol=1e-2), seq
     finally:
+        batcher.stop()
         head.close()
         target.close()
 
@@ -390,9 +405,9 @@ def test_a_session_drafts_with_the_gemma4_assistant_it_is_given(twins) -> None:
 
 
 def test_serves_slots_each_draft_with_the_assistant_and_answer_as_plain_decoding(twins) -> None:
-    """The assistant keeps no cache of its own, so every slot drafts with it (a target's
-    own MTP head follows sequence 0 only), over its own sequence of the shared cache;
-    rounds that meet in one pass still answer as each would alone."""
+    """Every slot drafts with the assistant, which keeps no cache of its own, over its
+    own sequence of the target's cache; rounds that meet in one pass still answer as
+    each would alone."""
     from server.test_slots_real import Loop
 
     from localspec.backends.llama import LoadOptions
@@ -611,9 +626,10 @@ def test_the_planner_counts_the_hybrids_state_and_its_snapshots_as_llama_cpp_doe
 
 # --- serve's slots on the hybrid twin: each sequence's state rolls back on its own -----
 def test_serve_slots_on_the_hybrid_twin_answer_as_plain_decoding(twins) -> None:
-    """Two requests share llama.cpp's passes on a hybrid target, the first slot drafting
-    with the MTP head, the second with n-grams; each rollback restores its own sequence's
-    state, so each answer is plain decoding's (on a model of its own)."""
+    """Two requests share llama.cpp's passes on a hybrid target, each slot drafting with
+    the target's MTP head over its own sequence of the head's cache; each rollback
+    restores its own sequence's state, so each answer is plain decoding's (on a model of
+    its own)."""
     from server.test_slots_real import Loop
 
     from localspec.backends.llama import LoadOptions
@@ -626,6 +642,9 @@ def test_serve_slots_on_the_hybrid_twin_answer_as_plain_decoding(twins) -> None:
     )
     session = open_session(config)
     worker, loop = Worker(session, max_queue=4, parallel=2), Loop()
+    drafters = [slot.engine.drafter for slot in worker.slots]
+    assert all(isinstance(d, MtpDrafter) and d.head is session.head for d in drafters)
+    assert [d.seq for d in drafters] == [0, 1]
     worker.start()
     alone = load(twins["hybrid"])
     try:
@@ -635,13 +654,12 @@ def test_serve_slots_on_the_hybrid_twin_answer_as_plain_decoding(twins) -> None:
             worker.submit(job)
         ends = [loop.wait(job) for job in jobs]
         assert worker.batcher.log.shared > 5  # the rounds really met
-        assert isinstance(worker.slots[0].engine.drafter, MtpDrafter)
-        assert any(end.stats.drafter == "mtp" for end in ends if isinstance(end, Finished))
         assert all(v.restarts == 0 for s in worker.slots for v in s.views)  # none re-read
+        assert session.head is not None and set(session.head.caches) == {0, 1}
         for prompt, end in zip(prompts, ends, strict=True):
             assert isinstance(end, Finished), end
-            # the head drafts every round (p_min 0); n-grams find nothing in random text
-            assert end.stats.drafted > 0 or end.stats.drafter == "ngram"
+            # the head drafts every round in either slot (p_min 0)
+            assert end.stats.drafter == "mtp" and end.stats.drafted >= 10
             want, pieces = plain_answer(alone, prompt, 24)
             assert_plain(end.tokens, want.tokens, pieces)
     finally:
