@@ -132,7 +132,9 @@ class MtpHead:
         self.lock = threading.Lock()  # serve's slots draft one at a time
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_ext_init(self._ctx)
-        _set_nextn(self._ctx, True, True)
+        # its output state at every token, by batch position: a catch-up scores its last
+        # token only, and llama.cpp's "masked" rows (of scored tokens) came out wrong there
+        _set_nextn(self._ctx, True, False)
         self.caches: dict[int, SeqCache] = {}  # sequence -> what its cache holds
         # sequence -> position -> the trunk's h there, unread
         self._rows: dict[int, dict[int, np.ndarray]] = {}

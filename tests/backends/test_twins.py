@@ -299,6 +299,39 @@ def test_the_mtp_heads_caches_after_rejections_equal_a_fresh_read(twins) -> None
         target.close()
 
 
+def test_a_catch_up_of_several_tokens_hands_on_the_heads_state_at_the_last(twins) -> None:
+    """The head's output state after a catch-up of several tokens (the accepted ones of
+    the last round) is its state at the last one, the next draft step's input: as after
+    reading all but the last, then the last alone. (It had been the first one's: llama.cpp
+    keeps a pass's states of its scored tokens only unless asked for all, and a catch-up
+    scores its last token only; the second drafted token on drafted from a wrong state.)"""
+    from localspec.backends.mtp import MtpHead
+
+    target = load(twins["hybrid"], rollback=GAMMA, mtp=True)
+    text = target.tokenize("import os\nimport sys\n")
+    results = []
+    try:
+        for split in (False, True):
+            target.reset()
+            head = MtpHead(target)
+            try:
+                target.evaluate(text[:-1], 1)  # heard by the head: its rows of h
+                entries = head.catch_up(text)
+                assert len(entries) > 2
+                if split:
+                    head.step(entries[:-1])
+                    entries = entries[-1:]
+                logits, state = head.step(entries)
+                results.append((logits.copy(), state.copy()))
+            finally:
+                head.close()
+    finally:
+        target.close()
+    (logits, state), (logits_split, state_split) = results
+    assert np.allclose(logits, logits_split, atol=1e-2)
+    assert np.allclose(state, state_split, atol=1e-2)
+
+
 def test_a_sampled_mtp_draft_reports_the_law_it_was_drawn_from(twins) -> None:
     from localspec.backends.mtp import MtpHead
 
