@@ -23,7 +23,14 @@ from localspec.backends.mtp import AssistantHead, MtpHead
 from localspec.backends.quantize import draft_to_load
 from localspec.decoding.adaptive import auto_engine
 from localspec.decoding.budget import ThoughtBudget
-from localspec.decoding.drafters import Drafter, DraftModel, MtpDrafter, NgramDrafter, NoDrafter
+from localspec.decoding.drafters import (
+    Drafter,
+    DraftModel,
+    HeadSteps,
+    MtpDrafter,
+    NgramDrafter,
+    NoDrafter,
+)
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Event
 from localspec.drafting import GAMMA_MAX, MODEL_FREE_DRAFTERS
@@ -99,15 +106,21 @@ class Session:
         return other
 
     def engine_for(
-        self, target: Model, draft_model: Model | None, head: MtpHead | None = None, seq: int = 0
+        self,
+        target: Model,
+        draft_model: Model | None,
+        head: MtpHead | None = None,
+        seq: int = 0,
+        steps: HeadSteps | None = None,
     ) -> Engine:
         """An engine like the session's over other models (views of sequence `seq` of the
         session's, for serve's slots): the same drafter kind and γ, statistics afresh;
         `head`: the session's MTP head (a target's own, or Gemma 4's assistant), which
-        drafts for every slot over its sequence."""
+        drafts for every slot over its sequence, its steps run by `steps` (serve's
+        shared passes)."""
         if self.config is None:
             raise ModelError("this session cannot make more engines (no config)")
-        return make_engine(target, draft_model, self.config, head, seq)
+        return make_engine(target, draft_model, self.config, head, seq, steps)
 
     def render(self, messages: Sequence[Message]) -> list[int]:
         """The conversation as prompt tokens, through the GGUF's chat template."""
@@ -458,12 +471,13 @@ def make_engine(
     config: SessionConfig,
     head: MtpHead | None = None,
     seq: int = 0,
+    steps: HeadSteps | None = None,
 ) -> Engine:
     """The drafter the config names: none, n-grams, the draft model or the target's MTP
     head (n-grams where it has none to give), fixed or auto."""
     if config.draft == "none":
         return Engine(target, NoDrafter(), 0)
-    mtp = MtpDrafter(head, config.p_min, seq) if head is not None else None
+    mtp = MtpDrafter(head, config.p_min, seq, steps) if head is not None else None
     if config.gamma == "auto":
         return auto_engine(target, draft_model, mtp, verify_growth(target))
     if not isinstance(config.gamma, int):

@@ -15,7 +15,8 @@ does (common/speculative.cpp):
   its cache after the round (the trunk's rows replace them once the target read them).
 
 The head's context holds a sequence for each of the target's, so every slot of `serve`
-drafts with it, one at a time (its `lock`), each step over that slot's own cache.
+drafts with it, each step over that slot's own cache; the steps of the slots drafting at
+once go in one pass of the head (`decode_parts`, through serve's batcher).
 
 The functions it needs are in llama.cpp's staging header (src/llama-ext.h), exported
 with C++ names: bound here by those names.
@@ -129,7 +130,11 @@ class MtpHead:
         self._ctx = ll.llama_init_from_model(model, cparams)
         if not self._ctx:
             raise ModelError(f"llama.cpp could not make a context for {self.name}")
-        self.lock = threading.Lock()  # serve's slots draft one at a time
+        # serve's slots keep their sequences' caches from their own threads (their steps
+        # go through the shared passes, which run while every slot waits)
+        self.lock = threading.Lock()
+        self.n_batch = target.n_batch
+        self.shared_pass = False  # its own steps are its own passes (see SlotHead)
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_ext_init(self._ctx)
         # its output state at every token, by batch position: a catch-up scores its last
@@ -227,28 +232,55 @@ class MtpHead:
     ) -> tuple[np.ndarray, np.ndarray]:
         """One pass of the head over (token, position, h) entries of sequence `seq`, the
         last scored: its logits there and its own output state (the next step's h)."""
-        batch, pos, at = self._batch, (ll.llama_pos * 4)(), self._seq_id(seq)
+        return self.split(self.decode_parts([self.part(entries, seq)])[0][0])
+
+    def part(self, entries: Sequence[tuple[int, int, np.ndarray]], seq: int) -> Part:
+        """A step's entries (at positions one after another) as a part of a pass."""
+        pos = entries[0][1]
+        assert all(p == pos + j for j, (_t, p, _h) in enumerate(entries))
+        return Part(seq, [t for t, _p, _h in entries], pos, 1, tuple(h for _t, _p, h in entries))
+
+    def decode_parts(self, parts: list[Part]) -> list[np.ndarray]:
+        """One pass of the head over several sequences' parts (serve's slots drafting at
+        once), each scored at its last token: per part, a row of its logits followed by
+        the head's output state there (`split` parts them)."""
+        batch, pos = self._batch, (ll.llama_pos * 4)()
         ll.llama_batch_ext_clear(batch)
-        for i, (token, p, h) in enumerate(entries):
-            idx = ll.llama_batch_ext_add_token(batch, at, token)
-            pos[0] = p
-            ll.llama_batch_ext_set_pos(batch, idx, pos)
-            embd = ll.llama_embd(h.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
-            ll.llama_batch_ext_set_embd_token(batch, idx, embd)
-            if i == len(entries) - 1:
-                ll.llama_batch_ext_set_output_logits(batch, idx, True)
+        outputs = []
+        for part in parts:
+            at = self._seq_id(part.seq)
+            for j, (token, h) in enumerate(zip(part.tokens, part.embd, strict=True)):
+                idx = ll.llama_batch_ext_add_token(batch, at, token)
+                pos[0] = part.pos + j
+                ll.llama_batch_ext_set_pos(batch, idx, pos)
+                ptr = h.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+                ll.llama_batch_ext_set_embd_token(batch, idx, ll.llama_embd(ptr, 1, self.n_embd))
+                if j == len(part.tokens) - 1:
+                    ll.llama_batch_ext_set_output_logits(batch, idx, True)
+                    outputs.append(idx)
         started = time.perf_counter()
         rc = ll.llama_process(self._ctx, 1, batch)  # LLAMA_PROCESS_TYPE_DECODE
         if rc != 0:
             self.busy_s += time.perf_counter() - started
             raise ModelError(f"the MTP head's pass failed ({rc})")
-        n = len(entries) - 1
-        # the pass runs asynchronously on a GPU: its time ends where its logits are ready
-        ptr = ll.llama_get_logits_ith(self._ctx, n)
+        rows = []
+        n_vocab = self.target.n_vocab
+        for idx in outputs:
+            # the pass runs asynchronously on a GPU: its time ends where its logits are ready
+            logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, idx), (n_vocab,))
+            state = np.ctypeslib.as_array(_nextn_row(self._ctx, idx), shape=(self.n_embd,))
+            rows.append(np.concatenate([logits, state])[None, :])
         self.busy_s += time.perf_counter() - started
-        logits = np.ctypeslib.as_array(ptr, shape=(self.target.n_vocab,))
-        state = np.ctypeslib.as_array(_nextn_row(self._ctx, n), shape=(self.n_embd,)).copy()
-        return logits, state
+        return rows
+
+    def split(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A part's row of `decode_parts`: its logits, and the head's output state."""
+        return row[: self.target.n_vocab], row[self.target.n_vocab :]
+
+    @property
+    def size_bytes(self) -> int:
+        """What a step of it reads, about: it runs before the target's pass (Batcher)."""
+        return int(self.cost_ratio * self.target.read_bytes)
 
     def _seq_id(self, seq: int) -> int:
         return seq  # its own cache's sequence for the target's `seq`

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Part:
     """One sequence's share of a batched decode: `tokens` at positions pos.., and the
-    logits of its last n_logits."""
+    logits of its last n_logits. For an MTP head's pass, `embd` holds each token's input
+    state beside it (numpy rows; empty for a model's own pass)."""
 
     seq: int
     tokens: list[int]
     pos: int
     n_logits: int
+    embd: tuple = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

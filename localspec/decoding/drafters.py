@@ -263,6 +263,17 @@ class DraftModel(StepTimes):
             self.round_s, self._overhead = _ema(self.round_s, spent), None
 
 
+class HeadSteps(Protocol):
+    """How an MTP head's draft steps run: the head's own passes, or serve's shared ones
+    (`SlotHead`), whose `shared_pass` says the last one carried other slots' steps."""
+
+    shared_pass: bool
+
+    def step(
+        self, entries: Sequence[tuple[int, int, np.ndarray]], seq: int
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
 class MtpDrafter(StepTimes):
     """The target's own MTP head (localspec.backends.mtp): a draft model that reads the
     target's hidden states, not just its tokens, and needs no second file. It drafts as
@@ -272,10 +283,17 @@ class MtpDrafter(StepTimes):
     name = "mtp"
     round_s = 0.0  # nothing beyond its steps: its cache follows the target's
 
-    def __init__(self, head: MtpHead, p_min: float | Sequence[float] = 0.5, seq: int = 0) -> None:
+    def __init__(
+        self,
+        head: MtpHead,
+        p_min: float | Sequence[float] = 0.5,
+        seq: int = 0,
+        steps: HeadSteps | None = None,
+    ) -> None:
         self.head = head
         self.p_min = p_min
         self.seq = seq  # the target's sequence it drafts for (serve's slot)
+        self.steps: HeadSteps = head if steps is None else steps
 
     @property
     def busy_s(self) -> float:
@@ -308,15 +326,17 @@ class MtpDrafter(StepTimes):
             if i > 0:  # the token drafted last, its own state standing in for the trunk's
                 entries = [(seq[-1], last if head.in_place else last + i, state)]
             busy = head.busy_s
-            logits, state[:] = head.step(entries, self.seq)
-            self.time_step(len(entries), head.busy_s - busy)
+            logits, state[:] = self.steps.step(entries, self.seq)
+            if not self.steps.shared_pass:  # see DraftModel._step
+                self.time_step(len(entries), head.busy_s - busy)
             return logits
 
         state = np.empty(head.n_embd, dtype=np.float32)
         p_min = self.p_min if p_min is None else p_min
-        with head.lock:  # serve's slots that share the head draft one at a time
+        with head.lock:  # serve's slots keep their own sequences' caches at once
             entries = head.catch_up(context, self.seq)
-            drafted = draw(step, seq, gamma, params, rng, p_min, grammar)
+        drafted = draw(step, seq, gamma, params, rng, p_min, grammar)
+        with head.lock:
             head.settle(context, self.seq)
         return drafted
 

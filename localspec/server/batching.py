@@ -4,14 +4,15 @@ Each slot runs the engine's rounds in a thread of its own, exactly as one reques
 alone; its models are `SlotModel`s, views of one sequence of a shared context. A view's
 call does not decode: it waits in the `Batcher` until every active slot waits too (each
 has finished its round's Python and needs a model again); then the batcher's own thread
-runs the step: the draft model's calls first where there are any (so that the rounds wait
-for each other and meet in one target pass), `plan_step` decides what each call reads,
-one `decode_parts` pass reads it, and each call whose tokens are all read gets its logits. A
-prompt longer than its share goes on in the next step, so the others' rounds come in
-between; a call whose client left is dropped between steps. With one active slot a call
-runs at once. The pass itself runs without the batcher's lock, so a slot that comes
-meanwhile (a keystroke's completion while a paste is read) joins the next step; no slot's
-thread runs during a pass, since each may change its sequences' cache between calls.
+runs the step: the draft model's (or MTP head's, `SlotHead`) calls first where there are
+any (so that the rounds wait for each other and meet in one target pass), `plan_step`
+decides what each call reads, one `decode_parts` pass reads it, and each call whose tokens
+are all read gets its logits. A prompt longer than its share goes on in the next step, so
+the others' rounds come in between; a call whose client left is dropped between steps.
+With one active slot a call runs at once. The pass itself runs without the batcher's lock,
+so a slot that comes meanwhile (a keystroke's completion while a paste is read) joins the
+next step; no slot's thread runs during a pass, since each may change its sequences' cache
+between calls.
 
 Work beside the slots (an embedding request's texts) runs there too, in passes of its
 own, one after each of their target passes and as long as it (`beside_chunk`): it
@@ -33,11 +34,13 @@ from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from localspec.backends.base import Cancelled, FimTokens, Model, common_prefix
 from localspec.backends.llama import LlamaModel
+from localspec.backends.mtp import MtpHead
 from localspec.backends.seq_layout import Part
 from localspec.decoding.estimates import VerifyCost
 from localspec.server.scheduling import (
@@ -50,11 +53,24 @@ from localspec.server.scheduling import (
 )
 
 
+class Decoder(Protocol):
+    """What the passes run: a model (or an MTP head) that reads several sequences' parts
+    in one pass."""
+
+    name: str
+    n_batch: int
+
+    @property
+    def size_bytes(self) -> int: ...
+
+    def decode_parts(self, parts: list[Part]) -> list[np.ndarray]: ...
+
+
 @dataclass(eq=False)
 class Call:
     """One model call of one slot, waiting for (or going through) the shared passes."""
 
-    model: LlamaModel
+    model: Decoder
     seq: int
     tokens: list[int]
     pos: int
@@ -67,6 +83,7 @@ class Call:
     shared: bool = False  # a pass that read them read other calls' tokens too
     # an idle slot's reading ahead: no round, so its passes teach nothing of rounds
     idle: bool = False
+    embd: tuple = ()  # an MTP head's input state for each token
     result: np.ndarray | None = None
     error: BaseException | None = None
     finished: bool = False
@@ -87,7 +104,8 @@ class Call:
         start = self.done
         rest = len(self.tokens) - start - n  # tokens after this chunk
         scored = max(0, self.n_logits - rest)
-        return Part(self.seq, self.tokens[start : start + n], self.pos + start, scored)
+        embd = self.embd[start : start + n]
+        return Part(self.seq, self.tokens[start : start + n], self.pos + start, scored, embd)
 
 
 # Work beside the slots: a generator that waits at each `yield` for the next pass's most
@@ -246,12 +264,12 @@ class Batcher:
         """Slots decoding now (at least 1: the one asking)."""
         return max(1, self._active)
 
-    def calls_per_pass(self, model: LlamaModel) -> float:
+    def calls_per_pass(self, model: Decoder) -> float:
         """How many slots' calls `model`'s passes of rounds carry, on average (before
         any: all the slots decoding, the hope that they go together)."""
         return self._calls_per_pass.get(id(model), float(self.load()))
 
-    def passes(self, model: LlamaModel) -> VerifyCost:
+    def passes(self, model: Decoder) -> VerifyCost:
         """`model`'s pass times by tokens in the pass, over passes of rounds only (a
         prompt's chunk would tilt the line): what `auto` prices a draft by under load."""
         if id(model) not in self._passes:
@@ -260,7 +278,7 @@ class Batcher:
 
     def call(
         self,
-        model: LlamaModel,
+        model: Decoder,
         seq: int,
         tokens: list[int],
         pos: int,
@@ -268,13 +286,16 @@ class Batcher:
         short: bool = False,
         cancel: threading.Event | None = None,
         idle: bool = False,
+        embd: tuple = (),
     ) -> Call:
-        """`tokens` read into sequence `seq` at pos..: the finished call, with the logits
-        of their last n_logits (or its error: Cancelled where `cancel` was set before all
-        were read) and its time in passes."""
+        """`tokens` read into sequence `seq` at pos.. (with `embd`, an MTP head's input
+        states): the finished call, with the logits of their last n_logits (or its error:
+        Cancelled where `cancel` was set before all were read) and its time in passes."""
         with self._cv:
             arrived = next(self._arrivals)
-            call = Call(model, seq, tokens, pos, n_logits, short, cancel, arrived, idle=idle)
+            call = Call(
+                model, seq, tokens, pos, n_logits, short, cancel, arrived, idle=idle, embd=embd
+            )
             self._calls.append(call)
             self._cv.notify_all()
             while not call.finished or self._in_pass:
@@ -283,7 +304,7 @@ class Batcher:
                 self._cv.wait()
         return call
 
-    def _step(self) -> LlamaModel | None:
+    def _step(self) -> Decoder | None:
         """One pass over the waiting calls of one model (the lock is held, but for the
         pass itself: every active slot waits for it anyway); that model."""
         for call in self._calls:
@@ -300,7 +321,7 @@ class Batcher:
         self._cv.notify_all()
         return model if live else None
 
-    def pace(self, model: LlamaModel, wants: Sequence[Want]) -> Pace:
+    def pace(self, model: Decoder, wants: Sequence[Want]) -> Pace:
         """`model`'s passes as timed, for this step's `wants`: a prompt token's time, and
         the time of the rounds among them alone (the batcher's fit of round passes; before
         any, as many prompt tokens')."""
@@ -322,7 +343,7 @@ class Batcher:
             self._in_pass = False
             self._cv.notify_all()
 
-    def _pass(self, model: LlamaModel, calls: list[Call]) -> None:
+    def _pass(self, model: Decoder, calls: list[Call]) -> None:
         wants = [c.want(i) for i, c in enumerate(calls)]
         shares = plan_step(wants, model.n_batch, self.pace(model, wants))
         chosen = [(calls[i], n) for i, n in shares.items()]
@@ -361,6 +382,31 @@ class Batcher:
             call.shared |= len(chosen) > 1
             if call.done == len(call.tokens):
                 call.result, call.finished = logits, True
+
+
+class SlotHead:
+    """An MTP head's draft steps for one slot (the sequence of its target `view`), as
+    calls of the shared passes: the steps of every slot drafting meet in one pass of the
+    head, as the draft model's do (llama.cpp's draft-mtp drafts so for all its slots)."""
+
+    def __init__(self, head: MtpHead, view: SlotModel) -> None:
+        self.head = head
+        self.view = view
+        self.shared_pass = False  # the last step's pass carried other slots' steps too
+
+    def step(
+        self, entries: Sequence[tuple[int, int, np.ndarray]], seq: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        part = self.head.part(entries, seq)
+        view = self.view
+        call = view.batcher.call(
+            self.head, seq, part.tokens, part.pos, 1, view.short, view.cancel, embd=part.embd
+        )
+        self.shared_pass = call.shared
+        if call.error is not None:
+            raise call.error
+        assert call.result is not None
+        return self.head.split(call.result[0])
 
 
 class SlotModel(Model):

@@ -54,7 +54,7 @@ from localspec.decoding.events import Event, Finished, Piece, RoundEnd, Stats
 from localspec.decoding.load import Load
 from localspec.decoding.prediction import Prediction, PredictionDrafter, prediction_usage
 from localspec.drafting import GAMMA_MAX
-from localspec.server.batching import Batcher, SlotModel
+from localspec.server.batching import Batcher, SlotHead, SlotModel
 from localspec.server.errors import ApiError
 from localspec.server.metrics import Metrics
 from localspec.server.prompt_cache import PromptCache, Saved
@@ -200,12 +200,15 @@ class Worker:
             draft.reset()
         slots = []
         expects: dict[int, list[float] | None] = dict.fromkeys(range(parallel))  # shared
+        head = session.head  # drafts for every slot, their steps in shared passes
+        drafter = draft if draft is not None else head
         for i in range(parallel):
             views = [SlotModel(target, i, self.batcher)]
             if draft is not None:
                 views.append(SlotModel(draft, i, self.batcher))
+            steps = None if head is None else SlotHead(head, views[0])
             engine = session.engine_for(
-                views[0], views[1] if draft is not None else None, session.head, seq=i
+                views[0], views[1] if draft is not None else None, head, i, steps
             )
             if isinstance(engine.drafter, AdaptiveDrafter):  # γ follows the load
                 engine.drafter.load = Load(
@@ -214,7 +217,7 @@ class Worker:
                     self._drafting,
                     i,
                     expects,
-                    None if draft is None else self.batcher.passes(draft),
+                    None if drafter is None else self.batcher.passes(drafter),
                     splits=not target.kv_unified,
                 )
             slots.append(Slot(i, engine, views, list(views)))
@@ -243,9 +246,9 @@ class Worker:
         return vectors
 
     def _drafting(self) -> float:
-        """Slots drafting in each draft-model pass, on average."""
-        draft = self.session.draft_model
-        return 1.0 if draft is None else self.batcher.calls_per_pass(draft)
+        """Slots drafting in each draft-model (or MTP head) pass, on average."""
+        drafter = self.session.draft_model or self.session.head
+        return 1.0 if drafter is None else self.batcher.calls_per_pass(drafter)
 
     def start(self) -> None:
         for thread in self._threads:

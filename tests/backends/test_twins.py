@@ -299,6 +299,55 @@ def test_the_mtp_heads_caches_after_rejections_equal_a_fresh_read(twins) -> None
         target.close()
 
 
+@pytest.mark.parametrize("kind", ["hybrid", "gemma4"])
+def test_one_pass_of_the_head_over_two_slots_gives_each_what_its_own_pass_does(
+    twins, kind: str
+) -> None:
+    """serve's slots drafting at once step the head in one pass (`decode_parts`): each
+    slot's logits and the head's state there equal those of a pass of its own, for the
+    catch-up of the MTP head (parts of unequal lengths) and Gemma 4's assistant's step."""
+    from localspec.backends.mtp import AssistantHead, MtpHead
+    from localspec.server.batching import Batcher, SlotModel
+
+    if kind == "hybrid":
+        target = load(twins["hybrid"], rollback=GAMMA, mtp=True, n_seq=2, kv_unified=True)
+    else:
+        target = load(twins["gemma4"], n_seq=2, kv_unified=True)
+    batcher = Batcher()
+    views = [SlotModel(target, seq, batcher) for seq in (0, 1)]
+    texts = [target.tokenize(t) for t in ("import os\nimport sys\n", "def f(x):\n")]
+
+    def first_steps(together: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+        head = (
+            MtpHead(target)
+            if kind == "hybrid"
+            else AssistantHead(target, twins[kind + "-assistant"])
+        )
+        try:
+            for view, text in zip(views, texts, strict=True):
+                view.reset()
+                view.evaluate(text[:-1], 1)  # heard by the head: its rows of h
+            parts = [head.part(head.catch_up(text, seq), seq) for seq, text in enumerate(texts)]
+            assert kind != "hybrid" or len({len(p.tokens) for p in parts}) == 2
+            if together:
+                rows = head.decode_parts(parts)
+            else:
+                rows = [head.decode_parts([part])[0] for part in parts]
+            return [head.split(row[0]) for row in rows]  # copies: the next pass overwrites
+        finally:
+            head.close()
+
+    try:
+        alone, together = first_steps(False), first_steps(True)
+        for (logits, state), (logits_t, state_t) in zip(alone, together, strict=True):
+            assert np.allclose(logits, logits_t, atol=1e-2)
+            assert np.allclose(state, state_t, atol=1e-2)
+        assert not np.allclose(alone[0][0], alone[1][0], atol=1e-2)  # two texts, two answers
+    finally:
+        batcher.stop()
+        target.close()
+
+
 def test_a_catch_up_of_several_tokens_hands_on_the_heads_state_at_the_last(twins) -> None:
     """The head's output state after a catch-up of several tokens (the accepted ones of
     the last round) is its state at the last one, the next draft step's input: as after
@@ -439,8 +488,8 @@ def test_a_session_drafts_with_the_gemma4_assistant_it_is_given(twins) -> None:
 
 def test_serves_slots_each_draft_with_the_assistant_and_answer_as_plain_decoding(twins) -> None:
     """Every slot drafts with the assistant, which keeps no cache of its own, over its
-    own sequence of the target's cache; rounds that meet in one pass still answer as
-    each would alone."""
+    own sequence of the target's cache, their steps in shared passes of it; rounds that
+    meet in one pass still answer as each would alone."""
     from server.test_slots_real import Loop
 
     from localspec.backends.llama import LoadOptions
@@ -463,6 +512,9 @@ def test_serves_slots_each_draft_with_the_assistant_and_answer_as_plain_decoding
             worker.submit(job)
         ends = [loop.wait(job) for job in jobs]
         assert worker.batcher.log.shared > 0  # the rounds met in passes
+        assert session.head is not None
+        steps = [r for r in worker.batcher.log.recent if r.model == session.head.name]
+        assert any(len(r.reads) == 2 for r in steps)  # both slots' steps in one pass
     finally:
         worker.stop()
         loop.close()
@@ -660,9 +712,9 @@ def test_the_planner_counts_the_hybrids_state_and_its_snapshots_as_llama_cpp_doe
 # --- serve's slots on the hybrid twin: each sequence's state rolls back on its own -----
 def test_serve_slots_on_the_hybrid_twin_answer_as_plain_decoding(twins) -> None:
     """Two requests share llama.cpp's passes on a hybrid target, each slot drafting with
-    the target's MTP head over its own sequence of the head's cache; each rollback
-    restores its own sequence's state, so each answer is plain decoding's (on a model of
-    its own)."""
+    the target's MTP head over its own sequence of the head's cache, their steps in shared
+    passes of the head; each rollback restores its own sequence's state, so each answer
+    is plain decoding's (on a model of its own)."""
     from server.test_slots_real import Loop
 
     from localspec.backends.llama import LoadOptions
@@ -689,6 +741,8 @@ def test_serve_slots_on_the_hybrid_twin_answer_as_plain_decoding(twins) -> None:
         assert worker.batcher.log.shared > 5  # the rounds really met
         assert all(v.restarts == 0 for s in worker.slots for v in s.views)  # none re-read
         assert session.head is not None and set(session.head.caches) == {0, 1}
+        steps = [r for r in worker.batcher.log.recent if r.model == session.head.name]
+        assert any(len(r.reads) == 2 for r in steps)  # both slots' steps in one pass
         for prompt, end in zip(prompts, ends, strict=True):
             assert isinstance(end, Finished), end
             # the head drafts every round in either slot (p_min 0)
