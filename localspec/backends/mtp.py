@@ -134,6 +134,8 @@ class MtpHead:
         # go through the shared passes, which run while every slot waits)
         self.lock = threading.Lock()
         self.n_batch = target.n_batch
+        # the most positions a catch-up reads before the last token: all in one pass
+        self.reach = min(WINDOW, self.n_batch - 1)
         self.shared_pass = False  # its own steps are its own passes (see SlotHead)
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_ext_init(self._ctx)
@@ -202,13 +204,13 @@ class MtpHead:
         """Positions the first draft step after `context` reads (its catch-up and the last
         token)."""
         last = len(context) - 1
-        return last + 1 - max(self._held(context, seq), last - WINDOW)
+        return last + 1 - max(self._held(context, seq), last - self.reach)
 
     def catch_up(self, context: Sequence[int], seq: int = 0) -> list[tuple[int, int, np.ndarray]]:
         """The first draft step's entries after `context` (of sequence `seq`): each token
         the cache does not hold with the trunk's h before it, the last token last (the
-        cache keeps what it can of context[:-1]; of a stretch longer than WINDOW, the
-        last WINDOW are read)."""
+        cache keeps what it can of context[:-1]; of a longer stretch than `reach`
+        (WINDOW, or less where a pass holds less), the last `reach` are read)."""
         start = self._keep(context, seq)
         return [(context[p], p, self.row(p - 1, seq)) for p in range(start, len(context))]
 
@@ -217,7 +219,7 @@ class MtpHead:
         position to read."""
         last = len(context) - 1
         held, cache = self._held(context, seq), self.caches.setdefault(seq, SeqCache())
-        start = max(held, last - WINDOW)
+        start = max(held, last - self.reach)
         if start > held:  # skip: the cache goes on from `start`, with nothing before
             held, cache.start = 0, start
         elif held == 0:
@@ -246,18 +248,21 @@ class MtpHead:
         the head's output state there (`split` parts them)."""
         batch, pos = self._batch, (ll.llama_pos * 4)()
         ll.llama_batch_ext_clear(batch)
-        outputs = []
+        outputs: list[int | None] = []  # per part, its scored token's place in the batch
         for part in parts:
-            at = self._seq_id(part.seq)
+            at, scored = self._seq_id(part.seq), None
             for j, (token, h) in enumerate(zip(part.tokens, part.embd, strict=True)):
                 idx = ll.llama_batch_ext_add_token(batch, at, token)
+                if idx < 0:  # a step holds at most n_batch entries (see `reach`)
+                    raise ModelError(f"the MTP head's batch is full ({self.n_batch} entries)")
                 pos[0] = part.pos + j
                 ll.llama_batch_ext_set_pos(batch, idx, pos)
                 ptr = h.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
                 ll.llama_batch_ext_set_embd_token(batch, idx, ll.llama_embd(ptr, 1, self.n_embd))
-                if j == len(part.tokens) - 1:
+                if j == len(part.tokens) - 1 and part.n_logits:
                     ll.llama_batch_ext_set_output_logits(batch, idx, True)
-                    outputs.append(idx)
+                    scored = idx
+            outputs.append(scored)
         started = time.perf_counter()
         rc = ll.llama_process(self._ctx, 1, batch)  # LLAMA_PROCESS_TYPE_DECODE
         if rc != 0:
@@ -266,6 +271,9 @@ class MtpHead:
         rows = []
         n_vocab = self.target.n_vocab
         for idx in outputs:
+            if idx is None:  # a chunk of a catch-up, before its last (Batcher)
+                rows.append(np.empty((0, n_vocab + self.n_embd), dtype=np.float32))
+                continue
             # the pass runs asynchronously on a GPU: its time ends where its logits are ready
             logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, idx), (n_vocab,))
             state = np.ctypeslib.as_array(_nextn_row(self._ctx, idx), shape=(self.n_embd,))
@@ -291,6 +299,13 @@ class MtpHead:
         go."""
         ll.llama_memory_seq_rm(self._mem, self._seq_id(seq), len(context), -1)
         self.caches.setdefault(seq, SeqCache()).tokens = list(context)
+
+    def drop(self, seq: int = 0) -> None:
+        """Forget what the cache holds of sequence `seq`: a draft cut short (a client that
+        left while its step waited for a shared pass) leaves its entries unknown, and the
+        next catch-up reads the text again."""
+        ll.llama_memory_seq_rm(self._mem, self._seq_id(seq), -1, -1)
+        self.caches.pop(seq, None)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -375,6 +390,9 @@ class AssistantHead(MtpHead):
 
     def settle(self, context: Sequence[int], seq: int = 0) -> None:
         pass  # its steps wrote nothing: it keeps no cache
+
+    def drop(self, seq: int = 0) -> None:
+        pass  # the cache it reads is the target's
 
     def close(self) -> None:
         super().close()  # its context first: it is over this model

@@ -335,7 +335,12 @@ class MtpDrafter(StepTimes):
         p_min = self.p_min if p_min is None else p_min
         with head.lock:  # serve's slots keep their own sequences' caches at once
             entries = head.catch_up(context, self.seq)
-        drafted = draw(step, seq, gamma, params, rng, p_min, grammar)
+        try:
+            drafted = draw(step, seq, gamma, params, rng, p_min, grammar)
+        except BaseException:
+            with head.lock:  # a step cut short: what its cache holds is not known
+                head.drop(self.seq)
+            raise
         with head.lock:
             head.settle(context, self.seq)
         return drafted

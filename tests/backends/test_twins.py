@@ -381,6 +381,67 @@ def test_a_catch_up_of_several_tokens_hands_on_the_heads_state_at_the_last(twins
     assert np.allclose(state, state_split, atol=1e-2)
 
 
+def test_the_head_drafts_after_a_prompt_longer_than_a_pass_holds(twins) -> None:
+    """Its first catch-up after a long prompt reads the prompt's last positions in one
+    pass of at most n_batch entries (it had asked for 513 of a pass of 512)."""
+    from localspec.backends.mtp import MtpHead
+
+    target = load(twins["hybrid"], n_ctx=1024, rollback=GAMMA, mtp=True)
+    head = MtpHead(target)
+    try:
+        prompt = target.tokenize("x = [1, 2, 3]\n" * 60)
+        assert len(prompt) > target.n_batch + 1
+        assert head.unread(prompt) == target.n_batch
+        engine = Engine(target, MtpDrafter(head, p_min=0.0), GAMMA)
+        done = list(engine.generate(prompt, GenerationConfig(8)))[-1]
+        assert isinstance(done, Finished) and done.stats.drafted > 0
+    finally:
+        head.close()
+        target.close()
+
+
+def test_a_draft_cut_short_by_a_client_that_left_forgets_that_slots_head_cache(twins) -> None:
+    """A slot's head step waits for a shared pass; where its client leaves meanwhile, the
+    head forgets that slot's cache (its entries are not known: the next catch-up reads the
+    text again) and keeps the other slot's."""
+    import threading
+
+    import llama_cpp as ll
+
+    from localspec.backends.base import Cancelled
+    from localspec.backends.mtp import MtpHead
+    from localspec.server.batching import Batcher, SlotHead, SlotModel
+
+    target = load(twins["hybrid"], rollback=GAMMA, mtp=True, n_seq=2, kv_unified=True)
+    batcher = Batcher()
+    head = MtpHead(target)
+    try:
+        views = [SlotModel(target, seq, batcher) for seq in (0, 1)]
+        drafters = [
+            MtpDrafter(head, p_min=0.0, seq=seq, steps=SlotHead(head, view))
+            for seq, view in enumerate(views)
+        ]
+        prompt = target.tokenize("import os\n")
+        greedy, rng = SamplingParams(), np.random.default_rng(0)
+        for view, drafter in zip(views, drafters, strict=True):
+            view.evaluate(prompt[:-1], 1)  # as a round leaves it: all but the last token
+            assert len(drafter.draft(prompt, GAMMA, greedy, rng).tokens) == GAMMA
+        last = [ll.llama_memory_seq_pos_max(head._mem, seq) for seq in (0, 1)]
+        assert last == [len(prompt) - 1] * 2  # the text, not the drafted tokens
+
+        views[1].cancel = threading.Event()
+        views[1].cancel.set()  # its client left
+        with pytest.raises(Cancelled):
+            drafters[1].draft([*prompt, prompt[0]], GAMMA, greedy, rng)
+        assert set(head.caches) == {0}
+        assert ll.llama_memory_seq_pos_max(head._mem, 1) == -1
+        assert ll.llama_memory_seq_pos_max(head._mem, 0) == len(prompt) - 1
+    finally:
+        batcher.stop()
+        head.close()
+        target.close()
+
+
 def test_a_sampled_mtp_draft_reports_the_law_it_was_drawn_from(twins) -> None:
     from localspec.backends.mtp import MtpHead
 
