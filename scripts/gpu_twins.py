@@ -13,7 +13,10 @@ llama.cpp's `--n-cpu-moe` at its most; and the planner's split for a card of
 For the hybrid twins (Qwen3.5-0.8B and Qwen3.6-27B shapes with their MTP head): T(k), the
 MTP head's seconds per drafted token c, and c / T(1) beside the prior auto starts from
 (`MtpHead.cost_ratio`). The same for the Gemma 4 12B twin with its assistant, a drafter
-from a file of its own (`--hybrids hybrid,gemma4`).
+from a file of its own (`--hybrids hybrid,gemma4`). And for either head, what `--slots`
+slots' draft steps cost taken in turns, a pass each, against one pass for all (serve's
+slots drafting at once: on a GPU a step reads mostly the head's weights, so a pass of
+four should cost about one).
 
 Random weights make every drafter wrong, so nothing here measures acceptance.
 
@@ -36,6 +39,7 @@ import contextlib
 import io
 import json
 import re
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -45,6 +49,7 @@ from pathlib import Path
 
 from localspec.backends.gguf import gguf_info
 from localspec.backends.llama import LlamaModel, LoadOptions
+from localspec.backends.seq_layout import Part
 from localspec.bench.costs import time_head_step, time_pass
 from localspec.drafting import GAMMA_MAX
 from localspec.models.hardware import GiB, Gpu, Hardware, probe
@@ -191,7 +196,7 @@ def hybrid(
         f"MTP head c {c:.3f} ms = {c / times[1]:.3f} T(1) (prior {prior:.3f})",
         flush=True,
     )
-    return {
+    out = {
         "file": path.name,
         "load_s": round(load_s, 1),
         "verify_ms": times,
@@ -201,6 +206,59 @@ def hybrid(
         "head_prior": round(prior or 0.0, 4),
         "buffers": buffers(log),
     }
+    if args.slots > 1:
+        turns, shared = shared_steps(path, args, assistant)
+        print(
+            f"{kind}: {args.slots} slots' head steps, a pass each {turns:.3f} ms, "
+            f"one pass {shared:.3f} ms ({shared / turns:.2f}x)",
+            flush=True,
+        )
+        out["slots"] = args.slots
+        out["head_steps_in_turns_ms"] = round(turns, 4)
+        out["head_steps_in_one_pass_ms"] = round(shared, 4)
+    return out
+
+
+def shared_steps(
+    path: Path, args: argparse.Namespace, assistant: Path | None
+) -> tuple[float, float]:
+    """Median ms of `args.slots` slots' first draft steps of the head after a 64-token
+    text each (serve's slots, loaded again with as many sequences): a pass each, in
+    turns, against one pass for all."""
+    from localspec.backends.mtp import AssistantHead, MtpHead
+
+    n = args.slots
+    opts = LoadOptions(
+        n_ctx=N_CTX,
+        n_gpu_layers=args.gpu_layers,
+        mtp=True,
+        rollback=GAMMA_MAX,
+        n_seq=n,
+        kv_unified=True,
+    )
+    model = LlamaModel(path, opts)
+    head = MtpHead(model) if assistant is None else AssistantHead(model, assistant)
+    try:
+        text = context(64)
+        model.decode_parts([Part(seq, text[:-1], 0, 1) for seq in range(n)])  # h, per slot
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(args.reps + 1):
+            for together in (False, True):
+                parts = [head.part(head.catch_up(text, seq), seq) for seq in range(n)]
+                started = time.perf_counter()
+                if together:
+                    head.decode_parts(parts)
+                else:
+                    for part in parts:
+                        head.decode_parts([part])
+                times[together].append(time.perf_counter() - started)
+                for seq in range(n):
+                    head.settle(text, seq)
+        turns, shared = (statistics.median(times[t][1:]) * 1e3 for t in (False, True))
+        return turns, shared
+    finally:
+        head.close()
+        model.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-layers", type=int, default=-1, help="0: all on the CPU")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--skip-moe", action="store_true")
+    parser.add_argument(
+        "--slots", type=int, default=4, help="serve's slots whose head steps are timed (1: none)"
+    )
     parser.add_argument("--keep", default="", help="comma list of twins whose files stay")
     args = parser.parse_args(argv)
     hw = probe()
