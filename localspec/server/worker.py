@@ -247,7 +247,8 @@ class Worker:
 
     def _drafting(self) -> float:
         """Slots drafting in each draft-model (or MTP head) pass, on average."""
-        drafter = self.session.draft_model or self.session.head
+        session = self.session
+        drafter = session.draft_model if session.draft_model is not None else session.head
         return 1.0 if drafter is None else self.batcher.calls_per_pass(drafter)
 
     def start(self) -> None:
