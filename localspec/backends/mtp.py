@@ -94,6 +94,7 @@ class MtpHead:
     in_place = False  # a draft step after the first goes one position further
     # a KV cache of its own, which a saved state of the target's lacks
     own_cache = True
+    from_file = False  # part of the target's GGUF, not a file of its own (named by it)
     window = WINDOW  # the trunk's rows kept of each pass, for a catch-up to read
 
     def __init__(self, target: LlamaModel) -> None:
@@ -332,6 +333,7 @@ class AssistantHead(MtpHead):
 
     in_place = True
     own_cache = False  # it reads the target's, which a saved state of the target's holds
+    from_file = True
     window = 16  # a draft reads h of the last accepted token only: of the last pass
 
     def __init__(self, target: LlamaModel, path: Path) -> None:

@@ -46,7 +46,7 @@ def measure_costs(
     verify = tuple(time_pass(target, prompt, k, reps).llama_s for k in range(1, k_max + 1))
     step = time_pass(draft, prompt, 1, reps).llama_s if draft is not None else None
     costs = Costs(verify, step, time_head_step(target, prompt, reps))
-    if isinstance(target, LlamaModel) and (head := head_of(target)) and head.in_place:
+    if isinstance(target, LlamaModel) and (head := head_of(target)) and head.from_file:
         return replace(costs, head=f"its assistant {head.name}")
     return costs
 

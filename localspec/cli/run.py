@@ -147,7 +147,7 @@ def models(session) -> dict[str, str]:  # session: Session
     if session.draft_model is not None:
         draft = session.draft_model.name
     elif session.head is not None:  # the target's own MTP head, or Gemma 4's assistant
-        draft = session.head.name if session.head.in_place else "mtp"
+        draft = session.head.name if session.head.from_file else "mtp"
     else:
         draft = session.config.draft if session.config is not None else "none"
     return {"target": session.target.name, "draft": draft}
