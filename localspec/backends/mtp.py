@@ -235,7 +235,9 @@ class MtpHead:
     ) -> tuple[np.ndarray, np.ndarray]:
         """One pass of the head over (token, position, h) entries of sequence `seq`, the
         last scored: its logits there and its own output state (the next step's h)."""
-        return self.split(self.decode_parts([self.part(entries, seq)])[0][0])
+        (idx,) = self._process([self.part(entries, seq)])
+        assert idx is not None
+        return self._logits(idx), self._state(idx).copy()  # the logits until the next pass
 
     def part(self, entries: Sequence[tuple[int, int, np.ndarray]], seq: int) -> Part:
         """A step's entries (at positions one after another) as a part of a pass."""
@@ -246,10 +248,22 @@ class MtpHead:
     def decode_parts(self, parts: list[Part]) -> list[np.ndarray]:
         """One pass of the head over several sequences' parts (serve's slots drafting at
         once), each scored at its last token: per part, a row of its logits followed by
-        the head's output state there (`split` parts them)."""
+        the head's output state there (`split` parts them); copies, as the next pass
+        overwrites llama.cpp's."""
+        width = self.target.n_vocab + self.n_embd
+        return [
+            np.empty((0, width), dtype=np.float32)  # a catch-up's chunk before its last
+            if idx is None
+            else np.concatenate([self._logits(idx), self._state(idx)])[None, :]
+            for idx in self._process(parts)
+        ]
+
+    def _process(self, parts: list[Part]) -> list[int | None]:
+        """One llama.cpp pass over `parts`; per part, its scored token's place in the
+        batch (None where it scores none)."""
         batch, pos = self._batch, (ll.llama_pos * 4)()
         ll.llama_batch_ext_clear(batch)
-        outputs: list[int | None] = []  # per part, its scored token's place in the batch
+        outputs: list[int | None] = []
         for part in parts:
             at, scored = self._seq_id(part.seq), None
             for j, (token, h) in enumerate(zip(part.tokens, part.embd, strict=True)):
@@ -266,21 +280,21 @@ class MtpHead:
             outputs.append(scored)
         started = time.perf_counter()
         rc = ll.llama_process(self._ctx, 1, batch)  # LLAMA_PROCESS_TYPE_DECODE
-        if rc != 0:
-            self.busy_s += time.perf_counter() - started
-            raise ModelError(f"the MTP head's pass failed ({rc})")
-        rows = []
-        n_vocab = self.target.n_vocab
-        for idx in outputs:
-            if idx is None:  # a chunk of a catch-up, before its last (Batcher)
-                rows.append(np.empty((0, n_vocab + self.n_embd), dtype=np.float32))
-                continue
+        scored = [i for i in outputs if i is not None]
+        if rc == 0 and scored:
             # the pass runs asynchronously on a GPU: its time ends where its logits are ready
-            logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, idx), (n_vocab,))
-            state = np.ctypeslib.as_array(_nextn_row(self._ctx, idx), shape=(self.n_embd,))
-            rows.append(np.concatenate([logits, state])[None, :])
+            ll.llama_get_logits_ith(self._ctx, scored[-1])
         self.busy_s += time.perf_counter() - started
-        return rows
+        if rc != 0:
+            raise ModelError(f"the MTP head's pass failed ({rc})")
+        return outputs
+
+    def _logits(self, idx: int) -> np.ndarray:
+        ptr = ll.llama_get_logits_ith(self._ctx, idx)
+        return np.ctypeslib.as_array(ptr, shape=(self.target.n_vocab,))
+
+    def _state(self, idx: int) -> np.ndarray:
+        return np.ctypeslib.as_array(_nextn_row(self._ctx, idx), shape=(self.n_embd,))
 
     def split(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A part's row of `decode_parts`: its logits, and the head's output state."""

@@ -48,6 +48,7 @@ import numpy as np
 from localspec.backends.base import Cancelled, Model, common_prefix, moves
 from localspec.backends.embedding import Embedder, embed_all
 from localspec.backends.llama import LlamaModel
+from localspec.backends.mtp import MtpHead
 from localspec.decoding.adaptive import AdaptiveDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Event, Finished, Piece, RoundEnd, Stats
@@ -201,7 +202,7 @@ class Worker:
         slots = []
         expects: dict[int, list[float] | None] = dict.fromkeys(range(parallel))  # shared
         head = session.head  # drafts for every slot, their steps in shared passes
-        drafter = draft if draft is not None else head
+        drafter = self._drafter()
         for i in range(parallel):
             views = [SlotModel(target, i, self.batcher)]
             if draft is not None:
@@ -245,10 +246,14 @@ class Worker:
         log.info("embeddings: %d text%s, %d tokens in %.2f s", n, "s" * (n > 1), tokens, took)
         return vectors
 
+    def _drafter(self) -> LlamaModel | MtpHead | None:
+        """What the slots draft with in shared passes: the draft model, else an MTP head."""
+        session = self.session
+        return session.draft_model if session.draft_model is not None else session.head
+
     def _drafting(self) -> float:
         """Slots drafting in each draft-model (or MTP head) pass, on average."""
-        session = self.session
-        drafter = session.draft_model if session.draft_model is not None else session.head
+        drafter = self._drafter()
         return 1.0 if drafter is None else self.batcher.calls_per_pass(drafter)
 
     def start(self) -> None:
