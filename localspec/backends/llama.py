@@ -25,7 +25,14 @@ import llama_cpp as ll
 import numpy as np
 
 from localspec.backends import rpc
-from localspec.backends.base import ContextFull, FimTokens, LoadFailed, Model, ModelError
+from localspec.backends.base import (
+    ContextFull,
+    FimTokens,
+    LoadFailed,
+    Model,
+    ModelError,
+    Tokens,
+)
 from localspec.backends.gguf import GGUF_MAGIC
 from localspec.backends.seq_layout import Layout, Part
 
@@ -388,7 +395,7 @@ class LlamaModel(Model):
 
     def load_state(self, tokens: Sequence[int], state: bytearray) -> bool:
         loaded = self.load_seq(0, state)
-        self.cached = list(tokens) if loaded else []
+        self.cached = Tokens(tokens if loaded else ())
         return loaded
 
     def checkpoint(self) -> None:

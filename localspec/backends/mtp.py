@@ -35,7 +35,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
-from localspec.backends.base import LoadFailed, ModelError, shared_prefix
+from localspec.backends.base import LoadFailed, ModelError, Tokens, shared_prefix
 from localspec.backends.llama import LlamaModel
 from localspec.backends.seq_layout import Part
 
@@ -83,7 +83,7 @@ class SeqCache:
     """What the head's cache holds of one sequence: `tokens`, of which the positions
     before `start` were skipped (see `MtpHead.catch_up`)."""
 
-    tokens: list[int] = field(default_factory=list)
+    tokens: Tokens = field(default_factory=Tokens)
     start: int = 0
 
 
@@ -198,7 +198,7 @@ class MtpHead:
         cache = self.caches.get(seq)
         if cache is None or not cache.tokens:
             return 0
-        n = shared_prefix(cache.tokens, context[:-1])
+        n = min(shared_prefix(cache.tokens, context), len(context) - 1)
         return n if n >= cache.start else 0
 
     def unread(self, context: Sequence[int], seq: int = 0) -> int:
@@ -227,7 +227,8 @@ class MtpHead:
             cache.start = 0
         if held < len(cache.tokens) or held == 0:
             ll.llama_memory_seq_rm(self._mem, self._seq_id(seq), held, -1)
-        cache.tokens = list(context[:start])
+        del cache.tokens[held:]
+        cache.tokens.extend(context[held:start])  # context[:start], as what it kept
         return start
 
     def step(
@@ -313,7 +314,7 @@ class MtpHead:
         drafted tokens' entries, read with the head's own states instead of the trunk's,
         go."""
         ll.llama_memory_seq_rm(self._mem, self._seq_id(seq), len(context), -1)
-        self.caches.setdefault(seq, SeqCache()).tokens = list(context)
+        self.caches.setdefault(seq, SeqCache()).tokens.follow(context)
 
     def drop(self, seq: int = 0) -> None:
         """Forget what the cache holds of sequence `seq`: a draft cut short (a client that

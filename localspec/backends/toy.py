@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from localspec.backends.base import Model
+from localspec.backends.base import Model, Tokens
 
 LogitsFn = Callable[[Sequence[int]], np.ndarray]
 
@@ -98,7 +98,7 @@ class ToyModel(Model):
 
     def load_state(self, tokens: Sequence[int], state: bytearray) -> bool:
         self.state = json.loads(state)
-        self.cached = list(tokens)
+        self.cached = Tokens(tokens)
         return True
 
     @property

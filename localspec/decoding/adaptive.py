@@ -64,7 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.backends.base import Model, shared_prefix
+from localspec.backends.base import Model, followed_by, shared_prefix
 from localspec.decoding.drafters import (
     UNBOUNDED,
     Draft,
@@ -268,14 +268,10 @@ class AdaptiveDrafter:
             and choice.k > choice.ngram
             and (grammar is None or after is not None)
         ):
-            more = self.model.draft(
-                [*context, *tokens],
-                choice.k - choice.ngram,
-                params,
-                rng,
-                self.p_min(choice),
-                grammar=after,
-            )
+            with followed_by(context, tokens) as seq:
+                more = self.model.draft(
+                    seq, choice.k - choice.ngram, params, rng, self.p_min(choice), grammar=after
+                )
             tokens, q = tokens + more.tokens, q + more.q
         self._draft_s = self.busy_s - busy
         return Draft(tokens, q, by=choice.source, planned=choice.k, why=self.explain(choice))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from localspec.backends.base import Model, common_prefix, shared_prefix
+from localspec.backends.base import Model, Tokens, common_prefix, followed_by, shared_prefix
 from localspec.decoding.grammar import GrammarState, shortlisted
 from localspec.decoding.sampling import (
     Probs,
@@ -163,6 +163,7 @@ class DraftModel(StepTimes):
         self.round_s = 0.0
         self._overhead: float | None = None  # this round's so far (None: it did not draft)
         self._cut = 0  # context[SINKS:_cut] is left out of what it reads (0: nothing)
+        self._seq = Tokens()  # what it reads, uncut (see `_seen_as`)
 
     def view(self, context: Sequence[int]) -> tuple[list[int], int]:
         """What the draft model reads for `context` (see the class docstring), and how
@@ -185,8 +186,14 @@ class DraftModel(StepTimes):
         return len(seq) - min(held, len(seq) - 1)
 
     def _seen_as(self, context: Sequence[int]) -> tuple[list[int], int]:
-        """`context` as read at the current cut, and how much of that the cache holds."""
-        seq = list(context) if self._cut <= SINKS else [*context[:SINKS], *context[self._cut :]]
+        """`context` as read at the current cut, and how much of that the cache holds.
+        Uncut, that is a copy kept from round to round (drafts append to it), brought
+        up to the context by what changed (Tokens), not copied anew."""
+        seq: list[int] = self._seq
+        if self._cut <= SINKS:
+            self._seq.follow(context)
+        else:
+            seq = [*context[:SINKS], *context[self._cut :]]
         cached, n_vocab = self.model.cached, self.model.n_vocab
         held = shared_prefix(cached, seq)
         # What the cache holds is in the vocabulary (the model read it); of the rest, a
@@ -318,7 +325,6 @@ class MtpDrafter(StepTimes):
         grammar: GrammarState | None = None,
     ) -> Draft:
         head, last = self.head, len(context) - 1
-        seq = list(context)
         entries: Sequence[tuple[int, int, np.ndarray]] = []
 
         def step(i: int) -> np.ndarray:
@@ -336,7 +342,8 @@ class MtpDrafter(StepTimes):
         with head.lock:  # serve's slots keep their own sequences' caches at once
             entries = head.catch_up(context, self.seq)
         try:
-            drafted = draw(step, seq, gamma, params, rng, p_min, grammar)
+            with followed_by(context, ()) as seq:  # the drafted tokens go after it
+                drafted = draw(step, seq, gamma, params, rng, p_min, grammar)
         except BaseException:
             with head.lock:  # a step cut short: what its cache holds is not known
                 head.drop(self.seq)
@@ -460,7 +467,7 @@ class NgramIndex:
         self.n_max, self.n_min = n_max, n_min
         # n-gram -> the indexes of what followed it, in order (the latest last)
         self._next: dict[tuple[int, ...], list[int]] = {}
-        self._tokens: list[int] = []  # the context indexed so far
+        self._tokens = Tokens()  # the context indexed so far
 
     def lookup(self, context: Sequence[int], gamma: int) -> list[int]:
         """γ tokens as the text from the latest earlier match of the context's last n

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from localspec.backends.base import ContextFull, Model
+from localspec.backends.base import ContextFull, Model, Tokens
 from localspec.decoding.drafters import Draft, Drafter, NoDrafter, Outcome
 from localspec.decoding.events import (
     Event,
@@ -133,7 +133,7 @@ class Engine:
         out = _Output(
             self.target, stream, config.max_tokens, config.trace, config.logprobs, config.shown
         )
-        tokens = list(prompt)
+        tokens = Tokens(prompt)  # the text: grows by each round's tokens (see Tokens)
         state = config.grammar.start() if config.grammar is not None else None
         if recalled := self.recall(tokens, config, state):
             pieces = list(out.emit(recalled, 0, NO_LOGITS))
@@ -176,7 +176,8 @@ class Engine:
             draft = with_lead(lead, draft)
             # the target reads the draft up to a token it does not have, which it refuses
             n = self.readable(draft.tokens)
-            logits, verify_s = self._timed_score(rec, tokens + draft.tokens[:n], n + 1)
+            with tokens.trying(draft.tokens[:n]):
+                logits, verify_s = self._timed_score(rec, tokens, n + 1)
             verdict = self._verify(draft, logits, params, tokens, rng, state)
             new = [*draft.tokens[: verdict.accepted], verdict.token]
             answered = len(out.tokens)
@@ -244,16 +245,16 @@ class Engine:
         n_vocab = self.target.n_vocab
         return next((i for i, x in enumerate(draft) if x >= n_vocab), len(draft))
 
-    def trim_caches(self, tokens: list[int], outcome: Outcome) -> None:
+    def trim_caches(self, tokens: Sequence[int], outcome: Outcome) -> None:
         """Both caches keep the accepted text only: the target's last token is not yet
         evaluated (it starts the next round's batch), and the rejected tail goes."""
-        self.target.rollback(tokens[:-1])
+        self.target.rollback(tokens, len(tokens) - 1)
         self.drafter.accept(tokens, outcome)
 
     def _timed_draft(
         self,
         rec: StatsRecorder,
-        tokens: list[int],
+        tokens: Tokens,
         lead: list[int],
         budget: int,
         params: SamplingParams,
@@ -268,9 +269,10 @@ class Engine:
             return Draft()
         busy, started = self.drafter.busy_s, time.perf_counter()
         grammar = None if state is None else last_state(state, lead)
-        draft = self.drafter.draft(
-            tokens + lead, gamma, params, rng, forced=len(lead), grammar=grammar
-        )
+        with tokens.trying(lead):
+            draft = self.drafter.draft(
+                tokens, gamma, params, rng, forced=len(lead), grammar=grammar
+            )
         rec.draft_s += time.perf_counter() - started
         rec.llama_s += self.drafter.busy_s - busy
         return draft

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec.backends.base import shared_prefix
+from localspec.backends.base import Tokens, shared_prefix
 
 LEVELS = (8, 4, 2)  # k-gram lengths indexed, longest first
 MAX_RUN = 64  # the longest run compared; longer adds no certainty
@@ -64,7 +64,7 @@ class Corpus:
     """Token sequences end to end (SEP between documents), with where each k-gram ends."""
 
     def __init__(self) -> None:
-        self.tokens: list[int] = []
+        self.tokens = Tokens()
         self._array = np.empty(1024, dtype=np.int64)  # tokens, for vectorized compares
         self._ends: dict[tuple[int, ...], list[int]] = {}  # k-gram -> its end positions
 

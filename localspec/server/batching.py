@@ -38,7 +38,7 @@ from typing import Protocol
 
 import numpy as np
 
-from localspec.backends.base import Cancelled, FimTokens, Model, common_prefix
+from localspec.backends.base import Cancelled, FimTokens, Model, Tokens, common_prefix
 from localspec.backends.llama import LlamaModel
 from localspec.backends.mtp import MtpHead
 from localspec.backends.seq_layout import Part
@@ -455,7 +455,7 @@ class SlotModel(Model):
 
     def load_state(self, tokens: Sequence[int], state: bytearray) -> bool:
         loaded = self.shared.load_seq(self.seq, state)
-        self.cached = list(tokens) if loaded else []
+        self.cached = Tokens(tokens if loaded else ())
         return loaded
 
     def copy_from(self, other: SlotModel, tokens: list[int]) -> int:
@@ -465,7 +465,7 @@ class SlotModel(Model):
         n = self.shared.copy_seq(other.seq, self.seq, held)
         if n is None:
             return 0
-        self.cached = list(tokens[:n])
+        self.cached = Tokens(tokens[:n])
         return n
 
     def checkpoint(self) -> None:
