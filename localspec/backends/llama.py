@@ -34,8 +34,12 @@ from localspec.backends.base import (
     Tokens,
 )
 from localspec.backends.gguf import GGUF_MAGIC
+from localspec.backends.pieces import PieceTokenizer, splitters
 from localspec.backends.seq_layout import Layout, Part
 
+# a prompt this long (~2k tokens, ~3 ms to tokenize) or longer is tokenized in pieces: the
+# first one costs a look at every token's attributes (~50 ms for Qwen's 152k)
+PIECES_FROM = 8192
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 
 
@@ -440,15 +444,53 @@ class LlamaModel(Model):
 
     # --- vocabulary --------------------------------------------------------------
     def tokenize(self, text: str, special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
         add_bos = special and not self._starts_with_bos(text)
+        if special and len(text) >= PIECES_FROM and self._pieces is not None:
+            return self._pieces.tokenize(text, add_bos)
+        return self._tokenize(text, add_bos, special)
+
+    def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
         cap = len(data) + 8
         buf = (ll.llama_token * cap)()
-        n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
+        n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
         if n < 0:
             buf = (ll.llama_token * -n)()
-            n = ll.llama_tokenize(self._vocab, data, len(data), buf, -n, add_bos, special)
+            n = ll.llama_tokenize(self._vocab, data, len(data), buf, -n, add_special, parse_special)
         return list(buf[:n])
+
+    @cached_property
+    def _pieces(self) -> PieceTokenizer | None:
+        """A prompt's pieces between the chat template's control tokens tokenized once
+        (localspec.backends.pieces); None where this vocabulary does not allow it."""
+        if (
+            self.vocab_kind not in ("bpe", "spm")
+            or self.metadata("tokenizer.ggml.model") not in ("gpt2", "llama")
+            or ll.llama_vocab_get_add_eos(self._vocab)
+        ):
+            return None
+        specials = self.special_tokens()
+        found = splitters(specials, self.chat_template() or "") if specials else {}
+        if not found:
+            return None
+        return PieceTokenizer(lambda text, add: self._tokenize(text, add, True), found)
+
+    def special_tokens(self) -> list[tuple[int, str, bool]] | None:
+        """The tokens llama.cpp parses as special in a text (its cache_special_tokens):
+        (id, text, whether it strips whitespace beside it); None where a text is not
+        UTF-8 (its bytes could match where no whole character does)."""
+        special = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_USER_DEFINED
+        special |= ll.LLAMA_TOKEN_ATTR_UNKNOWN
+        strips = ll.LLAMA_TOKEN_ATTR_LSTRIP | ll.LLAMA_TOKEN_ATTR_RSTRIP
+        found = []
+        for t in range(self.n_vocab):
+            if (attr := ll.llama_vocab_get_attr(self._vocab, t)) & special:
+                try:
+                    text = (ll.llama_vocab_get_text(self._vocab, t) or b"").decode("utf-8")
+                except UnicodeDecodeError:
+                    return None
+                found.append((t, text, bool(attr & strips)))
+        return found
 
     def _starts_with_bos(self, text: str) -> bool:
         bos = ll.llama_vocab_bos(self._vocab)
