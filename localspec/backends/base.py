@@ -80,6 +80,9 @@ def common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
     return lo
 
 
+MEMO_FROM = 1024  # shorter lists are compared outright: it costs less than the bookkeeping
+
+
 class Tokens(list[int]):
     """A token list that logs its changes: appending is free, and any other change (a
     cut, an assignment) notes the first position it touched. Each round asks how much of
@@ -125,17 +128,10 @@ class Tokens(list[int]):
             del self._agreed[next(iter(self._agreed))]  # the oldest
         self._agreed[id(other)] = (weakref.ref(other), other.changes, self.changes, n)
 
-    @contextmanager
-    def trying(self, more: Sequence[int]) -> Iterator[Tokens]:
-        """This list with `more` after it for the `with` block (a draft read for one
+    def trying(self, more: Sequence[int]) -> Trial:
+        """This list with `more` after it for a `with` block (a draft read for one
         pass), then as it was."""
-        n = len(self)
-        self.extend(more)
-        try:
-            yield self
-        finally:
-            if len(self) > n:
-                del self[n:]
+        return Trial(self, more)
 
     def follow(self, tokens: Sequence[int]) -> int:
         """Become a copy of `tokens`, keeping the prefix shared with it (its length is
@@ -144,7 +140,7 @@ class Tokens(list[int]):
         if n < len(self):
             del self[n:]
         self.extend(tokens[n:])
-        if isinstance(tokens, Tokens):
+        if len(self) >= MEMO_FROM and isinstance(tokens, Tokens):
             self.agree(tokens, len(self))
         return n
 
@@ -201,6 +197,24 @@ class Tokens(list[int]):
         return Tokens, (list(self),)  # a copy agrees with nothing yet
 
 
+class Trial:
+    """`Tokens.trying`'s block (a class: a generator's context manager costs more, and
+    a plain round runs one)."""
+
+    __slots__ = ("n", "tokens")
+
+    def __init__(self, tokens: Tokens, more: Sequence[int]) -> None:
+        self.tokens, self.n = tokens, len(tokens)
+        tokens.extend(more)
+
+    def __enter__(self) -> Tokens:
+        return self.tokens
+
+    def __exit__(self, *exc: object) -> None:
+        if len(self.tokens) > self.n:
+            del self.tokens[self.n :]
+
+
 @contextmanager
 def followed_by(tokens: Sequence[int], more: Sequence[int]) -> Iterator[list[int]]:
     """`tokens` then `more`, for a `with` block that may append to it: a Tokens lends
@@ -219,7 +233,7 @@ def shared_prefix(stored: list[int], tokens: Sequence[int]) -> int:
     compares one object with itself by its address, equal ints of two objects by value,
     four times slower, and a chat re-tokenized for each request has new objects for its
     earlier turns."""
-    if isinstance(stored, Tokens) and isinstance(tokens, Tokens):
+    if len(stored) >= MEMO_FROM and isinstance(stored, Tokens) and isinstance(tokens, Tokens):
         n = _shared_from(stored, tokens, stored.agreed(tokens))
         stored.agree(tokens, n)
         return n

@@ -2,8 +2,8 @@
 
 An agent re-sends its whole conversation with every request, and a chat's next turn
 repeats the ones before: at 20k tokens llama.cpp's tokenizer takes ~34 ms of a CPU core
-(`scripts/agent_overhead.py`), about what a GPU takes to read the turn's new tokens, on
-every request (llama-server pays it too). A chat template puts control tokens
+(`scripts/engine_overhead.py --suite agent`), about what a GPU takes to read the turn's
+new tokens, on every request (llama-server pays it too). A chat template puts control tokens
 (`<|im_start|>`, `<end_of_turn>`) between the messages, and llama.cpp tokenizes the text
 between two special tokens on its own (`tokenizer_st_partition`, then each raw fragment
 alone), so only the pieces a request adds need its tokenizer.
