@@ -26,7 +26,7 @@ import argparse
 import mmap
 import struct
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -298,12 +298,15 @@ def add_mamba_layers(writer: gguf.GGUFWriter, spec: TinySpec, rng: np.random.Gen
         writer.add_tensor(f"{blk}.ssm_out.weight", _weight(rng, spec.n_embd, d_inner))
 
 
-def build_pair(vocab_path: Path, out_dir: Path, seed: int = 0) -> tuple[Path, Path]:
-    """The tiny target and draft, built from one vocabulary GGUF into `out_dir`."""
+def build_pair(
+    vocab_path: Path, out_dir: Path, seed: int = 0, n_ctx: int = TARGET.n_ctx
+) -> tuple[Path, Path]:
+    """The tiny target and draft, built from one vocabulary GGUF into `out_dir`, with a
+    training context of `n_ctx` tokens (the most llama.cpp gives them)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab = read_vocab(vocab_path)
-    target = build(TARGET, vocab, out_dir / f"{TARGET.name}.gguf", seed)
-    draft = build(DRAFT, vocab, out_dir / f"{DRAFT.name}.gguf", seed + 1)
+    target = build(replace(TARGET, n_ctx=n_ctx), vocab, out_dir / f"{TARGET.name}.gguf", seed)
+    draft = build(replace(DRAFT, n_ctx=n_ctx), vocab, out_dir / f"{DRAFT.name}.gguf", seed + 1)
     return target, draft
 
 
@@ -312,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=Path, required=True, help="GGUF to take tokenizer.* from")
     parser.add_argument("--out-dir", type=Path, default=Path("tiny-models"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--n-ctx", type=int, default=TARGET.n_ctx, help="training context")
     args = parser.parse_args(argv)
-    for path in build_pair(args.vocab, args.out_dir, args.seed):
+    for path in build_pair(args.vocab, args.out_dir, args.seed, args.n_ctx):
         print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0
 
