@@ -53,6 +53,7 @@ from localspec.decoding.sampling import (
     greedy_token,
     logits_to_probs,
     penalize,
+    recent,
     sample,
 )
 from localspec.decoding.text import LineRule, TextStream
@@ -292,7 +293,7 @@ class Engine:
         self,
         logits: np.ndarray,
         params: SamplingParams,
-        history: list[int],
+        history: Sequence[int],
         rng: np.random.Generator,
         state: GrammarState | None = None,
     ) -> int:
@@ -320,13 +321,13 @@ class Engine:
                 argmax = np.argmax(logits, axis=1).tolist()
             else:
                 argmax = [
-                    greedy_token(row, params, tokens + draft.tokens[:i])
+                    greedy_token(row, params, recent(params, tokens, draft.tokens[:i]))
                     for i, row in enumerate(logits)
                 ]
             return verify_greedy(draft.tokens, argmax)
 
         def p(i: int) -> np.ndarray:
-            return logits_to_probs(logits[i], params, tokens + draft.tokens[:i])
+            return logits_to_probs(logits[i], params, recent(params, tokens, draft.tokens[:i]))
 
         return verify_sampled(draft.tokens, draft.q, p, rng)
 
@@ -345,14 +346,15 @@ class Engine:
         if params.greedy:
             argmax: list[int] = []
             for i, here in enumerate(states):
-                history = tokens + draft.tokens[:i]
+                history = recent(params, tokens, draft.tokens[:i])
                 argmax.append(self._choose(logits[i], params, history, rng, here))
                 if i == len(draft.tokens) or argmax[i] != draft.tokens[i]:
                     break
             return verify_greedy(draft.tokens, argmax)
 
         def p(i: int) -> np.ndarray:
-            return masked_probs(next(states), logits[i], params, tokens + draft.tokens[:i])
+            history = recent(params, tokens, draft.tokens[:i])
+            return masked_probs(next(states), logits[i], params, history)
 
         return verify_sampled(draft.tokens, draft.q, p, rng)
 

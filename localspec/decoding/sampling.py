@@ -94,6 +94,17 @@ def penalize(logits: np.ndarray, params: SamplingParams, history: Sequence[int])
     return out
 
 
+def recent(params: SamplingParams, history: Sequence[int], more: Sequence[int]) -> Sequence[int]:
+    """What `penalize` reads of `history` then `more` (a row's text: the context, then
+    the draft before it), without a copy of a long context for each row."""
+    n = params.repeat_last_n
+    if not params.penalized or n == 0:
+        return ()
+    if n == -1:
+        return [*history, *more]
+    return [*history[-n:], *more][-n:]
+
+
 def greedy_token(logits: np.ndarray, params: SamplingParams, history: Sequence[int]) -> int:
     return int(np.argmax(penalize(logits, params, history)))
 

@@ -1,7 +1,14 @@
 import numpy as np
 import pytest
 
-from localspec.decoding.sampling import SamplingParams, logits_to_probs, penalize, sample, top2
+from localspec.decoding.sampling import (
+    SamplingParams,
+    logits_to_probs,
+    penalize,
+    recent,
+    sample,
+    top2,
+)
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.06, 0.04]))
 
@@ -119,3 +126,25 @@ def test_sample_follows_probs():
 def test_bad_params_are_refused(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(repeat_penalty=1.3),
+        SamplingParams(repeat_penalty=1.3, repeat_last_n=3),
+        SamplingParams(frequency_penalty=0.5, repeat_last_n=-1),
+        SamplingParams(presence_penalty=0.5, repeat_last_n=0),
+        SamplingParams(logit_bias=((2, 5.0),)),
+        SamplingParams(),
+    ],
+)
+def test_a_rows_recent_text_penalizes_as_the_whole_text_does(params):
+    """A verify row's penalties read the context and the draft before it through
+    `recent`, not a copy of the whole context: the same penalized logits."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=50).astype(np.float32)
+    context = rng.integers(0, 50, size=200).tolist()
+    for drafted in ([], [1], [4, 4, 7], list(range(5)) * 14):
+        whole = penalize(logits, params, context + drafted)
+        assert np.array_equal(penalize(logits, params, recent(params, context, drafted)), whole)
