@@ -88,9 +88,9 @@ class Tokens(list[int]):
     cut, an assignment) notes the first position it touched. Each round asks how much of
     a kept list (a cache's, an index's) still agrees with the context; two Tokens answer
     from where they last agreed, in time proportional to what changed since, not to the
-    context (at 30k tokens the whole-context checks and copies had cost `auto` ~0.45 ms a
-    round on a CPU, plain decoding ~0.25 ms: 5-10% of a GPU's pass). A change made past
-    the list's methods (C code writing into it) would go unseen; nothing here does that."""
+    context (what that saves a round at 30k tokens: docs/design.md, "The caches"). A
+    change made past the list's methods (C code writing into it) would go unseen; nothing
+    here does that."""
 
     __slots__ = ("__weakref__", "_agreed", "_log", "_log_start")
     LOG_MAX = 1024  # changes kept; past them, agreements made before are forgotten

@@ -24,7 +24,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
-from localspec.backends import rpc
+from localspec.backends import pieces, rpc
 from localspec.backends.base import (
     ContextFull,
     FimTokens,
@@ -34,7 +34,7 @@ from localspec.backends.base import (
     Tokens,
 )
 from localspec.backends.gguf import GGUF_MAGIC
-from localspec.backends.pieces import PieceTokenizer, splitters
+from localspec.backends.pieces import PieceTokenizer
 from localspec.backends.seq_layout import Layout, Part
 
 # a prompt this long (~2k tokens, ~3 ms to tokenize) or longer is tokenized in pieces: the
@@ -461,36 +461,15 @@ class LlamaModel(Model):
 
     @cached_property
     def _pieces(self) -> PieceTokenizer | None:
-        """A prompt's pieces between the chat template's control tokens tokenized once
-        (localspec.backends.pieces); None where this vocabulary does not allow it."""
-        if (
-            self.vocab_kind not in ("bpe", "spm")
-            or self.metadata("tokenizer.ggml.model") not in ("gpt2", "llama")
-            or ll.llama_vocab_get_add_eos(self._vocab)
-        ):
-            return None
-        specials = self.special_tokens()
-        found = splitters(specials, self.chat_template() or "") if specials else {}
-        if not found:
-            return None
-        return PieceTokenizer(lambda text, add: self._tokenize(text, add, True), found)
+        return pieces.for_vocab(
+            self._vocab,
+            self.metadata("tokenizer.ggml.model"),
+            self.chat_template() or "",
+            lambda text, add: self._tokenize(text, add, True),
+        )
 
     def special_tokens(self) -> list[tuple[int, str, bool]] | None:
-        """The tokens llama.cpp parses as special in a text (its cache_special_tokens):
-        (id, text, whether it strips whitespace beside it); None where a text is not
-        UTF-8 (its bytes could match where no whole character does)."""
-        special = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_USER_DEFINED
-        special |= ll.LLAMA_TOKEN_ATTR_UNKNOWN
-        strips = ll.LLAMA_TOKEN_ATTR_LSTRIP | ll.LLAMA_TOKEN_ATTR_RSTRIP
-        found = []
-        for t in range(self.n_vocab):
-            if (attr := ll.llama_vocab_get_attr(self._vocab, t)) & special:
-                try:
-                    text = (ll.llama_vocab_get_text(self._vocab, t) or b"").decode("utf-8")
-                except UnicodeDecodeError:
-                    return None
-                found.append((t, text, bool(attr & strips)))
-        return found
+        return pieces.special_tokens(self._vocab)
 
     def _starts_with_bos(self, text: str) -> bool:
         bos = ll.llama_vocab_bos(self._vocab)

@@ -25,6 +25,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
+import llama_cpp as ll
+
 CACHE_CHARS = 1 << 21  # the kept pieces' text, at most (LRU beyond)
 
 Tokenize = Callable[[str, bool], list[int]]  # (text, add_special) -> tokens, specials parsed
@@ -69,6 +71,40 @@ class PieceTokenizer:
                 old, _ = self._pieces.popitem(last=False)
                 self._chars -= len(old)
         return tokens
+
+
+def for_vocab(
+    vocab: object, model: str | None, template: str, tokenize: Tokenize
+) -> PieceTokenizer | None:
+    """A PieceTokenizer for a llama.cpp vocabulary (its tokenizer.ggml.model, its chat
+    template's text, its whole-text tokenizer); None where the vocabulary does not allow
+    splitting (see the module docstring) or the template writes no safe splitter."""
+    kind = ll.llama_vocab_type(vocab)
+    if kind not in (ll.LLAMA_VOCAB_TYPE_BPE, ll.LLAMA_VOCAB_TYPE_SPM):
+        return None
+    if model not in ("gpt2", "llama") or ll.llama_vocab_get_add_eos(vocab):
+        return None
+    specials = special_tokens(vocab)
+    found = splitters(specials, template) if specials else {}
+    return PieceTokenizer(tokenize, found) if found else None
+
+
+def special_tokens(vocab: object) -> list[tuple[int, str, bool]] | None:
+    """The tokens llama.cpp parses as special in a text (its cache_special_tokens): (id,
+    text, whether it strips whitespace beside it); None where a text is not UTF-8 (its
+    bytes could match where no whole character does)."""
+    special = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_USER_DEFINED
+    special |= ll.LLAMA_TOKEN_ATTR_UNKNOWN
+    strips = ll.LLAMA_TOKEN_ATTR_LSTRIP | ll.LLAMA_TOKEN_ATTR_RSTRIP
+    found = []
+    for t in range(ll.llama_vocab_n_tokens(vocab)):
+        if (attr := ll.llama_vocab_get_attr(vocab, t)) & special:
+            try:
+                text = (ll.llama_vocab_get_text(vocab, t) or b"").decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+            found.append((t, text, bool(attr & strips)))
+    return found
 
 
 def splitters(specials: Iterable[tuple[int, str, bool]], written: str) -> dict[str, int]:
