@@ -81,6 +81,9 @@ def common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
 
 
 MEMO_FROM = 1024  # shorter lists are compared outright: it costs less than the bookkeeping
+# a recurrent model's prompt of CHECKPOINT_FROM tokens or more gets a lasting checkpoint
+# CHECKPOINT_TAIL tokens before its end (llama-server's offset; see Model.evaluate)
+CHECKPOINT_FROM, CHECKPOINT_TAIL = 16, 4
 
 
 class Tokens(list[int]):
@@ -313,19 +316,42 @@ class Model(ABC):
         if read and self.cancel is not None and self.cancel.is_set():
             raise Cancelled(read)
 
-    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    def evaluate(
+        self, tokens: Sequence[int], n_logits: int, checkpoint: bool = False
+    ) -> np.ndarray:
         """Logits of shape (n_logits, n_vocab): row i predicts the token after
-        tokens[: len(tokens) - n_logits + i + 1]. Valid until the next call."""
+        tokens[: len(tokens) - n_logits + i + 1]. Valid until the next call.
+
+        `checkpoint` (a prompt's read): where the cache cannot cut deep (a recurrent
+        state), a long read stops CHECKPOINT_TAIL tokens before its end for a lasting
+        checkpoint, as llama-server's context checkpoints do. The next turn's prompt
+        parts from this one there or later (a thinking model's history drops the
+        reasoning after the assistant's header; an agent's tool call comes back
+        re-written), and its read starts from the checkpoint instead of from the start."""
         if len(tokens) > self.n_ctx:
             raise ContextFull(f"{len(tokens)} tokens do not fit the context of {self.n_ctx}")
         self._cut_to(min(shared_prefix(self.cached, tokens), len(tokens) - n_logits))
-        keep = len(self.cached)
-        new = list(tokens[keep:])
+        new = list(tokens[len(self.cached) :])
         if not new:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         if max(new) >= self.n_vocab or min(new) < 0:
             bad = next(t for t in new if not 0 <= t < self.n_vocab)
             raise ModelError(f"token {bad} is not in {self.name}'s vocabulary of {self.n_vocab}")
+        ahead = len(new) - CHECKPOINT_TAIL
+        if (
+            checkpoint
+            and self.cut_depth is not None
+            and len(new) >= CHECKPOINT_FROM
+            and n_logits <= CHECKPOINT_TAIL
+        ):
+            self._append(new[:ahead], 0)
+            self.checkpoint(lasting=True)
+            new = new[ahead:]
+        return self._append(new, n_logits)
+
+    def _append(self, new: list[int], n_logits: int) -> np.ndarray:
+        """Decode `new` after what the cache holds."""
+        keep = len(self.cached)
         started = time.perf_counter()
         try:
             logits = self._decode(new, keep, n_logits)
@@ -370,10 +396,11 @@ class Model(ABC):
             self.restarts += 1
             self.reset()
 
-    def checkpoint(self) -> None:  # noqa: B027 - optional hook
+    def checkpoint(self, lasting: bool = False) -> None:  # noqa: B027 - optional hook
         """Keep the state as it is now, for a later cut that cannot be made in place (a
         recurrent state's, past its snapshots) to come back to; nothing where every cut
-        can be made in place."""
+        can be made in place. A draft round's replaces the last one's; a `lasting` one
+        (a prompt's, see `evaluate`) stays for later turns."""
 
     def _restore(self, pos: int) -> int | None:
         """Go back to the checkpoint where it lies at or before `pos`: the position it

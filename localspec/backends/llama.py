@@ -36,11 +36,21 @@ from localspec.backends.base import (
 from localspec.backends.gguf import GGUF_MAGIC
 from localspec.backends.pieces import PieceTokenizer
 from localspec.backends.seq_layout import Layout, Part
+from localspec.drafting import LASTING_CHECKPOINTS
 
 # a prompt this long (~2k tokens, ~3 ms to tokenize) or longer is tokenized in pieces: the
 # first one costs a look at every token's attributes (~50 ms for Qwen's 152k)
 PIECES_FROM = 8192
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
+
+
+@dataclass
+class _Kept:
+    """A copy of a sequence's recurrent state after its first `pos` tokens."""
+
+    pos: int
+    state: ctypes.Array[ctypes.c_uint8]
+    lasting: bool
 
 
 _SHOW_LOG = bool(os.environ.get("LOCALSPEC_LLAMA_LOG"))  # read once: this runs per decode
@@ -192,8 +202,8 @@ class LlamaModel(Model):
         self.on_pass: list[Callable[[list[Part]], None]] = []  # hears of each pass (MTP)
         self.on_close: list[Callable[[], None]] = []  # contexts of this model to free first
         self.one_token_s: deque[float] = deque(maxlen=256)  # the last one-token passes' times
-        # sequence -> (position, its recurrent state there): see `checkpoint`
-        self._checkpoints: dict[int, tuple[int, ctypes.Array[ctypes.c_uint8]]] = {}
+        # sequence -> copies of its recurrent state, oldest first: see `keep_state`
+        self._checkpoints: dict[int, list[_Kept]] = {}
         # the slots' threads change their sequences' entries between passes, maybe at
         # once: llama.cpp's cache bookkeeping (one for all in a unified cache) is not
         # for two threads
@@ -317,40 +327,58 @@ class LlamaModel(Model):
                 if drop > self._snapshots or drop >= self._last_pass.get(seq, 0):
                     return False
                 self._last_pass[seq] = 0  # a snapshot is used once
-            return bool(ll.llama_memory_seq_rm(self._mem, self._at(seq), pos, -1))
+            if not ll.llama_memory_seq_rm(self._mem, self._at(seq), pos, -1):
+                return False
+            self._forget(seq, pos)
+            return True
 
-    def keep_state(self, seq: int) -> None:
-        """A copy of sequence `seq`'s recurrent state as it is now (its attention
-        entries stay in the cache): a draft model's, before it drafts a token a pass,
-        whose state no snapshot can take back more than one token."""
+    def keep_state(self, seq: int, lasting: bool = False) -> None:
+        """A copy of sequence `seq`'s recurrent state as it is now (its attention entries
+        stay in the cache), for `back_to_state`: a draft model's before it drafts a token a
+        pass, whose state no snapshot can take back more than one token (each round's
+        replaces the last), or a `lasting` one a few tokens before a prompt's end (the
+        last LASTING_CHECKPOINTS of those are kept)."""
         with self._mem_lock:
             if not self._recurrent:
                 return
             flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part only
             size = ll.llama_state_seq_get_size_ext(self._ctx, self._at(seq), flags)
-            kept = self._checkpoints.get(seq)
-            if kept is not None and len(kept[1]) == size:
-                buf = kept[1]
+            kept = self._checkpoints.setdefault(seq, [])
+            pos = self.seq_len(seq)
+            old = next((k for k in kept if k.pos == pos), None)
+            if old is None and (alike := [k for k in kept if k.lasting == lasting]):
+                old = alike[0] if not lasting or len(alike) >= LASTING_CHECKPOINTS else None
+            if old is not None:
+                kept.remove(old)
+                lasting |= old.lasting and old.pos == pos
+            if old is not None and len(old.state) == size:
+                buf = old.state
             else:
                 buf = (ctypes.c_uint8 * size)()
             ll.llama_state_seq_get_data_ext(self._ctx, buf, size, self._at(seq), flags)
-            self._checkpoints[seq] = (self.seq_len(seq), buf)
+            kept.append(_Kept(pos, buf, lasting))
 
     def back_to_state(self, seq: int, pos: int) -> int | None:
-        """Restore the copy `keep_state` took, where it lies at or before `pos`, and drop
-        the entries after it; its position, or None."""
+        """Restore the latest copy `keep_state` took at or before `pos`, and drop the
+        entries after it; its position, or None."""
         with self._mem_lock:
-            kept = self._checkpoints.get(seq)
-            if kept is None or kept[0] > pos:
+            kept = [k for k in self._checkpoints.get(seq, ()) if k.pos <= pos]
+            if not kept:
                 return None
-            held, buf = kept
-            flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-            at = self._at(seq)
-            if not ll.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), at, flags):
+            best = max(kept, key=lambda k: k.pos)
+            flags, at = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY, self._at(seq)
+            size = len(best.state)
+            if not ll.llama_state_seq_set_data_ext(self._ctx, best.state, size, at, flags):
                 return None
-            ll.llama_memory_seq_rm(self._mem, at, held, -1)  # the attention layers' entries
+            ll.llama_memory_seq_rm(self._mem, at, best.pos, -1)  # the attention layers' entries
             self._last_pass[seq] = 0
-            return held
+            self._forget(seq, best.pos)
+            return best.pos
+
+    def _forget(self, seq: int, pos: int) -> None:
+        """Drop the checkpoints past position `pos`, where the cache no longer reaches."""
+        if kept := self._checkpoints.get(seq):
+            kept[:] = [k for k in kept if k.pos <= pos]
 
     def save_seq(self, seq: int) -> bytearray | None:
         """Sequence `seq`'s cache entries (llama.cpp's sequence state), copied once; None
@@ -376,6 +404,7 @@ class LlamaModel(Model):
         with self._mem_lock:
             at = self._at(seq)
             ll.llama_memory_seq_rm(self._mem, at, -1, -1)
+            self._forget(seq, -1)
             if self._set_state(at, state):
                 return True
             ll.llama_memory_seq_rm(self._mem, at, -1, -1)
@@ -402,8 +431,8 @@ class LlamaModel(Model):
         self.cached = Tokens(tokens if loaded else ())
         return loaded
 
-    def checkpoint(self) -> None:
-        self.keep_state(0)
+    def checkpoint(self, lasting: bool = False) -> None:
+        self.keep_state(0, lasting)
 
     def _restore(self, pos: int) -> int | None:
         return self.back_to_state(0, pos)

@@ -256,7 +256,7 @@ class DraftModel(StepTimes):
         shared with other slots' tokens (a prompt's catch-up among them) says nothing of
         this step's cost, and under load `auto` prices steps by the shared passes."""
         decoded, busy = self.model.decoded, self.model.busy_s
-        logits = self.model.evaluate(seq, 1)[0]
+        logits = self.model.evaluate(seq, 1, checkpoint=True)[0]  # a prompt's: see there
         if not self.model.shared_pass:
             self.time_step(self.model.decoded - decoded, self.model.busy_s - busy)
         return logits

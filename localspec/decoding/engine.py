@@ -148,7 +148,7 @@ class Engine:
         if out.stop_reason is None:
             # prefill: the target alone gives the first token (this is the TTFT), or the
             # one after those recalled (the cache mostly holds them)
-            logits = self.target.evaluate(tokens, 1)
+            logits = self.target.evaluate(tokens, 1, checkpoint=True)
             if config.max_tokens == 0:  # only read the prompt (an editor's warm-up)
                 yield Finished("", (), "max_tokens", rec.snapshot(final=True))
                 return

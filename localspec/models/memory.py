@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.backends.gguf import GgufError, GgufInfo, gguf_info_or_none, split_parts
-from localspec.drafting import GAMMA_MAX
+from localspec.drafting import GAMMA_MAX, LASTING_CHECKPOINTS
 from localspec.models.catalog import ModelEntry, Quant
 from localspec.models.hardware import GiB, Hardware, MiB, fmt_size
 
@@ -54,6 +54,7 @@ class Weights:
     expert_share: float = 1.0  # the share of them one token reads (active / experts)
     state: int = 0  # a recurrent state and its rollback snapshots (hybrid models)
     recurrent_layers: int = 0  # layers with a recurrent state instead of attention
+    kept: int = 0  # copies of the state in RAM: a draft round's and the lasting checkpoints
 
     @property
     def head(self) -> int:
@@ -104,6 +105,7 @@ class Weights:
             # the state and the snapshots a drafting session keeps to roll drafts back
             info.state_bytes * (1 + GAMMA_MAX),
             _recurrent(len(info.layer_bytes), info.attention_every) if info.recurrent else 0,
+            info.state_bytes * (1 + LASTING_CHECKPOINTS),
         )
 
     @classmethod
@@ -246,6 +248,7 @@ def footprint(weights: Weights, n_ctx: int, gpu_layers: int, cpu_moe: int = 0) -
         + (n - on_gpu) * kv_layer
         + weights.state
         - state_on_gpu
+        + weights.kept
         + weights.embd
         + HOST_OVERHEAD
         + (0 if head_on_gpu else weights.output)

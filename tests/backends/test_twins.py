@@ -178,6 +178,83 @@ def test_a_cut_past_the_last_pass_re_reads_instead_of_using_a_stale_snapshot(twi
         fresh.close()
 
 
+def next_turn(model, prompt: list[int], answer: Sequence[int]) -> list[int]:
+    """The next turn's prompt as a thinking model's template writes it: the history
+    drops the reasoning that followed the last prompt's assistant header, so the new
+    prompt parts from the old one 2 tokens before its end."""
+    return [*prompt[:-2], *answer, *model.tokenize(" and then?", special=False)]
+
+
+def test_a_hybrids_next_turn_reads_on_from_a_checkpoint_before_the_last_prompts_end(
+    twins,
+) -> None:
+    """A recurrent state cannot drop the last answer, so a next turn that parts from
+    the text before it used to read the whole conversation again. The prompt's read
+    keeps a lasting checkpoint 4 tokens before its end (llama-server's), and the next
+    turn reads on from there; its answer is plain decoding's."""
+    from localspec.backends.base import CHECKPOINT_TAIL
+
+    model, alone = load(twins["hybrid"], rollback=GAMMA), load(twins["hybrid"])
+    try:
+        engine = Engine(model, NgramDrafter(), GAMMA)
+        prompt = model.tokenize("def fibonacci(n):\n    if n < 2:\n        return n\n" * 4)
+        first = list(engine.generate(prompt, GenerationConfig(12)))[-1]
+        assert isinstance(first, Finished)
+        for _ in range(2):  # the second turn from the first's checkpoint, the third from its own
+            last, prompt = prompt, next_turn(model, prompt, first.tokens)
+            read = model.decoded
+            list(engine.generate(prompt, GenerationConfig(0)))  # the prompt only
+            assert model.decoded - read == len(prompt) - (len(last) - CHECKPOINT_TAIL)
+            first = list(engine.generate(prompt, GenerationConfig(12)))[-1]
+            assert isinstance(first, Finished)
+            assert model.restarts == 0
+            want, pieces = plain_answer(alone, prompt, 12)
+            assert_plain(first.tokens, want.tokens, pieces)
+    finally:
+        model.close()
+        alone.close()
+
+
+def test_a_hybrids_checkpoints_are_the_last_two_prompts_and_the_last_draft_round(twins) -> None:
+    """What the backend keeps of a sequence's state (each copy costs its size in RAM):
+    a round's copy replaces the last round's, the two latest lasting ones stay, a cut
+    forgets those past it, and a return comes back to the latest at or before the cut,
+    its state a fresh read's."""
+    from localspec.backends.gguf import gguf_info
+    from localspec.drafting import LASTING_CHECKPOINTS
+    from localspec.models.memory import Weights
+
+    model, fresh = load(twins["hybrid"], rollback=GAMMA), load(twins["hybrid"])
+    try:
+        text = model.tokenize("one two three four five six seven eight nine ten " * 3)
+
+        def kept() -> list[tuple[int, bool]]:
+            return [(k.pos, k.lasting) for k in model._checkpoints[0]]
+
+        for end, lasting in ((5, True), (8, False), (11, True), (14, False), (17, True)):
+            model.evaluate(text[:end], 1)
+            model.checkpoint(lasting)
+        assert sorted(kept()) == [(11, True), (14, False), (17, True)]
+        model.evaluate(text[:24], 1)
+        model.checkpoint()
+        assert sorted(kept()) == [(11, True), (17, True), (24, False)]
+        assert model.remove_from(0, 24 - 2)  # a snapshot takes back 2 of the last pass
+        assert sorted(kept()) == [(11, True), (17, True)]
+        model.rollback(text[:19])  # past every snapshot: back to 17
+        assert model.cached == text[:17] and model.restarts == 0
+        got = model.evaluate([*text[:17], 7, 8], 1)
+        assert np.allclose(got, fresh.evaluate([*text[:17], 7, 8], 1), atol=1e-3)
+        model.rollback(text[:12])
+        assert model.cached == text[:11] and kept() == [(11, True)]
+        # the planner counts them in RAM, each the size of llama.cpp's copy
+        weights = Weights.from_gguf(gguf_info(twins["hybrid"]))
+        copy = len(model._checkpoints[0][0].state)
+        assert abs(weights.kept - (1 + LASTING_CHECKPOINTS) * copy) < 0.01 * weights.kept
+    finally:
+        model.close()
+        fresh.close()
+
+
 @pytest.mark.parametrize(
     ("kind", "drafter"),
     # the MoE twin, like Qwen3-Coder-30B-A3B, has no MTP head
@@ -815,6 +892,54 @@ def test_serve_slots_on_the_hybrid_twin_answer_as_plain_decoding(twins) -> None:
         loop.close()
         alone.close()
         session.close()
+
+
+def answer(worker, loop, prompt: list[int], max_tokens: int) -> Finished:
+    job = loop.job(prompt, max_tokens)
+    worker.submit(job)
+    end = loop.wait(job)
+    assert isinstance(end, Finished), end
+    return end
+
+
+def test_a_conversations_next_turn_on_a_hybrid_slot_reads_on_from_its_checkpoint(twins) -> None:
+    """Through serve's slots, with the target's MTP head and with a hybrid draft model:
+    the next turn of a conversation (parting from the last prompt before its end) is
+    read from the slot's checkpoint in the target and in the draft model, not again
+    from the start, and its answer is plain decoding's."""
+    from server.test_slots_real import Loop
+
+    from localspec.backends.base import CHECKPOINT_TAIL
+    from localspec.backends.llama import LoadOptions
+    from localspec.server.worker import Worker
+    from localspec.session import SessionConfig, open_session
+
+    load_options = LoadOptions(n_ctx=512, n_threads=2, n_seq=2, kv_unified=True)
+    alone = load(twins["hybrid"])
+    for draft in ("mtp", str(twins["hybrid-hybrid-draft"])):
+        config = SessionConfig(
+            str(twins["hybrid"]), draft, GAMMA, load_options, load_options, p_min=0.0
+        )
+        session = open_session(config)
+        worker, loop = Worker(session, max_queue=4, parallel=2), Loop()
+        worker.start()
+        try:
+            prompt = session.target.tokenize("def fibonacci(n):\n    return n\n" * 6)
+            end = answer(worker, loop, prompt, 12)
+            last, prompt = prompt, next_turn(session.target, prompt, end.tokens)
+            slot = next(s for s in worker.slots if s.views[0].cached[: len(last)] == last)
+            read = slot.views[0].decoded
+            answer(worker, loop, prompt, 0)  # the prompt only
+            assert slot.views[0].decoded - read == len(prompt) - (len(last) - CHECKPOINT_TAIL)
+            end = answer(worker, loop, prompt, 12)
+            assert all(v.restarts == 0 for s in worker.slots for v in s.views), draft
+            want, pieces = plain_answer(alone, prompt, 12)
+            assert_plain(end.tokens, want.tokens, pieces)
+        finally:
+            worker.stop()
+            loop.close()
+            session.close()
+    alone.close()
 
 
 def test_the_chats_draft_model_setting_drafts_with_the_targets_mtp_head(twins) -> None:
