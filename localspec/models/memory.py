@@ -18,7 +18,7 @@ llama.cpp fills in proportion to their free memory; the draft stays here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localspec.backends.gguf import GgufError, GgufInfo, gguf_info_or_none, split_parts
@@ -225,11 +225,15 @@ def compute_bytes(weights: Weights, n_ctx: int) -> int:
     return 4 * UBATCH * (weights.vocab + 8 * weights.embedding + n_ctx // 8)
 
 
-def footprint(weights: Weights, n_ctx: int, gpu_layers: int, cpu_moe: int = 0) -> tuple[int, int]:
+def footprint(
+    weights: Weights, n_ctx: int, gpu_layers: int, cpu_moe: int = 0, seqs: int = 1
+) -> tuple[int, int]:
     """(VRAM, RAM) bytes of one model with `gpu_layers` offloaded (llama.cpp's count:
     more than the layer count puts the output head on the GPU too) and the routed experts
-    of the first `cpu_moe` layers kept in RAM."""
+    of the first `cpu_moe` layers kept in RAM; `seqs` sequences (serve's slots) share
+    the n_ctx cells of the KV cache, and each has a recurrent state of its own."""
     n = len(weights.layers)
+    weights = replace(weights, state=weights.state * seqs, kept=weights.kept * seqs)
     on_gpu = max(0, min(gpu_layers, n))
     head_on_gpu = gpu_layers > n
     kv_layer = n_ctx * weights.kv_per_token_layer
@@ -263,32 +267,40 @@ def footprint(weights: Weights, n_ctx: int, gpu_layers: int, cpu_moe: int = 0) -
 
 
 def place(
-    target: Weights, draft: Weights | None, n_ctx: int, budget: Budget, hw: Hardware
+    target: Weights,
+    draft: Weights | None,
+    n_ctx: int,
+    budget: Budget,
+    hw: Hardware,
+    seqs: int = 1,
 ) -> Placement | None:
     """The draft wholly on the GPU (if there is one), then as many target layers as
     fit; None when not even the all-CPU placement fits. With a usable GPU a draft that
-    does not fit there wholly is not placed at all (llama.cpp would offload it anyway)."""
+    does not fit there wholly is not placed at all (llama.cpp would offload it anyway).
+    `seqs` sequences share the n_ctx cells (see `footprint`)."""
     draft_vram = draft_ram = 0
     draft_on_gpu = False
     if draft is not None:
         if hw.gpu_usable:
-            draft_vram, draft_ram = footprint(draft, n_ctx, len(draft.layers) + 1)
+            draft_vram, draft_ram = footprint(draft, n_ctx, len(draft.layers) + 1, seqs=seqs)
             if not budget.holds(draft_vram, draft_ram):
                 return None
             draft_on_gpu = True
         else:
-            draft_vram, draft_ram = footprint(draft, n_ctx, 0)
+            draft_vram, draft_ram = footprint(draft, n_ctx, 0, seqs=seqs)
     if budget.remote:
-        return _place_on_servers(target, n_ctx, budget, hw, draft_on_gpu, draft_vram, draft_ram)
+        return _place_on_servers(
+            target, n_ctx, budget, hw, draft_on_gpu, draft_vram, draft_ram, seqs
+        )
     top = len(target.layers) + 1 if hw.gpu_usable else 0
     if target.is_moe and top:
         for cpu_moe in range(len(target.layers) + 1):  # the fewest experts in RAM that fit
-            target_vram, target_ram = footprint(target, n_ctx, top, cpu_moe)
+            target_vram, target_ram = footprint(target, n_ctx, top, cpu_moe, seqs)
             vram, ram = draft_vram + target_vram, draft_ram + target_ram
             if budget.holds(vram, ram):
                 return Placement(n_ctx, top, draft_on_gpu, vram, ram, cpu_moe=cpu_moe)
     for layers in range(top, -1, -1):
-        target_vram, target_ram = footprint(target, n_ctx, layers)
+        target_vram, target_ram = footprint(target, n_ctx, layers, seqs=seqs)
         vram, ram = draft_vram + target_vram, draft_ram + target_ram
         if budget.holds(vram, ram):
             return Placement(n_ctx, layers, draft_on_gpu, vram, ram)
@@ -303,11 +315,12 @@ def _place_on_servers(
     draft_on_gpu: bool,
     draft_vram: int,
     draft_ram: int,
+    seqs: int = 1,
 ) -> Placement | None:
     """Every target layer and the head on the devices: the servers' and the local GPUs'
     share in proportion to what each has free (llama.cpp's split)."""
     layers = len(target.layers) + 1
-    on_devices, ram = footprint(target, n_ctx, layers)
+    on_devices, ram = footprint(target, n_ctx, layers, seqs=seqs)
     gpu_free = max(0, budget.vram - draft_vram) if hw.gpu_usable else 0
     local = on_devices * gpu_free // (gpu_free + budget.remote)
     remote = on_devices - local
@@ -334,7 +347,7 @@ def slots_that_fit(
     if one is None:
         return 1
     for n in range(most, 1, -1):
-        more = place(target, draft, n * n_ctx, budget, hw)
+        more = place(target, draft, n * n_ctx, budget, hw, seqs=n)
         if (
             more is not None
             and more.target_layers >= one.target_layers

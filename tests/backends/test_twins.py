@@ -832,19 +832,23 @@ def test_a_moe_targets_draft_is_priced_by_the_experts_a_token_reads(twins) -> No
 def test_the_planner_counts_the_hybrids_state_and_its_snapshots_as_llama_cpp_does(
     twins, monkeypatch, capsys
 ) -> None:
-    """One sequence's recurrent state and the GAMMA_MAX snapshots a drafting session
-    asks for: what llama.cpp allocates ("RS buffer")."""
+    """A sequence's recurrent state and the GAMMA_MAX snapshots a drafting session asks
+    for, for each sequence: what llama.cpp allocates ("RS buffer")."""
     import re
 
     from localspec.backends.gguf import gguf_info
     from localspec.drafting import GAMMA_MAX
-    from localspec.models.memory import Weights
+    from localspec.models.memory import Weights, footprint
 
-    log = llama_log(twins["hybrid"], monkeypatch, capsys, rollback=GAMMA_MAX)
-    found = re.search(r"CPU RS buffer size\s*=\s*([\d.]+) MiB", log)
-    assert found
     weights = Weights.from_gguf(gguf_info(twins["hybrid"]))
-    assert abs(weights.state / 2**20 - float(found.group(1))) < 0.01 * weights.state / 2**20
+    for seqs in (1, 4):  # serve's slots: a state each (memory.footprint's `seqs`)
+        log = llama_log(twins["hybrid"], monkeypatch, capsys, rollback=GAMMA_MAX, n_seq=seqs)
+        found = re.search(r"CPU RS buffer size\s*=\s*([\d.]+) MiB", log)
+        assert found
+        _, ram = footprint(weights, 512, 0, seqs=seqs)
+        _, alone = footprint(replace(weights, state=0, kept=0), 512, 0, seqs=seqs)
+        state = ram - alone - seqs * weights.kept
+        assert abs(state / 2**20 - float(found.group(1))) < 0.01 * state / 2**20
 
 
 # --- serve's slots on the hybrid twin: each sequence's state rolls back on its own -----

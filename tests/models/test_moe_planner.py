@@ -121,3 +121,23 @@ def test_a_hybrids_kv_cache_counts_its_attention_layers_only() -> None:
     assert weights.kv_per_token_layer * len(weights.layers) == model.shape.kv_bytes_per_token()
     dense_like = 2 * 64 * 4 * 256 * 2  # were all 64 layers attention
     assert model.shape.kv_bytes_per_token() * 4 == dense_like
+
+
+def test_each_slot_of_a_hybrid_holds_a_recurrent_state_of_its_own() -> None:
+    """llama.cpp keeps a recurrent state and its snapshots per sequence (the real test:
+    test_twins' RS buffer at four sequences); serve's slots count them each, so a card
+    that holds four slots' KV cells but not four states gets fewer slots."""
+    from localspec.models.memory import slots_that_fit
+
+    model = CATALOG.model("qwen3.6-27b")
+    state = 9 * 150 * 2**20  # Qwen3.6-27B's state and 8 snapshots, a sequence
+    weights = replace(Weights.estimate(model, model.quant()), state=state, kept=3 * state // 9)
+    one, four = (footprint(weights, 8192, 65, seqs=n) for n in (1, 4))
+    assert four[0] - one[0] == 3 * state  # on the GPU with its layers
+    assert four[1] - one[1] == 3 * weights.kept  # the copies in RAM
+    for vram, slots in ((20, 1), (24, 3), (40, 4)):  # a 24 GB card: 3 slots, not 4
+        hw = apply(DESKTOP, Overrides(vram=vram * GiB))
+        budget = memory_budget(hw)
+        assert slots_that_fit(weights, None, 8192, budget, hw) == slots
+        stateless = replace(weights, state=0, kept=0)
+        assert slots_that_fit(stateless, None, 8192, budget, hw) == 4
