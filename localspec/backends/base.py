@@ -86,6 +86,19 @@ MEMO_FROM = 1024  # shorter lists are compared outright: it costs less than the 
 CHECKPOINT_FROM, CHECKPOINT_TAIL = 16, 4
 
 
+class SeqState(bytearray):
+    """A model's saved cache (`Model.save_state`): llama.cpp's bytes for it, and what a
+    recurrent model keeps beside them, `kept` (its lasting checkpoints: opaque here,
+    `kept_bytes` in all), which comes back with it."""
+
+    kept: tuple[Any, ...] = ()
+    kept_bytes = 0
+
+    @property
+    def size(self) -> int:
+        return len(self) + self.kept_bytes
+
+
 class Tokens(list[int]):
     """A token list that logs its changes: appending is free, and any other change (a
     cut, an assignment) notes the first position it touched. Each round asks how much of

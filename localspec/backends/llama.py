@@ -31,6 +31,7 @@ from localspec.backends.base import (
     LoadFailed,
     Model,
     ModelError,
+    SeqState,
     Tokens,
 )
 from localspec.backends.gguf import GGUF_MAGIC
@@ -51,6 +52,10 @@ class _Kept:
     pos: int
     state: ctypes.Array[ctypes.c_uint8]
     lasting: bool
+
+
+def _copy(state: ctypes.Array[ctypes.c_uint8]) -> ctypes.Array[ctypes.c_uint8]:
+    return (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
 
 
 _SHOW_LOG = bool(os.environ.get("LOCALSPEC_LLAMA_LOG"))  # read once: this runs per decode
@@ -380,18 +385,24 @@ class LlamaModel(Model):
         if kept := self._checkpoints.get(seq):
             kept[:] = [k for k in kept if k.pos <= pos]
 
-    def save_seq(self, seq: int) -> bytearray | None:
-        """Sequence `seq`'s cache entries (llama.cpp's sequence state), copied once; None
-        for a recurrent model, whose snapshots would not come back with it."""
+    def save_seq(self, seq: int) -> SeqState | None:
+        """Sequence `seq`'s cache entries (llama.cpp's sequence state), copied once; a
+        recurrent model's with its lasting checkpoints (its snapshots stay behind: they
+        are the last pass's, of whatever text the sequence holds by then)."""
         with self._mem_lock:
-            return None if self._recurrent else self._get_state(self._at(seq))
+            state = self._get_state(self._at(seq))
+            if state is not None and self._recurrent:
+                kept = [k for k in self._checkpoints.get(seq, ()) if k.lasting]
+                state.kept = tuple(_Kept(k.pos, _copy(k.state), True) for k in kept)
+                state.kept_bytes = sum(len(k.state) for k in kept)
+            return state
 
     def _has(self, at: int) -> bool:
         return ll.llama_memory_seq_pos_max(self._mem, at) >= 0
 
-    def _get_state(self, at: int) -> bytearray | None:
+    def _get_state(self, at: int) -> SeqState | None:
         size = ll.llama_state_seq_get_size(self._ctx, at)
-        state = bytearray(size)
+        state = SeqState(size)
         got = ll.llama_state_seq_get_data(self._ctx, c_bytes(state), size, at)
         return state if got == size else None
 
@@ -405,7 +416,11 @@ class LlamaModel(Model):
             at = self._at(seq)
             ll.llama_memory_seq_rm(self._mem, at, -1, -1)
             self._forget(seq, -1)
+            self._last_pass[seq] = 0  # no snapshot holds this text
             if self._set_state(at, state):
+                if isinstance(state, SeqState) and state.kept:  # copies: see keep_state
+                    kept = [_Kept(k.pos, _copy(k.state), True) for k in state.kept]
+                    self._checkpoints[seq] = kept
                 return True
             ll.llama_memory_seq_rm(self._mem, at, -1, -1)
             return False
@@ -413,9 +428,9 @@ class LlamaModel(Model):
     def copy_seq(self, src: int, dst: int, n: int) -> int | None:
         """Sequence `src`'s first n cache entries as sequence `dst`'s, its own dropped:
         how many it holds then; None (`dst` as it was) where `src` cannot be copied out
-        (a recurrent model)."""
+        or cut there (a recurrent model)."""
         with self._mem_lock:
-            state = self.save_seq(src)
+            state = None if self._recurrent else self.save_seq(src)
             if state is None:
                 return None
             if not self.load_seq(dst, state):

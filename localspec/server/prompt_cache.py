@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from localspec.backends.base import SeqState
+
 
 @dataclass(frozen=True, eq=False)
 class Saved:
@@ -22,7 +24,7 @@ class Saved:
 
     @property
     def size(self) -> int:
-        return sum(len(state) for _tokens, state in self.states)
+        return sum(s.size if isinstance(s, SeqState) else len(s) for _tokens, s in self.states)
 
 
 class PromptCache:

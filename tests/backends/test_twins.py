@@ -946,6 +946,70 @@ def test_a_conversations_next_turn_on_a_hybrid_slot_reads_on_from_its_checkpoint
     alone.close()
 
 
+def test_a_hybrids_saved_cache_comes_back_with_its_checkpoints_not_its_snapshots(twins) -> None:
+    """`--cache-ram` for a hybrid: the saved state carries its lasting checkpoints, and
+    the snapshots left in llama.cpp (another text's by then) are never used for it."""
+    from localspec.backends.base import CHECKPOINT_TAIL
+
+    model, fresh = load(twins["hybrid"], rollback=GAMMA), load(twins["hybrid"])
+    try:
+        text = model.tokenize("one two three four five six seven eight nine ten " * 3)
+        other = model.tokenize("SELECT name FROM users WHERE id = 1;" * 3)
+        model.evaluate(text, 1, checkpoint=True)
+        state = model.save_state()
+        assert state is not None
+        model.evaluate(other, 1)
+        model.evaluate([*other, 1, 2, 3, 4, 5], GAMMA + 1)  # snapshots of this text
+        assert model.load_state(text, state)
+        model.rollback(text[:-2])  # within a snapshot's reach, had it been this text's
+        assert model.cached == text[: len(text) - CHECKPOINT_TAIL] and model.restarts == 0
+        got = model.evaluate([*text[:-2], 7], 1)
+        assert np.allclose(got, fresh.evaluate([*text[:-2], 7], 1), atol=1e-3)
+    finally:
+        model.close()
+        fresh.close()
+
+
+def test_a_hybrid_conversation_whose_slot_went_to_another_comes_back_from_ram(twins) -> None:
+    """One slot, two conversations (`--cache-ram`): the first's cache goes to RAM with its
+    checkpoints while the second takes the slot, and its next turn (parting from its
+    last prompt before that prompt's end) loads it and reads on from the checkpoint: no
+    restart, its answer plain decoding's."""
+    from server.test_slots_real import Loop
+
+    from localspec.backends.base import CHECKPOINT_TAIL
+    from localspec.backends.llama import LoadOptions
+    from localspec.server.worker import Worker
+    from localspec.session import SessionConfig, open_session
+
+    load_options = LoadOptions(n_ctx=1024, n_threads=2)
+    config = SessionConfig(
+        str(twins["hybrid"]), "ngram", GAMMA, load_options, load_options, p_min=0.0
+    )
+    session, alone = open_session(config), load(twins["hybrid"], n_ctx=1024)
+    worker, loop = Worker(session, max_queue=4, parallel=1, cache_ram=1 << 30), Loop()
+    worker.start()
+    target = session.target
+    try:
+        first = target.tokenize("def fibonacci(n):\n    return n\n" * 40)
+        end = answer(worker, loop, first, 12)
+        answer(worker, loop, target.tokenize("SELECT name FROM users;\n" * 40), 12)
+        assert worker.prompt_cache is not None and worker.prompt_cache.entries()
+        prompt = next_turn(target, first, end.tokens)
+        read = target.decoded
+        answer(worker, loop, prompt, 0)  # the prompt only
+        assert target.decoded - read == len(prompt) - (len(first) - CHECKPOINT_TAIL)
+        end = answer(worker, loop, prompt, 12)
+        assert target.restarts == 0
+        want, pieces = plain_answer(alone, prompt, 12)
+        assert_plain(end.tokens, want.tokens, pieces)
+    finally:
+        worker.stop()
+        loop.close()
+        session.close()
+        alone.close()
+
+
 def test_the_chats_draft_model_setting_drafts_with_the_targets_mtp_head(twins) -> None:
     """In the chat, "draft model" is the target's own head where it has no other."""
     from localspec.backends.llama import LoadOptions
