@@ -906,6 +906,19 @@ def answer(worker, loop, prompt: list[int], max_tokens: int) -> Finished:
     return end
 
 
+def assert_reads_on_from_the_checkpoint(worker, loop, view, alone, last, prompt) -> None:
+    """The next turn `prompt` (after `last`) is read from the checkpoint 4 tokens before
+    `last`'s end, by `view` (a slot's target), and answered as plain decoding answers it."""
+    from localspec.backends.base import CHECKPOINT_TAIL
+
+    read = view.decoded
+    answer(worker, loop, prompt, 0)  # the prompt only
+    assert view.decoded - read == len(prompt) - (len(last) - CHECKPOINT_TAIL)
+    end = answer(worker, loop, prompt, 12)
+    want, pieces = plain_answer(alone, prompt, 12)
+    assert_plain(end.tokens, want.tokens, pieces)
+
+
 def test_a_conversations_next_turn_on_a_hybrid_slot_reads_on_from_its_checkpoint(twins) -> None:
     """Through serve's slots, with the target's MTP head and with a hybrid draft model:
     the next turn of a conversation (parting from the last prompt before its end) is
@@ -913,7 +926,6 @@ def test_a_conversations_next_turn_on_a_hybrid_slot_reads_on_from_its_checkpoint
     from the start, and its answer is plain decoding's."""
     from server.test_slots_real import Loop
 
-    from localspec.backends.base import CHECKPOINT_TAIL
     from localspec.backends.llama import LoadOptions
     from localspec.server.worker import Worker
     from localspec.session import SessionConfig, open_session
@@ -932,13 +944,8 @@ def test_a_conversations_next_turn_on_a_hybrid_slot_reads_on_from_its_checkpoint
             end = answer(worker, loop, prompt, 12)
             last, prompt = prompt, next_turn(session.target, prompt, end.tokens)
             slot = next(s for s in worker.slots if s.views[0].cached[: len(last)] == last)
-            read = slot.views[0].decoded
-            answer(worker, loop, prompt, 0)  # the prompt only
-            assert slot.views[0].decoded - read == len(prompt) - (len(last) - CHECKPOINT_TAIL)
-            end = answer(worker, loop, prompt, 12)
+            assert_reads_on_from_the_checkpoint(worker, loop, slot.views[0], alone, last, prompt)
             assert all(v.restarts == 0 for s in worker.slots for v in s.views), draft
-            want, pieces = plain_answer(alone, prompt, 12)
-            assert_plain(end.tokens, want.tokens, pieces)
         finally:
             worker.stop()
             loop.close()
@@ -977,7 +984,6 @@ def test_a_hybrid_conversation_whose_slot_went_to_another_comes_back_from_ram(tw
     restart, its answer plain decoding's."""
     from server.test_slots_real import Loop
 
-    from localspec.backends.base import CHECKPOINT_TAIL
     from localspec.backends.llama import LoadOptions
     from localspec.server.worker import Worker
     from localspec.session import SessionConfig, open_session
@@ -996,13 +1002,8 @@ def test_a_hybrid_conversation_whose_slot_went_to_another_comes_back_from_ram(tw
         answer(worker, loop, target.tokenize("SELECT name FROM users;\n" * 40), 12)
         assert worker.prompt_cache is not None and worker.prompt_cache.entries()
         prompt = next_turn(target, first, end.tokens)
-        read = target.decoded
-        answer(worker, loop, prompt, 0)  # the prompt only
-        assert target.decoded - read == len(prompt) - (len(first) - CHECKPOINT_TAIL)
-        end = answer(worker, loop, prompt, 12)
+        assert_reads_on_from_the_checkpoint(worker, loop, target, alone, first, prompt)
         assert target.restarts == 0
-        want, pieces = plain_answer(alone, prompt, 12)
-        assert_plain(end.tokens, want.tokens, pieces)
     finally:
         worker.stop()
         loop.close()
