@@ -107,8 +107,13 @@ class ModelsScreen(ModalScreen[PairSpec | None]):
             self.call_after_refresh(self.fill_tables)
 
     def fill_tables(self) -> None:
-        """Both tables' rows, in the columns that fit their width (kept where unchanged)."""
+        """Both tables' rows, in the columns that fit their width (kept where unchanged):
+        once the tables are laid out (on a busy machine the refresh after the listing
+        can come first, and a width of 0 would choose the compact columns for good)."""
         assert self.listing is not None
+        if not all(t.size.width for t in self.query(DataTable)):
+            self.call_after_refresh(self.fill_tables)
+            return
         pair_rows = [
             (p.id, p.target, p.draft, fmt_size(p.size), self.installed(p), p.fits)
             for p in self.listing.pairs
