@@ -164,6 +164,7 @@ class DraftModel(StepTimes):
         self._overhead: float | None = None  # this round's so far (None: it did not draft)
         self._cut = 0  # context[SINKS:_cut] is left out of what it reads (0: nothing)
         self._seq = Tokens()  # what it reads, uncut (see `_seen_as`)
+        self._text_len = -1  # the text's length at the last round's end (`accept`)
 
     def view(self, context: Sequence[int]) -> tuple[list[int], int]:
         """What the draft model reads for `context` (see the class docstring), and how
@@ -228,9 +229,14 @@ class DraftModel(StepTimes):
         """Up to `gamma` tokens, stopping at a confidence below `p_min` (this round's;
         default: its own)."""
         seq, _ = self.view(context)
+        # a new text (not the last round's, which it heard of in `accept`, with the
+        # grammar's forced tokens) is a prompt: its read keeps a lasting checkpoint
+        # (Model.evaluate); a catch-up within an answer, after rounds it sat out, does
+        # not, or its copies would push the prompt's out
+        prompt = len(context) - forced != self._text_len
 
         def step(i: int) -> np.ndarray:
-            logits = self._step(seq)
+            logits = self._step(seq, prompt and i == 0)
             if i == 0:  # a recurrent draft model comes back here after a rejection
                 started = time.perf_counter()
                 self.model.checkpoint()
@@ -251,18 +257,19 @@ class DraftModel(StepTimes):
         self._step(seq[:end])
         return len(seq) - end
 
-    def _step(self, seq: list[int]) -> np.ndarray:
+    def _step(self, seq: list[int], prompt: bool = False) -> np.ndarray:
         """One draft forward pass, timed (see `time_step`) where it ran alone: a pass
         shared with other slots' tokens (a prompt's catch-up among them) says nothing of
         this step's cost, and under load `auto` prices steps by the shared passes."""
         decoded, busy = self.model.decoded, self.model.busy_s
-        logits = self.model.evaluate(seq, 1, checkpoint=True)[0]  # a prompt's: see there
+        logits = self.model.evaluate(seq, 1, checkpoint=prompt)[0]
         if not self.model.shared_pass:
             self.time_step(self.model.decoded - decoded, self.model.busy_s - busy)
         return logits
 
     def accept(self, tokens: Sequence[int], outcome: Outcome) -> None:
         # drop the rejected draft tokens now, as the target does
+        self._text_len = len(tokens)
         started = time.perf_counter()
         self.model.rollback(self._seen_as(tokens)[0])
         if self._overhead is not None:

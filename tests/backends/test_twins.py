@@ -215,6 +215,38 @@ def test_a_hybrids_next_turn_reads_on_from_a_checkpoint_before_the_last_prompts_
         alone.close()
 
 
+def test_a_hybrid_draft_models_catch_up_within_an_answer_keeps_no_lasting_copy(twins) -> None:
+    """A draft model that sat rounds out (`auto` drafting otherwise) catches up within
+    the answer: that read is no prompt's, and its copies would push the prompt's out.
+    The next turn, parting from the prompt before its end, reads on from the prompt's."""
+    from localspec.backends.base import CHECKPOINT_TAIL
+    from localspec.decoding.drafters import Outcome
+
+    model = load(twins["hybrid-hybrid-draft"], rollback=GAMMA)
+    try:
+        drafter, greedy = DraftModel(model, p_min=0.0), SamplingParams()
+        rng = np.random.default_rng(0)
+        prompt = model.tokenize("def fibonacci(n):\n    return n\n" * 4)
+        sat_out = model.tokenize(" one two three four five six seven eight" * 3)[:20]
+        text = list(prompt)
+        drafter.draft(text, GAMMA, greedy, rng)  # the prompt's read
+        drafter.accept(text, Outcome(GAMMA, 0, 0.0))
+        for _ in range(2):  # twenty rounds without it, then a catch-up and a draft
+            for token in sat_out:
+                text.append(token)
+                drafter.accept(text, Outcome(0, 0, 0.0))
+            drafter.draft(text, GAMMA, greedy, rng)
+            drafter.accept(text, Outcome(GAMMA, 0, 0.0))
+        lasting = [k.pos for k in model._checkpoints[0] if k.lasting]
+        assert lasting == [len(prompt) - CHECKPOINT_TAIL]
+        nxt = [*prompt[:-2], *sat_out[:5], *prompt[:20]]
+        drafter.draft(nxt, 1, greedy, rng)
+        assert model.restarts == 0
+        assert model.cached[: len(nxt)] == nxt
+    finally:
+        model.close()
+
+
 def test_a_hybrids_checkpoints_are_the_last_two_prompts_and_the_last_draft_round(twins) -> None:
     """What the backend keeps of a sequence's state (each copy costs its size in RAM):
     a round's copy replaces the last round's, the two latest lasting ones stay, a cut
