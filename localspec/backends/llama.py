@@ -34,28 +34,15 @@ from localspec.backends.base import (
     SeqState,
     Tokens,
 )
+from localspec.backends.checkpoints import Checkpoints
 from localspec.backends.gguf import GGUF_MAGIC
 from localspec.backends.pieces import PieceTokenizer
 from localspec.backends.seq_layout import Layout, Part
-from localspec.drafting import LASTING_CHECKPOINTS
 
 # a prompt this long (~2k tokens, ~3 ms to tokenize) or longer is tokenized in pieces: the
 # first one costs a look at every token's attributes (~50 ms for Qwen's 152k)
 PIECES_FROM = 8192
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
-
-
-@dataclass
-class _Kept:
-    """A copy of a sequence's recurrent state after its first `pos` tokens."""
-
-    pos: int
-    state: ctypes.Array[ctypes.c_uint8]
-    lasting: bool
-
-
-def _copy(state: ctypes.Array[ctypes.c_uint8]) -> ctypes.Array[ctypes.c_uint8]:
-    return (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
 
 
 _SHOW_LOG = bool(os.environ.get("LOCALSPEC_LLAMA_LOG"))  # read once: this runs per decode
@@ -208,7 +195,7 @@ class LlamaModel(Model):
         self.on_close: list[Callable[[], None]] = []  # contexts of this model to free first
         self.one_token_s: deque[float] = deque(maxlen=256)  # the last one-token passes' times
         # sequence -> copies of its recurrent state, oldest first: see `keep_state`
-        self._checkpoints: dict[int, list[_Kept]] = {}
+        self._checkpoints = Checkpoints()
         # the slots' threads change their sequences' entries between passes, maybe at
         # once: llama.cpp's cache bookkeeping (one for all in a unified cache) is not
         # for two threads
@@ -334,56 +321,35 @@ class LlamaModel(Model):
                 self._last_pass[seq] = 0  # a snapshot is used once
             if not ll.llama_memory_seq_rm(self._mem, self._at(seq), pos, -1):
                 return False
-            self._forget(seq, pos)
+            self._checkpoints.forget(seq, pos)
             return True
 
     def keep_state(self, seq: int, lasting: bool = False) -> None:
         """A copy of sequence `seq`'s recurrent state as it is now (its attention entries
-        stay in the cache), for `back_to_state`: a draft model's before it drafts a token a
-        pass, whose state no snapshot can take back more than one token (each round's
-        replaces the last), or a `lasting` one a few tokens before a prompt's end (the
-        last LASTING_CHECKPOINTS of those are kept)."""
+        stay in the cache), for `back_to_state`: a draft round's, or a `lasting` one (see
+        checkpoints.py)."""
         with self._mem_lock:
             if not self._recurrent:
                 return
             flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part only
             size = ll.llama_state_seq_get_size_ext(self._ctx, self._at(seq), flags)
-            kept = self._checkpoints.setdefault(seq, [])
-            pos = self.seq_len(seq)
-            old = next((k for k in kept if k.pos == pos), None)
-            if old is None and (alike := [k for k in kept if k.lasting == lasting]):
-                old = alike[0] if not lasting or len(alike) >= LASTING_CHECKPOINTS else None
-            if old is not None:
-                kept.remove(old)
-                lasting |= old.lasting and old.pos == pos
-            if old is not None and len(old.state) == size:
-                buf = old.state
-            else:
-                buf = (ctypes.c_uint8 * size)()
-            ll.llama_state_seq_get_data_ext(self._ctx, buf, size, self._at(seq), flags)
-            kept.append(_Kept(pos, buf, lasting))
+            kept = self._checkpoints.take(seq, self.seq_len(seq), lasting, size)
+            ll.llama_state_seq_get_data_ext(self._ctx, kept.state, size, self._at(seq), flags)
 
     def back_to_state(self, seq: int, pos: int) -> int | None:
         """Restore the latest copy `keep_state` took at or before `pos`, and drop the
         entries after it; its position, or None."""
         with self._mem_lock:
-            kept = [k for k in self._checkpoints.get(seq, ()) if k.pos <= pos]
-            if not kept:
+            if (best := self._checkpoints.latest(seq, pos)) is None:
                 return None
-            best = max(kept, key=lambda k: k.pos)
             flags, at = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY, self._at(seq)
             size = len(best.state)
             if not ll.llama_state_seq_set_data_ext(self._ctx, best.state, size, at, flags):
                 return None
             ll.llama_memory_seq_rm(self._mem, at, best.pos, -1)  # the attention layers' entries
             self._last_pass[seq] = 0
-            self._forget(seq, best.pos)
+            self._checkpoints.forget(seq, best.pos)
             return best.pos
-
-    def _forget(self, seq: int, pos: int) -> None:
-        """Drop the checkpoints past position `pos`, where the cache no longer reaches."""
-        if kept := self._checkpoints.get(seq):
-            kept[:] = [k for k in kept if k.pos <= pos]
 
     def save_seq(self, seq: int) -> SeqState | None:
         """Sequence `seq`'s cache entries (llama.cpp's sequence state), copied once; a
@@ -392,9 +358,8 @@ class LlamaModel(Model):
         with self._mem_lock:
             state = self._get_state(self._at(seq))
             if state is not None and self._recurrent:
-                kept = [k for k in self._checkpoints.get(seq, ()) if k.lasting]
-                state.kept = tuple(_Kept(k.pos, _copy(k.state), True) for k in kept)
-                state.kept_bytes = sum(len(k.state) for k in kept)
+                state.kept = self._checkpoints.lasting(seq)
+                state.kept_bytes = sum(len(k.state) for k in state.kept)
             return state
 
     def _has(self, at: int) -> bool:
@@ -415,12 +380,11 @@ class LlamaModel(Model):
         with self._mem_lock:
             at = self._at(seq)
             ll.llama_memory_seq_rm(self._mem, at, -1, -1)
-            self._forget(seq, -1)
+            self._checkpoints.forget(seq, -1)
             self._last_pass[seq] = 0  # no snapshot holds this text
             if self._set_state(at, state):
-                if isinstance(state, SeqState) and state.kept:  # copies: see keep_state
-                    kept = [_Kept(k.pos, _copy(k.state), True) for k in state.kept]
-                    self._checkpoints[seq] = kept
+                if isinstance(state, SeqState) and state.kept:
+                    self._checkpoints.put(seq, state.kept)
                 return True
             ll.llama_memory_seq_rm(self._mem, at, -1, -1)
             return False

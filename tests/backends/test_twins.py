@@ -237,7 +237,7 @@ def test_a_hybrid_draft_models_catch_up_within_an_answer_keeps_no_lasting_copy(t
                 drafter.accept(text, Outcome(0, 0, 0.0))
             drafter.draft(text, GAMMA, greedy, rng)
             drafter.accept(text, Outcome(GAMMA, 0, 0.0))
-        lasting = [k.pos for k in model._checkpoints[0] if k.lasting]
+        lasting = [k.pos for k in model._checkpoints.by_seq[0] if k.lasting]
         assert lasting == [len(prompt) - CHECKPOINT_TAIL]
         nxt = [*prompt[:-2], *sat_out[:5], *prompt[:20]]
         drafter.draft(nxt, 1, greedy, rng)
@@ -261,7 +261,7 @@ def test_a_hybrids_checkpoints_are_the_last_two_prompts_and_the_last_draft_round
         text = model.tokenize("one two three four five six seven eight nine ten " * 3)
 
         def kept() -> list[tuple[int, bool]]:
-            return [(k.pos, k.lasting) for k in model._checkpoints[0]]
+            return [(k.pos, k.lasting) for k in model._checkpoints.by_seq[0]]
 
         for end, lasting in ((5, True), (8, False), (11, True), (14, False), (17, True)):
             model.evaluate(text[:end], 1)
@@ -280,7 +280,7 @@ def test_a_hybrids_checkpoints_are_the_last_two_prompts_and_the_last_draft_round
         assert model.cached == text[:11] and kept() == [(11, True)]
         # the planner counts them in RAM, each the size of llama.cpp's copy
         weights = Weights.from_gguf(gguf_info(twins["hybrid"]))
-        copy = len(model._checkpoints[0][0].state)
+        copy = len(model._checkpoints.by_seq[0][0].state)
         assert abs(weights.kept - (1 + LASTING_CHECKPOINTS) * copy) < 0.01 * weights.kept
     finally:
         model.close()
