@@ -35,8 +35,8 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
-from localspec.backends.base import LoadFailed, ModelError, Tokens, shared_prefix
-from localspec.backends.llama import LlamaModel
+from localspec.backends.base import LoadFailed, ModelError, SeqState, Tokens, shared_prefix
+from localspec.backends.llama import LlamaModel, c_bytes
 from localspec.backends.seq_layout import Part
 
 WINDOW = 512  # the most unread positions a catch-up reads (older ones are skipped)
@@ -92,7 +92,7 @@ class MtpHead:
     sequences: `caches[seq]` is what its KV cache holds of that one."""
 
     in_place = False  # a draft step after the first goes one position further
-    # a KV cache of its own, which a saved state of the target's lacks
+    # a KV cache of its own, which a saved state of the target's lacks (see `save_seq`)
     own_cache = True
     from_file = False  # part of the target's GGUF, not a file of its own (named by it)
     window = WINDOW  # the trunk's rows kept of each pass, for a catch-up to read
@@ -322,6 +322,37 @@ class MtpHead:
         next catch-up reads the text again."""
         ll.llama_memory_seq_rm(self._mem, self._seq_id(seq), -1, -1)
         self.caches.pop(seq, None)
+
+    # --- a sequence kept in RAM (serve's --cache-ram) ----------------------------------
+    def save_seq(self, seq: int) -> SeqState | None:
+        """Sequence `seq`'s cache (llama.cpp's bytes), with what it holds and the trunk's
+        rows kept of it, which come back with it (`load_seq`): once another text took the
+        sequence, the rows at its positions are that text's."""
+        at = self._seq_id(seq)
+        size = ll.llama_state_seq_get_size(self._ctx, at)
+        state = SeqState(size)
+        if ll.llama_state_seq_get_data(self._ctx, c_bytes(state), size, at) != size:
+            return None
+        cache = self.caches.get(seq, SeqCache())
+        rows = dict(self._rows.get(seq, {}))  # its arrays are replaced, never written to
+        state.kept = (SeqCache(Tokens(cache.tokens), cache.start), rows)
+        state.kept_bytes = sum(row.nbytes for row in rows.values())
+        return state
+
+    def load_seq(self, seq: int, state: bytearray) -> bool:
+        """Sequence `seq` as `save_seq` saw it; False (and nothing held of it) where
+        llama.cpp could not."""
+        self.drop(seq)
+        self._rows.pop(seq, None)
+        at = self._seq_id(seq)
+        if not ll.llama_state_seq_set_data(self._ctx, c_bytes(state), len(state), at):
+            self.drop(seq)
+            return False
+        if isinstance(state, SeqState) and state.kept:
+            cache, rows = state.kept
+            self.caches[seq] = SeqCache(Tokens(cache.tokens), cache.start)
+            self._rows[seq] = dict(rows)
+        return True
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

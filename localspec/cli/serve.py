@@ -364,7 +364,7 @@ def serve(args: argparse.Namespace) -> int:
         )
         app = create_app(session, options)
         slots = f"{parallel} slot{'s' if parallel > 1 else ''} of {session.target.n_ctx} tokens"
-        if kept := app.state.worker.prompt_cache:  # none for a target's own MTP head
+        if kept := app.state.worker.prompt_cache:
             slots += f", prompts kept in up to {kept.budget / 2**30:.1f} GiB of RAM"
         if described := sampling.describe():
             if recommendation := recommended.describe():

@@ -1,6 +1,6 @@
 """Prompts the slots gave up, kept in RAM (llama-server's `--cache-ram`): before a slot
 reads a prompt that shares little with its cache, the cache's state (llama.cpp's
-sequence state, of the target and the draft model) is saved here, and a later request
+sequence state, of the target and the draft model or MTP head) is saved here, and a later request
 that continues it (a chat's next turn, after an agent's took the slot) gets it back in a
 copy instead of reading its prompt again. What to save and load is `plan_swap`'s
 decision (scheduling.py); this holds the states, the least recently used going first
@@ -10,14 +10,57 @@ when the budget is full.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from localspec.backends.base import SeqState
+from localspec.backends.mtp import MtpHead
+
+
+class Holder(Protocol):
+    """What holds a part of a slot's cache: its models, and an MTP head's sequence."""
+
+    @property
+    def cached(self) -> Sequence[int]: ...
+
+    def save_state(self) -> bytearray | None: ...
+
+    def load_state(self, tokens: Sequence[int], state: bytearray) -> bool: ...
+
+    def reset(self) -> None: ...
+
+
+class HeadCache:
+    """A target's own MTP head's cache of sequence `seq`, a Holder: unlike the target's
+    (which Gemma 4's assistant reads), it is the head's own, and it drafts from the
+    trunk's rows it kept of that sequence's text; both go to RAM and come back with the
+    target's."""
+
+    def __init__(self, head: MtpHead, seq: int) -> None:
+        self.head, self.seq = head, seq
+
+    @property
+    def cached(self) -> Sequence[int]:
+        cache = self.head.caches.get(self.seq)
+        return () if cache is None else cache.tokens
+
+    def save_state(self) -> bytearray | None:
+        with self.head.lock:
+            return self.head.save_seq(self.seq)
+
+    def load_state(self, tokens: Sequence[int], state: bytearray) -> bool:
+        with self.head.lock:
+            return self.head.load_seq(self.seq, state)
+
+    def reset(self) -> None:
+        with self.head.lock:
+            self.head.drop(self.seq)
 
 
 @dataclass(frozen=True, eq=False)
 class Saved:
-    """One slot's cache: the target's tokens, and each model's (tokens, state)."""
+    """One slot's cache: the target's tokens, and each holder's (tokens, state)."""
 
     tokens: tuple[int, ...]
     states: tuple[tuple[tuple[int, ...], bytearray], ...]

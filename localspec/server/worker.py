@@ -58,7 +58,7 @@ from localspec.drafting import GAMMA_MAX
 from localspec.server.batching import Batcher, SlotHead, SlotModel
 from localspec.server.errors import ApiError
 from localspec.server.metrics import Metrics
-from localspec.server.prompt_cache import PromptCache, Saved
+from localspec.server.prompt_cache import HeadCache, Holder, PromptCache, Saved
 from localspec.server.scheduling import SHORT_TOKENS, pick_slot, plan_swap, read_ahead_chunk
 from localspec.session import Session
 
@@ -133,6 +133,7 @@ class Slot:
         self.engine = engine
         self.views = views
         self.models = models  # whose caches it holds: the target's, the draft model's
+        self.holders: list[Holder] = list(models)  # with an MTP head's, kept in RAM with them
         self.job: Job | None = None
         # its draft model may read ahead (set as its job ends, so that no one sees the
         # slot idle before its reading ahead begins; cleared once it has nothing to read)
@@ -168,10 +169,8 @@ class Worker:
         self.session = session
         self.max_queue = max_queue
         self.cache_reuse = cache_reuse  # llama-server's --cache-reuse (0: off, exact)
-        # llama-server's --cache-ram, in bytes (an MTP head's own cache would not come
-        # back; Gemma 4's assistant reads the target's)
-        keeps = cache_ram > 0 and (session.head is None or not session.head.own_cache)
-        self.prompt_cache = cache = PromptCache(cache_ram) if keeps else None
+        # llama-server's --cache-ram, in bytes
+        self.prompt_cache = cache = PromptCache(cache_ram) if cache_ram > 0 else None
         self.metrics = Metrics(self.depth)
         if cache is not None:
             self.metrics.kept_prompts.set_function(lambda: cache.size)
@@ -195,7 +194,7 @@ class Worker:
         target, draft = session.target, session.draft_model
         if parallel <= 1 or not isinstance(target, LlamaModel) or target.n_seq < parallel:
             models = [target] if draft is None else [target, draft]
-            return [Slot(0, session.engine, [], models)]
+            return [self._with_head(Slot(0, session.engine, [], models))]
         target.reset()
         if draft is not None:
             draft.reset()
@@ -221,8 +220,14 @@ class Worker:
                     None if drafter is None else self.batcher.passes(drafter),
                     splits=not target.kv_unified,
                 )
-            slots.append(Slot(i, engine, views, list(views)))
+            slots.append(self._with_head(Slot(i, engine, views, list(views))))
         return slots
+
+    def _with_head(self, slot: Slot) -> Slot:
+        """`slot`, its part of a target's own MTP head's cache among what it holds."""
+        if (head := self.session.head) is not None and head.own_cache:
+            slot.holders.append(HeadCache(head, slot.index))
+        return slot
 
     def embed(self, texts: list[list[int]], cancel: threading.Event) -> Future[list[np.ndarray]]:
         """The texts' embeddings, read beside the slots; dropped between two chunks once
@@ -413,21 +418,22 @@ class Worker:
         swap = plan_swap(job.prompt, slot.cached, [e.tokens for e in entries], self._keeps)
         if swap.save:
             kept = []
-            for model in slot.models:
-                if (state := model.save_state()) is None:
+            for holder in slot.holders:
+                if (state := holder.save_state()) is None:
                     break
-                kept.append((tuple(model.cached), state))
+                kept.append((tuple(holder.cached), state))
             else:
                 self.prompt_cache.put(Saved(tuple(slot.cached), tuple(kept)))
         if swap.restore is None:
             return
         saved = self.prompt_cache.use(entries[swap.restore])
-        if all(m.load_state(t, s) for m, (t, s) in zip(slot.models, saved.states, strict=True)):
+        pairs = zip(slot.holders, saved.states, strict=True)
+        if all(holder.load_state(t, s) for holder, (t, s) in pairs):
             log.info("%s: %d tokens of its prompt back from RAM", job.label, len(saved.tokens))
             self.metrics.prompts_back.inc(len(saved.tokens))
         else:  # no room in a shared cache: read it as if nothing were kept
-            for model in slot.models:
-                model.reset()
+            for holder in slot.holders:
+                holder.reset()
 
     def _await_twin(self, job: Job) -> None:
         """An answer after the first of a request's n waits, outside the passes, until the

@@ -13,7 +13,7 @@ Qwen2.5-Coder 0.5B GGUF (tokenizer keys only): these are `real` tests.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import pytest
 from helpers import load_script
 from test_tiny_gguf import vocab_reader
 
+from localspec.backends.base import shared_prefix
 from localspec.decoding.adaptive import AdaptiveDrafter, auto_engine
 from localspec.decoding.drafters import Draft, DraftModel, MtpDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
@@ -938,14 +939,18 @@ def answer(worker, loop, prompt: list[int], max_tokens: int) -> Finished:
     return end
 
 
-def assert_reads_on_from_the_checkpoint(worker, loop, view, alone, last, prompt) -> None:
+def assert_reads_on_from_the_checkpoint(
+    worker, loop, view, alone, last, prompt, then: Callable[[], None] = lambda: None
+) -> None:
     """The next turn `prompt` (after `last`) is read from the checkpoint 4 tokens before
-    `last`'s end, by `view` (a slot's target), and answered as plain decoding answers it."""
+    `last`'s end, by `view` (a slot's target), and answered as plain decoding answers it
+    (`then` checks what it likes between the read and the answer)."""
     from localspec.backends.base import CHECKPOINT_TAIL
 
     read = view.decoded
     answer(worker, loop, prompt, 0)  # the prompt only
     assert view.decoded - read == len(prompt) - (len(last) - CHECKPOINT_TAIL)
+    then()
     end = answer(worker, loop, prompt, 12)
     want, pieces = plain_answer(alone, prompt, 12)
     assert_plain(end.tokens, want.tokens, pieces)
@@ -1009,11 +1014,16 @@ def test_a_hybrids_saved_cache_comes_back_with_its_checkpoints_not_its_snapshots
         fresh.close()
 
 
-def test_a_hybrid_conversation_whose_slot_went_to_another_comes_back_from_ram(twins) -> None:
+@pytest.mark.parametrize("drafter", ["ngram", "mtp"])
+def test_a_hybrid_conversation_whose_slot_went_to_another_comes_back_from_ram(
+    twins, drafter: str
+) -> None:
     """One slot, two conversations (`--cache-ram`): the first's cache goes to RAM with its
     checkpoints while the second takes the slot, and its next turn (parting from its
     last prompt before that prompt's end) loads it and reads on from the checkpoint: no
-    restart, its answer plain decoding's."""
+    restart, its answer plain decoding's. With the target's own MTP head, the head's
+    cache and the trunk's rows it drafts from come back too: its next draft reads the new
+    tokens only, as if the other conversation had never come."""
     from server.test_slots_real import Loop
 
     from localspec.backends.llama import LoadOptions
@@ -1022,19 +1032,36 @@ def test_a_hybrid_conversation_whose_slot_went_to_another_comes_back_from_ram(tw
 
     load_options = LoadOptions(n_ctx=1024, n_threads=2)
     config = SessionConfig(
-        str(twins["hybrid"]), "ngram", GAMMA, load_options, load_options, p_min=0.0
+        str(twins["hybrid"]), drafter, GAMMA, load_options, load_options, p_min=0.0
     )
     session, alone = open_session(config), load(twins["hybrid"], n_ctx=1024)
     worker, loop = Worker(session, max_queue=4, parallel=1, cache_ram=1 << 30), Loop()
     worker.start()
-    target = session.target
+    target, head = session.target, session.head
     try:
         first = target.tokenize("def fibonacci(n):\n    return n\n" * 40)
         end = answer(worker, loop, first, 12)
-        answer(worker, loop, target.tokenize("SELECT name FROM users;\n" * 40), 12)
+        drafted = None if head is None else (list(head.caches[0].tokens), dict(head._rows[0]))
+        other = target.tokenize("SELECT name FROM users;\n" * 40)
+        answer(worker, loop, other, 12)
         assert worker.prompt_cache is not None and worker.prompt_cache.entries()
         prompt = next_turn(target, first, end.tokens)
-        assert_reads_on_from_the_checkpoint(worker, loop, target, alone, first, prompt)
+
+        def head_came_back() -> None:
+            if head is None or drafted is None:
+                return
+            tokens, rows = drafted
+            assert head.caches[0].tokens == tokens
+            unread = len(prompt) - shared_prefix(tokens, prompt)
+            assert head.unread(prompt) == unread < 30 < len(first)
+            kept = head._rows[0]
+            assert all(np.array_equal(kept[p], r) for p, r in rows.items() if p < len(first) - 4)
+
+        if head is not None:
+            assert head.caches[0].tokens[:8] == other[:8]  # the other's, meanwhile
+        assert_reads_on_from_the_checkpoint(
+            worker, loop, target, alone, first, prompt, head_came_back
+        )
         assert target.restarts == 0
     finally:
         worker.stop()
