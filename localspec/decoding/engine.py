@@ -148,7 +148,10 @@ class Engine:
         if out.stop_reason is None:
             # prefill: the target alone gives the first token (this is the TTFT), or the
             # one after those recalled (the cache mostly holds them)
+            read = self.target.decoded
             logits = self.target.evaluate(tokens, 1, checkpoint=True)
+            kept = len(tokens) - (self.target.decoded - read)
+            rec.prompt_cached = min(kept, len(prompt))
             if config.max_tokens == 0:  # only read the prompt (an editor's warm-up)
                 yield Finished("", (), "max_tokens", rec.snapshot(final=True))
                 return

@@ -50,6 +50,10 @@ class Stats:
     accepted_per_position: tuple[int, ...] = ()
     drafted_per_position: tuple[int, ...] = ()
     recalled: int = 0  # tokens the last answer had chosen here, taken without a pass
+    # of the prompt, what the target's cache held and it did not read (None: no pass read
+    # it, an answer recalled whole); a recurrent model reads on from a checkpoint, which
+    # may lie before the end of what its cache shares with the prompt
+    prompt_cached: int | None = None
 
     @property
     def itl_p50_s(self) -> float:
@@ -155,6 +159,7 @@ class StatsRecorder:
     accepted_at: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
     recalled: int = 0
+    prompt_cached: int | None = None
 
     def observe_first_token(self) -> None:
         self.first_token_at = self.last_token_at = time.perf_counter()
@@ -236,6 +241,7 @@ class StatsRecorder:
             accepted_per_position=tuple(self.accepted_at),
             drafted_per_position=tuple(self.drafted_at),
             recalled=self.recalled,
+            prompt_cached=self.prompt_cached,
         )
 
 

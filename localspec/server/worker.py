@@ -538,6 +538,8 @@ class Worker:
         return (target.calls, target.shared_calls) if isinstance(target, SlotModel) else (0, 0)
 
     def _observe(self, job: Job, done: Finished, shared: float = 0.0) -> None:
+        if done.stats.prompt_cached is not None:  # what it read, not what it shared
+            job.cached_tokens = done.stats.prompt_cached
         if job.prediction:
             job.prediction_tokens = prediction_usage(job.prediction, done.tokens)
         accepted, rejected = job.prediction_tokens

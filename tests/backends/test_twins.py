@@ -947,9 +947,11 @@ def assert_reads_on_from_the_checkpoint(
     (`then` checks what it likes between the read and the answer)."""
     from localspec.backends.base import CHECKPOINT_TAIL
 
-    read = view.decoded
-    answer(worker, loop, prompt, 0)  # the prompt only
+    read, job = view.decoded, loop.job(prompt, 0)  # the prompt only
+    worker.submit(job)
+    assert isinstance(loop.wait(job), Finished)
     assert view.decoded - read == len(prompt) - (len(last) - CHECKPOINT_TAIL)
+    assert job.cached_tokens == len(last) - CHECKPOINT_TAIL  # what usage says it found
     then()
     end = answer(worker, loop, prompt, 12)
     want, pieces = plain_answer(alone, prompt, 12)
