@@ -16,7 +16,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypedDict
 
-from localspec.backends.base import LoadFailed, Model, ModelError, check_compatible
+from localspec.backends.base import (
+    CHECKPOINT_FROM,
+    LoadFailed,
+    Model,
+    ModelError,
+    check_compatible,
+    shared_prefix,
+)
 from localspec.backends.gguf import is_assistant
 from localspec.backends.llama import LlamaModel, LoadOptions, supports_gpu_offload
 from localspec.backends.mtp import AssistantHead, MtpHead
@@ -140,6 +147,35 @@ class Session:
         kwargs = {**self.template_kwargs, **(template_kwargs or {})}
         return self._template(messages=list(messages), tools=tools, **kwargs).prompt
 
+    def message_marks(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        text: str,
+        tokens: Sequence[int],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> tuple[int, ...]:
+        """Where the first and the last message from the user (or a tool) begin in
+        `tokens`, the prompt `text` that `messages` render to: a recurrent target keeps
+        its state there (GenerationConfig.marks), as llama-server does at user messages;
+        none for other targets, which cut their cache anywhere. Each is where the text
+        the template writes before that message's content (rendered with other content)
+        parts from `text`, a token early: a header's last token may join the content's."""
+        if self.target.cut_depth is None:
+            return ()
+        starts = [k for k, m in enumerate(messages) if m.get("role") in ("user", "tool")]
+        marks = []
+        for k in sorted({starts[0], starts[-1]}) if starts else ():
+            probe = [*messages[:k], {**messages[k], "content": "\x01"}]
+            try:
+                before = self.prompt_text(probe, tools, template_kwargs)
+            except Exception:  # a template that refuses it: no mark there
+                continue
+            head = self.target.tokenize(text[: shared_chars(before, text)])
+            if (mark := shared_prefix(head, tokens) - 1) >= CHECKPOINT_FROM:
+                marks.append(mark)
+        return tuple(marks)
+
     @property
     def thinking_switch(self) -> bool:
         """Whether the chat template turns thinking on and off by `enable_thinking`: a
@@ -197,14 +233,17 @@ class Session:
         marks = [m for m in CONTROL_MARKS if m in (template or "")]
         if marks:
             config = replace(config, shown=config.shown | shown_tokens(self.target, marks))
-        text = self.prompt_text(self.history(messages))  # rendered once, read twice
+        history = self.history(messages)
+        text = self.prompt_text(history)  # rendered once, read twice
         budget = self.reasoning_budget
         if budget is not None and (thinking := opens_thinking(template, text)) is not None:
             grammar = ThoughtBudget.of(
                 self.target, thinking.block, budget, opened=thinking.opened, inner=config.grammar
             )
             config = replace(config, grammar=grammar)
-        return self.engine.generate(self.target.tokenize(text, special=True), config, cancel)
+        tokens = self.target.tokenize(text, special=True)
+        config = replace(config, marks=self.message_marks(history, text, tokens))
+        return self.engine.generate(tokens, config, cancel)
 
     def thinking(self, messages: Sequence[Message]) -> Thinking | None:
         """How the answer to `messages` holds its reasoning (None: the model does not
@@ -316,6 +355,15 @@ def shown_tokens(model: Model, markers: list[str]) -> frozenset[int]:
         if len(tokens) == 1 and not model.token_bytes(tokens[0]):
             shown.add(tokens[0])
     return frozenset(shown)
+
+
+def shared_chars(a: str, b: str) -> int:
+    """The length of the prefix two texts share (by halving: slices compare in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid - 1)
+    return lo
 
 
 def _formatter(model: Model) -> Callable[..., Any]:

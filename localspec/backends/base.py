@@ -86,6 +86,15 @@ MEMO_FROM = 1024  # shorter lists are compared outright: it costs less than the 
 CHECKPOINT_FROM, CHECKPOINT_TAIL = 16, 4
 
 
+def checkpoint_stops(start: int, end: int, marks: Sequence[int]) -> list[int]:
+    """Where a prompt's read of tokens [start, end) stops for a lasting checkpoint: at
+    the marks within it, and CHECKPOINT_TAIL tokens before its end where it reads
+    CHECKPOINT_FROM tokens or more."""
+    tail = end - CHECKPOINT_TAIL
+    stops = sorted({m for m in marks if start < m < tail})
+    return [*stops, tail] if end - start >= CHECKPOINT_FROM else stops
+
+
 class SeqState(bytearray):
     """A model's saved cache (`Model.save_state`): llama.cpp's bytes for it, and what a
     recurrent model keeps beside them, `kept` (its lasting checkpoints: opaque here,
@@ -330,7 +339,11 @@ class Model(ABC):
             raise Cancelled(read)
 
     def evaluate(
-        self, tokens: Sequence[int], n_logits: int, checkpoint: bool = False
+        self,
+        tokens: Sequence[int],
+        n_logits: int,
+        checkpoint: bool = False,
+        marks: Sequence[int] = (),
     ) -> np.ndarray:
         """Logits of shape (n_logits, n_vocab): row i predicts the token after
         tokens[: len(tokens) - n_logits + i + 1]. Valid until the next call.
@@ -340,7 +353,10 @@ class Model(ABC):
         checkpoint, as llama-server's context checkpoints do. The next turn's prompt
         parts from this one there or later (a thinking model's history drops the
         reasoning after the assistant's header; an agent's tool call comes back
-        re-written), and its read starts from the checkpoint instead of from the start."""
+        re-written), and its read starts from the checkpoint instead of from the start.
+        It stops at the `marks` it reads past too (messages' starts: a new conversation
+        shares the system prompt before the first, an edited turn the text before its
+        own), as llama-server's do at user messages."""
         if len(tokens) > self.n_ctx:
             raise ContextFull(f"{len(tokens)} tokens do not fit the context of {self.n_ctx}")
         self._cut_to(min(shared_prefix(self.cached, tokens), len(tokens) - n_logits))
@@ -350,16 +366,11 @@ class Model(ABC):
         if max(new) >= self.n_vocab or min(new) < 0:
             bad = next(t for t in new if not 0 <= t < self.n_vocab)
             raise ModelError(f"token {bad} is not in {self.name}'s vocabulary of {self.n_vocab}")
-        ahead = len(new) - CHECKPOINT_TAIL
-        if (
-            checkpoint
-            and self.cut_depth is not None
-            and len(new) >= CHECKPOINT_FROM
-            and n_logits <= CHECKPOINT_TAIL
-        ):
-            self._append(new[:ahead], 0)
-            self.checkpoint(lasting=True)
-            new = new[ahead:]
+        if checkpoint and self.cut_depth is not None and n_logits <= CHECKPOINT_TAIL:
+            for stop in checkpoint_stops(len(self.cached), len(tokens), marks):
+                self._append(list(tokens[len(self.cached) : stop]), 0)
+                self.checkpoint(lasting=True)
+            new = list(tokens[len(self.cached) :])
         return self._append(new, n_logits)
 
     def _append(self, new: list[int], n_logits: int) -> np.ndarray:

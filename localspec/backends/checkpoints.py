@@ -3,9 +3,11 @@ keeps and `back_to_state` returns to. Plain bookkeeping over byte buffers; llama
 fills and reads them (`llama_state_seq_get_data_ext`, the recurrent part only).
 
 A draft round's copy (a draft model drafts a token a pass, which no snapshot takes back
-further than one token) replaces the last round's; a `lasting` one, a few tokens before
-a prompt's end (Model.evaluate), stays for later turns, the last LASTING_CHECKPOINTS of
-them. A copy past where the cache was cut no longer holds its text and is forgotten.
+further than one token) replaces the last round's; a `lasting` one, at a message's start
+or a few tokens before a prompt's end (Model.evaluate), stays for later turns: at most
+LASTING_CHECKPOINTS of them, the earliest in the text (a system prompt's end, which the
+next conversation may share) and the latest. A copy past where the cache was cut no
+longer holds its text and is forgotten.
 """
 
 from __future__ import annotations
@@ -41,7 +43,11 @@ class Checkpoints:
         kept = self.by_seq.setdefault(seq, [])
         old = next((k for k in kept if k.pos == pos), None)
         if old is None and (alike := [k for k in kept if k.lasting == lasting]):
-            old = alike[0] if not lasting or len(alike) >= LASTING_CHECKPOINTS else None
+            if not lasting:
+                old = alike[0]
+            elif len(alike) >= LASTING_CHECKPOINTS:  # the oldest but the earliest in the text
+                earliest = min(alike, key=lambda k: k.pos)
+                old = next(k for k in alike if k is not earliest)
         if old is not None:
             kept.remove(old)
             lasting |= old.lasting and old.pos == pos

@@ -72,6 +72,9 @@ class GenerationConfig:
     # control tokens the answer shows as text: a chat format's markers, which its parser
     # reads (llama-server's preserved tokens)
     shown: frozenset[int] = frozenset()
+    # where the prompt's messages start (a chat's, rendered): a recurrent target keeps
+    # its state there for a later prompt that shares the text before (Model.evaluate)
+    marks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ class Engine:
             # prefill: the target alone gives the first token (this is the TTFT), or the
             # one after those recalled (the cache mostly holds them)
             read = self.target.decoded
-            logits = self.target.evaluate(tokens, 1, checkpoint=True)
+            logits = self.target.evaluate(tokens, 1, checkpoint=True, marks=config.marks)
             kept = len(tokens) - (self.target.decoded - read)
             rec.prompt_cached = min(kept, len(prompt))
             if config.max_tokens == 0:  # only read the prompt (an editor's warm-up)

@@ -130,6 +130,7 @@ class ChatPrompt:
     tools: str | None  # the format tool calls are written in (None: no tools offered)
     tool_params: dict[str, Any]  # the tools' schemas, by name
     prefilled: bool = False  # the text ends with an answer begun, for the model to go on
+    marks: tuple[int, ...] = ()  # where messages begin, for a recurrent target's checkpoints
 
 
 def render_chat(body: ChatRequest, session: Session) -> ChatPrompt:
@@ -158,7 +159,9 @@ def render_chat(body: ChatRequest, session: Session) -> ChatPrompt:
     except (ValueError, TypeError, jinja2.TemplateError) as e:
         raise ApiError(400, f"the chat template refused the messages: {e}", "messages") from None
     fmt = family if tools else None
-    return ChatPrompt(text, session.tokenize_raw(text), template, fmt, params, bool(begun))
+    tokens = session.tokenize_raw(text)
+    marks = session.message_marks(messages, text, tokens, tools, variables)
+    return ChatPrompt(text, tokens, template, fmt, params, bool(begun), marks)
 
 
 def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
@@ -182,7 +185,7 @@ def prepare_chat(body: ChatRequest, session: Session) -> Prepared:
     if thinks is not None and body.reasoning_budget_tokens is not None:
         config = replace(config, grammar=thought_budget(body, session, thinks, config.grammar))
     markers = shown_markers(chat.template, chat.tools)
-    config = replace(config, shown=shown_tokens(session.target, markers))
+    config = replace(config, shown=shown_tokens(session.target, markers), marks=chat.marks)
     return Prepared(
         chat.tokens,
         config,

@@ -113,3 +113,29 @@ def test_after_appends_only_the_new_tokens_are_compared() -> None:
     context.append(5)
     assert cache.agreed(context) == 30_002  # the draft's cut, known from both logs
     assert shared_prefix(cache, context) == 30_002
+
+
+def test_a_prompts_read_stops_at_the_marks_within_it_and_before_its_end() -> None:
+    from localspec.backends.base import CHECKPOINT_FROM, CHECKPOINT_TAIL, checkpoint_stops
+
+    end = 100
+    tail = end - CHECKPOINT_TAIL
+    assert checkpoint_stops(0, end, ()) == [tail]
+    # marks read already, at the tail or past it go; the rest in order, once
+    assert checkpoint_stops(30, end, (50, 10, 30, 50, 40, tail, 99)) == [40, 50, tail]
+    short = end - CHECKPOINT_FROM + 1  # too short a read for the tail's stop
+    assert checkpoint_stops(short, end, ()) == []
+    assert checkpoint_stops(short, end, (short + 2,)) == [short + 2]
+
+
+def test_shared_chars_is_the_length_of_the_common_prefix() -> None:
+    from localspec.session import shared_chars
+
+    rng = random.Random(1)
+    for _ in range(300):
+        a = "".join(rng.choice("ab") for _ in range(rng.randrange(0, 40)))
+        b = a[: rng.randrange(0, len(a) + 1)] + "".join(rng.choice("ab") for _ in range(3))
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        assert shared_chars(a, b) == n

@@ -248,11 +248,13 @@ def test_a_hybrid_draft_models_catch_up_within_an_answer_keeps_no_lasting_copy(t
         model.close()
 
 
-def test_a_hybrids_checkpoints_are_the_last_two_prompts_and_the_last_draft_round(twins) -> None:
+def test_a_hybrids_checkpoints_are_the_earliest_and_latest_and_the_last_draft_round(
+    twins,
+) -> None:
     """What the backend keeps of a sequence's state (each copy costs its size in RAM):
-    a round's copy replaces the last round's, the two latest lasting ones stay, a cut
-    forgets those past it, and a return comes back to the latest at or before the cut,
-    its state a fresh read's."""
+    a round's copy replaces the last round's; of the lasting ones, the earliest in the
+    text (a system prompt's end) and the latest stay; a cut forgets those past it, and a
+    return comes back to the latest at or before the cut, its state a fresh read's."""
     from localspec.backends.gguf import gguf_info
     from localspec.drafting import LASTING_CHECKPOINTS
     from localspec.models.memory import Weights
@@ -260,25 +262,27 @@ def test_a_hybrids_checkpoints_are_the_last_two_prompts_and_the_last_draft_round
     model, fresh = load(twins["hybrid"], rollback=GAMMA), load(twins["hybrid"])
     try:
         text = model.tokenize("one two three four five six seven eight nine ten " * 3)
+        assert len(text) > 26 and LASTING_CHECKPOINTS == 4
 
         def kept() -> list[tuple[int, bool]]:
-            return [(k.pos, k.lasting) for k in model._checkpoints.by_seq[0]]
+            return sorted((k.pos, k.lasting) for k in model._checkpoints.by_seq[0])
 
-        for end, lasting in ((5, True), (8, False), (11, True), (14, False), (17, True)):
+        ends = ((5, True), (8, False), (11, True), (14, False), (17, True), (20, True), (23, True))
+        for end, lasting in ends:
             model.evaluate(text[:end], 1)
             model.checkpoint(lasting)
-        assert sorted(kept()) == [(11, True), (14, False), (17, True)]
-        model.evaluate(text[:24], 1)
+        assert kept() == [(5, True), (14, False), (17, True), (20, True), (23, True)]
+        model.evaluate(text[:26], 1)
         model.checkpoint()
-        assert sorted(kept()) == [(11, True), (17, True), (24, False)]
-        assert model.remove_from(0, 24 - 2)  # a snapshot takes back 2 of the last pass
-        assert sorted(kept()) == [(11, True), (17, True)]
+        assert kept() == [(5, True), (17, True), (20, True), (23, True), (26, False)]
+        assert model.remove_from(0, 26 - 2)  # a snapshot takes back 2 of the last pass
+        assert kept() == [(5, True), (17, True), (20, True), (23, True)]
         model.rollback(text[:19])  # past every snapshot: back to 17
         assert model.cached == text[:17] and model.restarts == 0
         got = model.evaluate([*text[:17], 7, 8], 1)
         assert np.allclose(got, fresh.evaluate([*text[:17], 7, 8], 1), atol=1e-3)
         model.rollback(text[:12])
-        assert model.cached == text[:11] and kept() == [(11, True)]
+        assert model.cached == text[:5] and kept() == [(5, True)]
         # the planner counts them in RAM, each the size of llama.cpp's copy
         weights = Weights.from_gguf(gguf_info(twins["hybrid"]))
         copy = len(model._checkpoints.by_seq[0][0].state)
@@ -1068,6 +1072,62 @@ def test_a_hybrid_conversation_whose_slot_went_to_another_comes_back_from_ram(
     finally:
         worker.stop()
         loop.close()
+        session.close()
+        alone.close()
+
+
+def test_a_new_conversation_on_a_hybrid_reads_on_from_the_system_prompts_end(twins) -> None:
+    """Through serve's chat endpoint on a hybrid target: a first read keeps a checkpoint
+    where the first user message begins, so the next conversation with the same system
+    prompt (an agent's next task, a new chat) reads its own messages only, and an edited
+    last message reads from that message's start; `cached_tokens` says so, and the
+    answers are plain decoding's."""
+    from fastapi.testclient import TestClient
+
+    from localspec.backends.llama import LoadOptions
+    from localspec.server.app import ServerOptions, create_app
+    from localspec.session import SessionConfig, open_session
+
+    load_options = LoadOptions(n_ctx=1024, n_threads=2)
+    config = SessionConfig(
+        str(twins["hybrid"]), "ngram", GAMMA, load_options, load_options, p_min=0.0
+    )
+    session, alone = open_session(config), load(twins["hybrid"], n_ctx=1024)
+    target = session.target
+    system = {"role": "system", "content": "You review Python code. Be brief. " * 20}
+    talks = [
+        [system, {"role": "user", "content": "What does len([]) return?"}],
+        [system, {"role": "user", "content": "Name a sorting algorithm."}],
+        [
+            system,
+            {"role": "user", "content": "What does len([]) return?"},
+            {"role": "assistant", "content": "0"},
+            {"role": "user", "content": "And len('ab')?"},
+        ],
+        [
+            system,
+            {"role": "user", "content": "What does len([]) return?"},
+            {"role": "assistant", "content": "0"},
+            {"role": "user", "content": "And len('abc')?"},  # the last message edited
+        ],
+    ]
+    try:
+        with TestClient(create_app(session, ServerOptions("hybrid"))) as client:
+            for i, messages in enumerate(talks):
+                prompt = session.render(messages)
+                marks = session.message_marks(messages, session.prompt_text(messages), prompt)
+                body = {"messages": messages, "temperature": 0, "max_tokens": 8}
+                reply = client.post("/v1/chat/completions", json=body).json()
+                cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+                if i == 1:  # the system prompt, and the next message's header
+                    assert cached == marks[0] > len(target.tokenize(system["content"]))
+                if i == 3:  # up to the edited message
+                    assert cached == marks[-1] > marks[0]
+                assert target.restarts == 0
+                _want, pieces = plain_answer(alone, prompt, 8)
+                if reply["choices"][0]["message"]["content"] != "".join(p.text for p in pieces):
+                    assert min(p.margin or 9.0 for p in pieces) < 1.0  # a near-tie moved
+    finally:
         session.close()
         alone.close()
 

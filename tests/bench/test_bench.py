@@ -524,8 +524,8 @@ class ClockedToy(ToyModel):
         self.spent += self.costs[0] + self.costs[1] * len(tokens)
         return super()._decode(tokens, pos, n_logits)
 
-    def evaluate(self, tokens, n_logits, checkpoint=False):
-        logits = super().evaluate(tokens, n_logits, checkpoint)
+    def evaluate(self, tokens, n_logits, checkpoint=False, marks=()):
+        logits = super().evaluate(tokens, n_logits, checkpoint, marks)
         self.busy_s = self.spent  # what llama.cpp would have taken, not the wall clock
         return logits
 
