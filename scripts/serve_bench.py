@@ -23,17 +23,18 @@ round N of the bench's prompts (`--specbench`: Spec-Bench's, one a category), ag
 `localspec serve --parallel N` and `llama-server -np N` with and without `-md` (the same
 context per slot); the servers take turns, a different one first each round. Per round:
 the aggregate tok/s (all tokens over the round's wall time) and each client's TTFT and
-tok/s. "An editor beside a chat"
-(`--suite editor`): a 32-token code completion's latency while a chat answer streams,
-over its latency alone, on the same servers (with `--paste-chars N`, beside a chat
-request carrying an N-character code paste, sent a second before it, while the server
-reads the paste: an agent sending a file). Two conversations taking turns (`--suite
-alternate`): each turn's TTFT, the second turns' over the first's (does each find its
-context still cached?). A chat beside an index (`--suite index`): a chat answer's tok/s
-while `/v1/embeddings` reads `--index-texts` chunks of the standard library (8 a
-request, as an indexer sends them), over its tok/s alone, and the index's time beside
-the chat over alone; llama-server serves embeddings when started with `--embeddings
---pooling mean`, which it is here.
+tok/s. "An editor beside a chat" (`--suite editor`): a 32-token code completion's
+latency while a chat answer streams, over its latency alone, on the same servers (with
+`--paste-chars N`, beside a chat request carrying an N-character code paste, sent a
+second before it, while the server reads the paste: an agent sending a file). Two
+conversations taking turns (`--suite alternate`): each turn's TTFT, the second turns'
+over the first's (does each find its context still cached?). New conversations with one
+system prompt in one slot (`--suite newchat`): each one's TTFT, the later ones' over the
+first's. A chat beside an index (`--suite index`): a chat answer's tok/s while
+`/v1/embeddings` reads `--index-texts` chunks of the standard library (8 a request, as
+an indexer sends them), over its tok/s alone, and the index's time beside the chat over
+alone; llama-server serves embeddings when started with `--embeddings --pooling mean`,
+which it is here.
 
     scripts/serve_bench.py --target T.gguf --draft D.gguf --threads 4 --prompts 10 \
         --out docs/bench/serve/results.json
@@ -588,6 +589,25 @@ def alternate_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     return rows
 
 
+def newchat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
+    """New conversations with one system prompt (an agent's next task, a new chat), in
+    one slot: each one's TTFT, the later ones' over the first's (does the system prompt
+    stay read? a hybrid target's state needs a copy kept where it ends)."""
+    commands, ports = many_servers(args, 1)
+    system = f"You review this module. Be brief.\n\n```python\n{edit_file()}```"
+    asks = ["Any bug in area()?", "What does scaled() return?", "Is total_area() right?"]
+    rows: list[dict] = []
+    with servers(commands, ports, logs, "newchat") as bases:
+        for name, base in bases.items():
+            for i, ask in enumerate(asks):
+                messages = [{"role": "system", "content": system}, {"role": "user", "content": ask}]
+                row = stream_one(base, messages, 24)
+                settle(base)
+                rows.append({"suite": "newchat", "prompt": f"n{i}", "server": name, **row})
+                print(summary(rows[-1]), flush=True)
+    return rows
+
+
 def index_texts(n: int) -> list[str]:
     """`n` chunks of ~600 characters of the standard library's modules (about 150
     tokens each), as an indexer cuts a codebase."""
@@ -745,6 +765,20 @@ def many_report(rows: list[dict]) -> str:
                 f" | {sum(second) / sum(first):.2f}x |"
             )
         lines.append("")
+    chats = [r for r in rows if r["suite"] == "newchat"]
+    if chats:
+        lines += [
+            "### new conversations with one system prompt, one slot: TTFT of each",
+            "",
+            "| server | first s | later s | later over first |",
+            "|---|---|---|---:|",
+        ]
+        for name in dict.fromkeys(r["server"] for r in chats):
+            times = [r["ttft_s"] for r in chats if r["server"] == name]
+            later = ", ".join(f"{t:.2f}" for t in times[1:])
+            ratio = statistics.median(times[1:]) / times[0]
+            lines.append(f"| {name} | {times[0]:.2f} | {later} | {ratio:.2f}x |")
+        lines.append("")
     editor = [r for r in rows if r["suite"] == "editor"]
     if editor:
         lines += [
@@ -832,7 +866,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=10, help="prompts (or edits) per suite")
     p.add_argument(
         "--suite",
-        choices=("chat", "edit", "all", "clients", "editor", "alternate", "index"),
+        choices=("chat", "edit", "all", "clients", "editor", "alternate", "newchat", "index"),
         default="all",
     )
     p.add_argument("--clients", type=int, default=4, help="concurrent clients (clients suite)")
@@ -905,6 +939,8 @@ def main() -> None:
         rows += editor_suite(args, logs)
     if args.suite == "alternate":
         rows += alternate_suite(args, logs)
+    if args.suite == "newchat":
+        rows += newchat_suite(args, logs)
     if args.suite == "index":
         rows += index_suite(args, logs)
     args.out.write_text(
@@ -916,7 +952,7 @@ def main() -> None:
             indent=1,
         )
     )
-    many = args.suite in ("clients", "editor", "alternate")
+    many = args.suite in ("clients", "editor", "alternate", "newchat")
     text = f"{many_report(rows)}\n" if many else f"{table(rows)}\n\n{ratios(rows)}\n"
     if args.suite == "index":
         text = f"{index_report(rows)}\n"
