@@ -153,8 +153,10 @@ class Engine:
             # one after those recalled (the cache mostly holds them)
             read = self.target.decoded
             logits = self.target.evaluate(tokens, 1, checkpoint=True, marks=config.marks)
+            # its last token counts as read, as llama-server counts it (the cache holds the
+            # whole prompt where the last answer was recalled)
             kept = len(tokens) - (self.target.decoded - read)
-            rec.prompt_cached = min(kept, len(prompt))
+            rec.prompt_cached = min(kept, len(prompt) - 1)
             if config.max_tokens == 0:  # only read the prompt (an editor's warm-up)
                 yield Finished("", (), "max_tokens", rec.snapshot(final=True))
                 return

@@ -50,9 +50,9 @@ class Stats:
     accepted_per_position: tuple[int, ...] = ()
     drafted_per_position: tuple[int, ...] = ()
     recalled: int = 0  # tokens the last answer had chosen here, taken without a pass
-    # of the prompt, what the target's cache held and it did not read (None: no pass read
-    # it, an answer recalled whole); a recurrent model reads on from a checkpoint, which
-    # may lie before the end of what its cache shares with the prompt
+    # of the prompt, what the target's cache held and it did not read, its last token read
+    # always (None: no pass read it, an answer recalled whole); a recurrent model reads on
+    # from a checkpoint, which may lie before the end of what its cache shares with it
     prompt_cached: int | None = None
 
     @property
