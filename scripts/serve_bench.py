@@ -750,35 +750,20 @@ def many_report(rows: list[dict]) -> str:
         lines.append("")
     talks = [r for r in rows if r["suite"] == "alternate"]
     if talks:
-        lines += [
-            "### two conversations taking turns: TTFT of each turn",
-            "",
-            "| server | first turns s | second turns s | second over first |",
-            "|---|---|---|---:|",
-        ]
+        times: dict[str, tuple[list[float], list[float]]] = {}
         for name in dict.fromkeys(r["server"] for r in talks):
             ttft = {r["prompt"]: r["ttft_s"] for r in talks if r["server"] == name}
-            first = [ttft["c0-t0"], ttft["c1-t0"]]
-            second = [ttft["c0-t1"], ttft["c1-t1"]]
-            lines.append(
-                f"| {name} | {first[0]:.2f}, {first[1]:.2f} | {second[0]:.2f}, {second[1]:.2f}"
-                f" | {sum(second) / sum(first):.2f}x |"
-            )
-        lines.append("")
+            times[name] = ([ttft["c0-t0"], ttft["c1-t0"]], [ttft["c0-t1"], ttft["c1-t1"]])
+        heads = ("first turns", "second turns", "second over first")
+        lines += ttft_table("two conversations taking turns: TTFT of each turn", heads, times)
     chats = [r for r in rows if r["suite"] == "newchat"]
     if chats:
-        lines += [
-            "### new conversations with one system prompt, one slot: TTFT of each",
-            "",
-            "| server | first s | later s | later over first |",
-            "|---|---|---|---:|",
-        ]
+        times = {}
         for name in dict.fromkeys(r["server"] for r in chats):
-            times = [r["ttft_s"] for r in chats if r["server"] == name]
-            later = ", ".join(f"{t:.2f}" for t in times[1:])
-            ratio = statistics.median(times[1:]) / times[0]
-            lines.append(f"| {name} | {times[0]:.2f} | {later} | {ratio:.2f}x |")
-        lines.append("")
+            ttfts = [r["ttft_s"] for r in chats if r["server"] == name]
+            times[name] = (ttfts[:1], ttfts[1:])
+        title = "new conversations with one system prompt, one slot: TTFT of each"
+        lines += ttft_table(title, ("first", "later", "later over first"), times)
     editor = [r for r in rows if r["suite"] == "editor"]
     if editor:
         lines += [
@@ -797,6 +782,20 @@ def many_report(rows: list[dict]) -> str:
                 f"{max(r['slowdown'] for r in mine):.2f}x |"
             )
     return "\n".join(lines)
+
+
+def ttft_table(
+    title: str, heads: tuple[str, str, str], times: dict[str, tuple[list[float], list[float]]]
+) -> list[str]:
+    """A report's table of times to first token: per server (first, later) lists, and
+    the later ones' mean over the first ones'."""
+    lines = [f"### {title}", "", f"| server | {heads[0]} s | {heads[1]} s | {heads[2]} |"]
+    lines.append("|---|---|---|---:|")
+    for name, (first, later) in times.items():
+        ratio = statistics.mean(later) / statistics.mean(first)
+        shown = [", ".join(f"{t:.2f}" for t in ts) for ts in (first, later)]
+        lines.append(f"| {name} | {shown[0]} | {shown[1]} | {ratio:.2f}x |")
+    return [*lines, ""]
 
 
 def summary(row: dict) -> str:
