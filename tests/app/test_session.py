@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from localspec import session as session_mod
 from localspec.backends.base import LoadFailed
 from localspec.backends.llama import LoadOptions
+from localspec.backends.toy import ToyModel
 from localspec.session import SessionConfig, backoff, open_session
 
 CONFIG = SessionConfig(target="t.gguf", draft="d.gguf", target_load=LoadOptions(n_ctx=8192))
@@ -81,3 +84,43 @@ def test_open_session_skips_contexts_that_would_be_capped_to_the_one_that_failed
         "not enough memory for a context of 32768 tokens; retrying with a context of 16384 tokens",
         "not enough memory for a context of 16384 tokens; retrying with a context of 8192 tokens",
     ]
+
+
+TEMPLATES = Path(__file__).parent.parent / "data/templates"
+
+
+class Hybridish(ToyModel):
+    """A toy whose cache, like a recurrent state, drops at most a few tokens."""
+
+    @property
+    def cut_depth(self) -> int | None:
+        return 4
+
+
+@pytest.mark.parametrize("template", ["toy", *sorted(p.name for p in TEMPLATES.glob("*.jinja"))])
+def test_a_chats_marks_are_where_its_first_and_last_user_messages_begin(template: str) -> None:
+    """Each chat template writes its own headers (a system prompt folded into the first
+    user turn, harmony's channels): the marks fall a token before the first and the last
+    user message's content, wherever the template puts it; none for a model that cuts
+    its cache anywhere."""
+    from localspec.backends.toy import TEMPLATE, scripted
+    from localspec.decoding.adaptive import auto_engine
+    from localspec.session import Session
+
+    source = TEMPLATE if template == "toy" else (TEMPLATES / template).read_text()
+    messages = [
+        {"role": "system", "content": "You review code. " * 8},
+        {"role": "user", "content": "First question?"},
+        {"role": "assistant", "content": "An answer."},
+        {"role": "user", "content": "Second question?"},
+    ]
+    for model, marked in (
+        (Hybridish(scripted("x"), template=source), True),
+        (ToyModel(scripted("x"), template=source), False),
+    ):
+        session = Session(auto_engine(model, None))
+        text = session.prompt_text(messages)
+        tokens = model.tokenize(text)
+        first, last = text.index("First question?"), text.rindex("Second question?")
+        want = (len(text[:first].encode()) - 1, len(text[:last].encode()) - 1)
+        assert session.message_marks(messages, text, tokens) == (want if marked else ())
