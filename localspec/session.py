@@ -22,6 +22,7 @@ from localspec.backends.base import (
     Model,
     ModelError,
     check_compatible,
+    common_prefix,
     shared_prefix,
 )
 from localspec.backends.gguf import is_assistant
@@ -171,7 +172,7 @@ class Session:
                 before = self.prompt_text(probe, tools, template_kwargs)
             except Exception:  # a template that refuses it: no mark there
                 continue
-            head = self.target.tokenize(text[: shared_chars(before, text)])
+            head = self.target.tokenize(text[: common_prefix(before, text)])
             if (mark := shared_prefix(head, tokens) - 1) >= CHECKPOINT_FROM:
                 marks.append(mark)
         return tuple(marks)
@@ -355,15 +356,6 @@ def shown_tokens(model: Model, markers: list[str]) -> frozenset[int]:
         if len(tokens) == 1 and not model.token_bytes(tokens[0]):
             shown.add(tokens[0])
     return frozenset(shown)
-
-
-def shared_chars(a: str, b: str) -> int:
-    """The length of the prefix two texts share (by halving: slices compare in C)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid - 1)
-    return lo
 
 
 def _formatter(model: Model) -> Callable[..., Any]:

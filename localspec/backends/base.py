@@ -25,11 +25,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Self, SupportsIndex
+from typing import Any, Self, SupportsIndex, TypeVar
 
 import numpy as np
 
 from localspec.errors import LocalspecError
+
+T = TypeVar("T")
 
 
 class ModelError(LocalspecError):
@@ -57,11 +59,11 @@ class Cancelled(Exception):
         self.done = done
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
-    """The length of the longest common prefix of a and b, given that they agree before
-    `start`. It compares whole slices (C speed, ~1 ns a token) and halves the range
-    where they differ, never a Python loop over the tokens."""
-    a, b = _as_list(a), _as_list(b)
+def common_prefix(a: Sequence[T], b: Sequence[T], start: int = 0) -> int:
+    """The length of the longest common prefix of a and b (token lists, or texts), given
+    that they agree before `start`. It compares whole slices (C speed, ~1 ns a token) and
+    halves the range where they differ, never a Python loop over the tokens."""
+    a, b = _sliceable(a), _sliceable(b)
     short, long = (a, b) if len(a) <= len(b) else (b, a)
     n = len(short)
     if start >= n:
@@ -292,8 +294,9 @@ def moves(
     return n_past, chunks
 
 
-def _as_list(tokens: Sequence[int]) -> list[int]:
-    return tokens if isinstance(tokens, list) else list(tokens)
+def _sliceable(seq: Sequence[T]) -> Sequence[T]:
+    """`seq` as a list, or a text as it is: their slices compare with their own kind."""
+    return seq if isinstance(seq, list | str) else list(seq)
 
 
 @dataclass(frozen=True)

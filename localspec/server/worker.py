@@ -474,7 +474,8 @@ class Worker:
         engine = self._engine_for(slot.engine, job)
         if self.cache_reuse:  # the draft model reads what moved again, within its window
             engine.target.reuse(job.prompt, self.cache_reuse)
-        # the engine reads at least the prompt's last token, for its logits
+        # the engine reads at least the prompt's last token, for its logits; what it read
+        # replaces this once it has (`_observe`), unless it recalled the whole answer
         job.cached_tokens = min(common_prefix(slot.cached, job.prompt), len(job.prompt) - 1)
         batch: Delivery = []
         sent_first = finished = False

@@ -128,9 +128,7 @@ def test_a_prompts_read_stops_at_the_marks_within_it_and_before_its_end() -> Non
     assert checkpoint_stops(short, end, (short + 2,)) == [short + 2]
 
 
-def test_shared_chars_is_the_length_of_the_common_prefix() -> None:
-    from localspec.session import shared_chars
-
+def test_common_prefix_of_two_texts_agrees_with_a_scan() -> None:
     rng = random.Random(1)
     for _ in range(300):
         a = "".join(rng.choice("ab") for _ in range(rng.randrange(0, 40)))
@@ -138,4 +136,4 @@ def test_shared_chars_is_the_length_of_the_common_prefix() -> None:
         n = 0
         while n < min(len(a), len(b)) and a[n] == b[n]:
             n += 1
-        assert shared_chars(a, b) == n
+        assert common_prefix(a, b) == n
