@@ -171,14 +171,19 @@ def gguf_info(paths: Path | Iterable[Path]) -> GgufInfo:
 def _state_bytes(key: Any, tensors: dict[str, int]) -> int:
     """A recurrent model's state per sequence: llama.cpp's n_embd_r (the convolution's
     last d_conv - 1 inputs) and n_embd_s (the SSM / delta-rule state) of each layer that
-    has one, in f32; 0 for a model without."""
+    has one; 0 for a model without."""
     layers = {m.group(1) for name in tensors if (m := re.match(r"blk\.(\d+)\.ssm_", name))}
     if not layers:
         return 0
     d_conv, d_inner = int(key("ssm.conv_kernel")), int(key("ssm.inner_size"))
     d_state, groups = int(key("ssm.state_size")), int(key("ssm.group_count"))
+    return len(layers) * layer_state_bytes(d_conv, d_inner, d_state, groups)
+
+
+def layer_state_bytes(d_conv: int, d_inner: int, d_state: int, groups: int) -> int:
+    """One recurrent layer's state per sequence, in f32, from its `ssm.*` keys."""
     conv = max(0, d_conv - 1) * (d_inner + 2 * groups * d_state)
-    return len(layers) * (conv + d_state * d_inner) * 4
+    return (conv + d_state * d_inner) * 4
 
 
 def _read_header(path: Path) -> _Header:

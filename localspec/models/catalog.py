@@ -24,6 +24,18 @@ class UnknownModel(LocalspecError):
 
 
 @dataclass(frozen=True)
+class Recurrent:
+    """A hybrid model's recurrent layers (Qwen3.5's Gated DeltaNet, its config's
+    `linear_*`; llama.cpp's `ssm.*` keys in brackets): what sizes the state each keeps
+    per sequence, before the file is here to say (memory.Weights.estimate)."""
+
+    key_heads: int  # linear_num_key_heads (ssm.group_count)
+    value_heads: int  # linear_num_value_heads (ssm.time_step_rank)
+    head_dim: int  # linear_key_head_dim = linear_value_head_dim (ssm.state_size)
+    conv_kernel: int  # linear_conv_kernel_dim (ssm.conv_kernel)
+
+
+@dataclass(frozen=True)
 class Shape:
     """The numbers the memory estimate needs (from the model's config)."""
 
@@ -37,6 +49,7 @@ class Shape:
     # a hybrid model's one attention layer in this many (the others keep a recurrent
     # state of a fixed size, not a KV cache); 1: every layer attends
     attention_every: int = 1
+    recurrent: Recurrent | None = None  # what sizes that state (None: not known)
 
     @property
     def kv_layers(self) -> int:

@@ -29,6 +29,7 @@ from localspec.models.catalog import (
     Moe,
     PairEntry,
     Quant,
+    Recurrent,
     Shape,
     suggest,
 )
@@ -103,7 +104,13 @@ _MODEL: dict[str, Any] = {
     "mtp_layers": int,
 }
 _MOE: dict[str, Any] = {"experts": int, "active": int, "expert_ff": int, "shared": bool}
-_HYBRID: dict[str, Any] = {"attention_every": int}
+_HYBRID: dict[str, Any] = {
+    "attention_every": int,
+    "key_heads": int,
+    "value_heads": int,
+    "head_dim": int,
+    "conv_kernel": int,
+}
 _SHAPE: dict[str, Any] = {
     "layers": int,
     "kv_heads": int,
@@ -284,7 +291,7 @@ class _Reader:
         if not isinstance(every, int) or every < 1:
             self.problem((*where, "hybrid"), f"{model_id}: attention_every must be 1 or more")
             every = 1
-        shape = Shape(**shape_data, attention_every=every)
+        shape = Shape(**shape_data, attention_every=every, recurrent=self.recurrent(hybrid, where))
         moe = None
         if "moe" in d:
             m = self.table(d["moe"], (*where, "moe"), _MOE, ("experts", "active", "expert_ff"))
@@ -315,6 +322,20 @@ class _Reader:
             mtp_layers=int(d.get("mtp_layers", 0)),
             architecture=d.get("architecture"),
         )
+
+    def recurrent(self, hybrid: dict[str, Any] | None, where: tuple[str, ...]) -> Recurrent | None:
+        """A hybrid's recurrent layers, where the table gives all of what sizes their
+        state (none of it: the planner learns the state from the file)."""
+        keys = ("key_heads", "value_heads", "head_dim", "conv_kernel")
+        given = [(hybrid or {}).get(k) for k in keys]
+        if all(v is None for v in given):
+            return None
+        numbers = [v for v in given if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+        if len(numbers) < len(keys):
+            name = ".".join((*where, "hybrid"))
+            self.problem((*where, "hybrid"), f"{name} needs {', '.join(keys)}: positive integers")
+            return None
+        return Recurrent(*numbers)
 
     def quant(
         self,

@@ -21,7 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from localspec.backends.gguf import GgufError, GgufInfo, gguf_info_or_none, split_parts
+from localspec.backends.gguf import (
+    GgufError,
+    GgufInfo,
+    gguf_info_or_none,
+    layer_state_bytes,
+    split_parts,
+)
 from localspec.drafting import GAMMA_MAX, LASTING_CHECKPOINTS
 from localspec.models.catalog import ModelEntry, Quant
 from localspec.models.hardware import GiB, Hardware, MiB, fmt_size
@@ -126,6 +132,11 @@ class Weights:
                 int(model.moe.expert_params(shape.embedding) * per_param), per_layer
             )
             experts, share = (layer_experts,) * shape.layers, model.moe.active / model.moe.experts
+        recurrent = _recurrent(shape.layers, shape.attention_every)
+        state = 0
+        if (r := shape.recurrent) is not None:  # as the file's keys will say (from_gguf)
+            d_inner = r.head_dim * r.value_heads
+            state = recurrent * layer_state_bytes(r.conv_kernel, d_inner, r.head_dim, r.key_heads)
         return cls(
             (per_layer,) * shape.layers,
             embd,
@@ -135,7 +146,9 @@ class Weights:
             shape.embedding,
             experts,
             share,
-            recurrent_layers=_recurrent(shape.layers, shape.attention_every),
+            state * (1 + GAMMA_MAX),
+            recurrent,
+            state * (1 + LASTING_CHECKPOINTS),
         )
 
 
@@ -341,8 +354,8 @@ def slots_that_fit(
     most: int = MAX_SLOTS,
 ) -> int:
     """How many sequences of n_ctx tokens each (serve's slots: a KV cache each, in both
-    models) the pair can hold at once, up to `most`, without giving up a GPU layer or
-    the draft's place on the GPU for them; at least 1."""
+    models) the pair can hold at once, up to `most`, without giving up a GPU layer, a
+    layer's experts or the draft's place on the GPU for them; at least 1."""
     one = place(target, draft, n_ctx, budget, hw)
     if one is None:
         return 1
@@ -351,6 +364,7 @@ def slots_that_fit(
         if (
             more is not None
             and more.target_layers >= one.target_layers
+            and more.cpu_moe <= one.cpu_moe
             and more.draft_on_gpu >= one.draft_on_gpu
         ):
             return n

@@ -882,7 +882,8 @@ def test_the_planner_counts_the_hybrids_state_and_its_snapshots_as_llama_cpp_doe
     twins, monkeypatch, capsys
 ) -> None:
     """A sequence's recurrent state and the GAMMA_MAX snapshots a drafting session asks
-    for, for each sequence: what llama.cpp allocates ("RS buffer")."""
+    for, for each sequence: what llama.cpp allocates ("RS buffer"), from the file or,
+    before a download, the catalog."""
     import re
 
     from localspec.backends.gguf import gguf_info
@@ -898,6 +899,13 @@ def test_the_planner_counts_the_hybrids_state_and_its_snapshots_as_llama_cpp_doe
         _, alone = footprint(replace(weights, state=0, kept=0), 512, 0, seqs=seqs)
         state = ram - alone - seqs * weights.kept
         assert abs(state / 2**20 - float(found.group(1))) < 0.01 * state / 2**20
+    # before a download, the catalog's Qwen3.5-0.8B (whose shape the twin has) sizes
+    # each of its 18 DeltaNet layers' state as the file does each of the twin's 3
+    from localspec.models.catalog_file import default_catalog
+
+    model = default_catalog().model("qwen3.5-0.8b")
+    estimate = Weights.estimate(model, model.quant())
+    assert estimate.state // 18 == weights.state // 3 and estimate.kept // 18 == weights.kept // 3
 
 
 # --- serve's slots on the hybrid twin: each sequence's state rolls back on its own -----

@@ -51,6 +51,9 @@ def test_the_current_models_carry_what_the_planner_and_the_engine_need() -> None
     assert [d.id for d in CATALOG.drafts_for(coder)] == ["qwen3-0.6b"]  # Qwen3's tokenizer
     big = CATALOG.model("qwen3.6-27b")
     assert big.shape.attention_every == 4 and big.shape.kv_layers == 16  # 48 DeltaNet layers
+    # each hybrid's DeltaNet layers are sized (their config.json), for the planner
+    hybrids = [m for m in CATALOG.models if m.shape.attention_every > 1]
+    assert hybrids and all(m.shape.recurrent is not None for m in hybrids)
     assert big.shape.kv_bytes_per_token() == 2 * 16 * 4 * 256 * 2
     mtp = CATALOG.model("qwen3.6-35b-a3b-mtp")
     assert mtp.mtp_layers == 1 and mtp.moe is not None and mtp.moe.shared
@@ -315,6 +318,23 @@ def test_bad_values(tmp_path):
     assert any("small: role must be 'target' or 'draft'" in p for p in got)
     assert any("default_family must name one of the families" in p for p in got)
     assert any("sha256 is not 64 hex digits" in p for p in got)
+
+
+def test_a_hybrid_sizes_its_state_with_all_four_numbers_or_none(tmp_path):
+    hybrid = 'hub = "someone/big-GGUF"\nhybrid = { attention_every = 4%s }'
+    full = ", key_heads = 16, value_heads = 32, head_dim = 128, conv_kernel = 4"
+    path = tmp_path / "models.toml"
+    path.write_text(GOOD.replace('hub = "someone/big-GGUF"', hybrid % full))
+    recurrent = load_catalog(path).model("big").shape.recurrent
+    assert recurrent is not None and (recurrent.value_heads, recurrent.head_dim) == (32, 128)
+    path.write_text(GOOD.replace('hub = "someone/big-GGUF"', hybrid % ""))
+    assert load_catalog(path).model("big").shape.recurrent is None  # the file will say
+    bad = GOOD.replace('hub = "someone/big-GGUF"', hybrid % ", key_heads = 16, head_dim = 0")
+    [p] = problems(bad, tmp_path)
+    assert p == (
+        f"models.toml:{line_of(bad, 'hybrid')}: models.big.hybrid needs key_heads, "
+        "value_heads, head_dim, conv_kernel: positive integers"
+    )
 
 
 def test_a_quantization_needs_a_source(tmp_path):

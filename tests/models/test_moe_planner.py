@@ -130,10 +130,13 @@ def test_each_slot_of_a_hybrid_holds_a_recurrent_state_of_its_own() -> None:
     from localspec.models.memory import slots_that_fit
 
     model = CATALOG.model("qwen3.6-27b")
-    state = 9 * 150 * 2**20  # Qwen3.6-27B's state and 8 snapshots, a sequence
-    weights = replace(Weights.estimate(model, model.quant()), state=state, kept=3 * state // 9)
+    weights = Weights.estimate(model, model.quant())  # its state from the catalog's shape
+    # 48 DeltaNet layers of 48 value heads of 128 x 128 floats, and their convolution's
+    # last 3 inputs: 150 MiB a sequence, with 8 snapshots (test_twins: as llama.cpp does)
+    assert weights.state == 9 * 48 * (128 * 6144 + 3 * (6144 + 2 * 16 * 128)) * 4
+    assert weights.kept == 5 * weights.state // 9  # the state and 4 lasting copies in RAM
     one, four = (footprint(weights, 8192, 65, seqs=n) for n in (1, 4))
-    assert four[0] - one[0] == 3 * state  # on the GPU with its layers
+    assert four[0] - one[0] == 3 * weights.state  # on the GPU with its layers
     assert four[1] - one[1] == 3 * weights.kept  # the copies in RAM
     for vram, slots in ((20, 1), (24, 3), (40, 4)):  # a 24 GB card: 3 slots, not 4
         hw = apply(DESKTOP, Overrides(vram=vram * GiB))
@@ -141,3 +144,22 @@ def test_each_slot_of_a_hybrid_holds_a_recurrent_state_of_its_own() -> None:
         assert slots_that_fit(weights, None, 8192, budget, hw) == slots
         stateless = replace(weights, state=0, kept=0)
         assert slots_that_fit(stateless, None, 8192, budget, hw) == 4
+
+
+def test_a_moe_targets_slots_do_not_push_its_experts_off_the_gpu() -> None:
+    """A slot that would move a layer's experts to the CPU slows every token down for
+    all: a 24 GB card holds Qwen3.6-35B-A3B whole at 32k tokens, and one slot of them."""
+    from localspec.models.memory import slots_that_fit
+
+    model = CATALOG.model("qwen3.6-35b-a3b")
+    weights = Weights.estimate(model, model.quant())
+    for vram, slots in ((24, 1), (32, 4)):
+        hw = apply(DESKTOP, Overrides(vram=vram * GiB))
+        budget = memory_budget(hw)
+        one = place(weights, None, 32768, budget, hw)
+        assert one is not None and one.cpu_moe == 0
+        assert slots_that_fit(weights, None, 32768, budget, hw) == slots
+    # where two slots would have put 1 layer's experts on the CPU (4 slots: 6)
+    hw = apply(DESKTOP, Overrides(vram=24 * GiB))
+    two = place(weights, None, 2 * 32768, memory_budget(hw), hw, seqs=2)
+    assert two is not None and two.cpu_moe > 0
