@@ -398,7 +398,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         """The prompt the request would be answered from."""
         body = parse(kind, await read_body(request, options.max_body_bytes))
         chat = body if isinstance(body, ChatRequest) else body.chat()
-        prompt = await run_in_threadpool(render_chat, chat, session)
+        prompt = await run_in_threadpool(render_chat, chat, session, False)  # nothing read
         metrics.observe_request(endpoint(request), 200)
         return prompt
 

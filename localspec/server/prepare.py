@@ -133,8 +133,9 @@ class ChatPrompt:
     marks: tuple[int, ...] = ()  # where messages begin, for a recurrent target's checkpoints
 
 
-def render_chat(body: ChatRequest, session: Session) -> ChatPrompt:
-    """The prompt a chat request makes (what Anthropic's count_tokens counts too)."""
+def render_chat(body: ChatRequest, session: Session, marks: bool = True) -> ChatPrompt:
+    """The prompt a chat request makes (what Anthropic's count_tokens counts too; `marks`:
+    with where its messages start, which only a read of it needs)."""
     body.refuse_unsupported()
     tools = template_tools(body, session.supports_tools)
     template = session.target.chat_template()
@@ -160,8 +161,8 @@ def render_chat(body: ChatRequest, session: Session) -> ChatPrompt:
         raise ApiError(400, f"the chat template refused the messages: {e}", "messages") from None
     fmt = family if tools else None
     tokens = session.tokenize_raw(text)
-    marks = session.message_marks(messages, text, tokens, tools, variables)
-    return ChatPrompt(text, tokens, template, fmt, params, bool(begun), marks)
+    starts = session.message_marks(messages, text, tokens, tools, variables) if marks else ()
+    return ChatPrompt(text, tokens, template, fmt, params, bool(begun), starts)
 
 
 def prepare_chat(body: ChatRequest, session: Session) -> Prepared:

@@ -259,6 +259,27 @@ def test_the_system_prompt_arrives_and_claude_codes_billing_stamp_does_not(
     assert plain.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
 
 
+def test_counting_a_prompts_tokens_renders_it_once(monkeypatch: pytest.MonkeyPatch):
+    """count_tokens (and llama-server's /apply-template) read nothing: the messages'
+    starts, which a hybrid target's read stops at, are not worked out (two more renders
+    of the template each)."""
+    model = Tooled(scripted(answers), n_vocab=258, n_ctx=512)
+    session = Session(auto_engine(model, None))
+
+    def refuse(*args: object, **kwargs: object) -> tuple[int, ...]:
+        raise AssertionError("marks worked out for a prompt no one reads")
+
+    monkeypatch.setattr(session, "message_marks", refuse)
+    app = create_app(session, ServerOptions("toy", api_key=KEY))
+    ask = {"messages": [{"role": "user", "content": "who are you?"}]}
+    with TestClient(app) as c:
+        headers = {"x-api-key": KEY}
+        counted = c.post("/v1/messages/count_tokens", json={"model": "toy", **ask}, headers=headers)
+        assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+        rendered = c.post("/apply-template", json=ask, headers=headers)
+        assert rendered.status_code == 200 and "who are you?" in rendered.json()["prompt"]
+
+
 def test_thinking_comes_first_in_its_own_block(sdk: anthropic.Anthropic, client: TestClient):
     class Thinker(Tooled):
         def chat_template(self) -> str | None:
