@@ -114,7 +114,8 @@ def memory_sentence(why: Rationale) -> str:
         return (
             f"Memory: {fmt_size(placed.vram)} for the GPU (budget {fmt_size(budget.vram)}) "
             f"and {fmt_size(placed.vram + placed.ram)} in all (budget {fmt_size(budget.ram)}, "
-            f"shared), weights, KV cache and compute buffers included, headroom kept."
+            f"shared), weights, KV cache{state_words(why)} and compute buffers included, "
+            "headroom kept."
         )
     gpu = (
         f"{fmt_size(placed.vram)} of {fmt_size(budget.vram)} GPU budget, " if why.gpu_usable else ""
@@ -128,7 +129,18 @@ def memory_sentence(why: Rationale) -> str:
         )
     return (
         f"Memory: {remote}{gpu}{fmt_size(placed.ram)} of {fmt_size(budget.ram)} RAM budget "
-        f"(weights, KV cache and compute buffers; headroom kept for the system)."
+        f"(weights, KV cache{state_words(why)} and compute buffers; headroom kept for the "
+        "system)."
+    )
+
+
+def state_words(why: Rationale) -> str:
+    """A hybrid target's recurrent state, which its memory counts beside the KV cache."""
+    if not why.state:
+        return ""
+    return (
+        f", its recurrent state ({fmt_size(why.state)} a sequence with the snapshots that "
+        f"roll drafts back, {fmt_size(why.kept)} of copies kept in RAM for later turns)"
     )
 
 
@@ -158,6 +170,10 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             "ram_estimate": plan.ram_estimate,
             "remote_budget": plan.why.budget.remote,
             "remote_estimate": plan.why.placement.remote,
+            # a hybrid target's recurrent state a sequence (with its snapshots), and its
+            # lasting copies in RAM: in the estimates above (each of serve's slots adds one)
+            "recurrent_state": plan.why.state,
+            "recurrent_state_kept": plan.why.kept,
         },
         "reasons": list(reasons(plan)),
     }

@@ -230,6 +230,8 @@ def _plan_target(
         placement=placement,
         budget=budget,
         next_size_up=bigger,
+        state=target.weights.state,
+        kept=target.weights.kept,
     )
     draft_side = None
     if best.draft is not None:

@@ -83,3 +83,7 @@ class Rationale:
     budget: Budget
     next_size_up: NextSizeUp | None = None
     slow: Slow | None = None
+    # a hybrid target's recurrent state a sequence: with its snapshots on the device,
+    # and its lasting copies in RAM (bytes; 0 for a model that has none)
+    state: int = 0
+    kept: int = 0

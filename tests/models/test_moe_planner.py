@@ -146,6 +146,21 @@ def test_each_slot_of_a_hybrid_holds_a_recurrent_state_of_its_own() -> None:
         assert slots_that_fit(stateless, None, 8192, budget, hw) == 4
 
 
+def test_a_hybrids_plan_counts_and_says_its_recurrent_state_before_a_download() -> None:
+    from localspec.models.explain import plan_json
+
+    hw = apply(DESKTOP, Overrides(vram=24 * GiB))
+    plan = plan_catalog(CATALOG, hw, Request(family="qwen3.5", n_ctx=32768))
+    assert plan.target.id == "qwen3.6-35b-a3b"  # not installed: sized from the catalog
+    model = CATALOG.model(plan.target.id)
+    weights = Weights.estimate(model, model.quant())
+    memory = plan_json(plan)["memory"]
+    assert memory["recurrent_state"] == weights.state > 500 * 2**20  # 30 DeltaNet layers
+    assert memory["recurrent_state_kept"] == weights.kept
+    [said] = [r for r in plan_json(plan)["reasons"] if r.startswith("Memory:")]
+    assert "its recurrent state (565 MiB a sequence" in said
+
+
 def test_a_moe_targets_slots_do_not_push_its_experts_off_the_gpu() -> None:
     """A slot that would move a layer's experts to the CPU slows every token down for
     all: a 24 GB card holds Qwen3.6-35B-A3B whole at 32k tokens, and one slot of them."""

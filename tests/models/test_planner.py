@@ -445,8 +445,10 @@ def test_json_shape():
     assert set(data["memory"]) == {
         *("vram_budget", "vram_estimate", "ram_budget", "ram_estimate"),
         *("remote_budget", "remote_estimate"),  # the rpc-servers' (0 without --rpc)
+        *("recurrent_state", "recurrent_state_kept"),  # a hybrid target's (0 for others)
     }
     assert data["memory"]["remote_budget"] == data["memory"]["remote_estimate"] == 0
+    assert data["memory"]["recurrent_state"] == data["memory"]["recurrent_state_kept"] == 0
     assert isinstance(data["reasons"], list) and data["gamma"] >= 1
 
 
