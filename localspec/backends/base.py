@@ -359,7 +359,8 @@ class Model(ABC):
         re-written), and its read starts from the checkpoint instead of from the start.
         It stops at the `marks` it reads past too (messages' starts: a new conversation
         shares the system prompt before the first, an edited turn the text before its
-        own), as llama-server's do at user messages."""
+        own), as llama-server's do at user messages, and the copies kept at those it has
+        read before stay while it makes new ones."""
         if len(tokens) > self.n_ctx:
             raise ContextFull(f"{len(tokens)} tokens do not fit the context of {self.n_ctx}")
         self._cut_to(min(shared_prefix(self.cached, tokens), len(tokens) - n_logits))
@@ -372,7 +373,7 @@ class Model(ABC):
         if checkpoint and self.cut_depth is not None and n_logits <= CHECKPOINT_TAIL:
             for stop in checkpoint_stops(len(self.cached), len(tokens), marks):
                 self._append(list(tokens[len(self.cached) : stop]), 0)
-                self.checkpoint(lasting=True)
+                self.checkpoint(lasting=True, held=marks)
             new = list(tokens[len(self.cached) :])
         return self._append(new, n_logits)
 
@@ -423,11 +424,15 @@ class Model(ABC):
             self.restarts += 1
             self.reset()
 
-    def checkpoint(self, lasting: bool = False) -> None:  # noqa: B027 - optional hook
+    def checkpoint(  # noqa: B027 - optional hook
+        self, lasting: bool = False, held: Sequence[int] = ()
+    ) -> None:
         """Keep the state as it is now, for a later cut that cannot be made in place (a
         recurrent state's, past its snapshots) to come back to; nothing where every cut
         can be made in place. A draft round's replaces the last one's; a `lasting` one
-        (a prompt's, see `evaluate`) stays for later turns."""
+        (a prompt's, see `evaluate`) stays for later turns, and makes way for another
+        where there are too many, but not for those at `held` positions (the prompt's
+        message starts; see checkpoints.py)."""
 
     def _restore(self, pos: int) -> int | None:
         """Go back to the checkpoint where it lies at or before `pos`: the position it

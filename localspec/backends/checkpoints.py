@@ -6,13 +6,15 @@ A draft round's copy (a draft model drafts a token a pass, which no snapshot tak
 further than one token) replaces the last round's; a `lasting` one, at a message's start
 or a few tokens before a prompt's end (Model.evaluate), stays for later turns: at most
 LASTING_CHECKPOINTS of them, the earliest in the text (a system prompt's end, which the
-next conversation may share) and the latest. A copy past where the cache was cut no
-longer holds its text and is forgotten.
+next conversation may share), those at the reading prompt's own message starts (`held`:
+an agent's task, whose next message from the user parts from its history there) and the
+latest. A copy past where the cache was cut no longer holds its text and is forgotten.
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from localspec.drafting import LASTING_CHECKPOINTS
@@ -37,17 +39,21 @@ def copied(kept: Kept) -> Kept:
 class Checkpoints:
     by_seq: dict[int, list[Kept]] = field(default_factory=dict)  # oldest first
 
-    def take(self, seq: int, pos: int, lasting: bool, size: int) -> Kept:
+    def take(
+        self, seq: int, pos: int, lasting: bool, size: int, held: Collection[int] = ()
+    ) -> Kept:
         """A new copy at `pos` for llama.cpp to fill, in place of the one it replaces
-        (whose buffer it reuses where the size is the same)."""
+        (whose buffer it reuses where the size is the same): the oldest lasting one but
+        the earliest in the text and those at `held` positions, where there are others."""
         kept = self.by_seq.setdefault(seq, [])
         old = next((k for k in kept if k.pos == pos), None)
         if old is None and (alike := [k for k in kept if k.lasting == lasting]):
             if not lasting:
                 old = alike[0]
-            elif len(alike) >= LASTING_CHECKPOINTS:  # the oldest but the earliest in the text
+            elif len(alike) >= LASTING_CHECKPOINTS:
                 earliest = min(alike, key=lambda k: k.pos)
-                old = next(k for k in alike if k is not earliest)
+                others = [k for k in alike if k is not earliest]
+                old = next((k for k in others if k.pos not in held), others[0])
         if old is not None:
             kept.remove(old)
             lasting |= old.lasting and old.pos == pos

@@ -324,7 +324,7 @@ class LlamaModel(Model):
             self._checkpoints.forget(seq, pos)
             return True
 
-    def keep_state(self, seq: int, lasting: bool = False) -> None:
+    def keep_state(self, seq: int, lasting: bool = False, held: Sequence[int] = ()) -> None:
         """A copy of sequence `seq`'s recurrent state as it is now (its attention entries
         stay in the cache), for `back_to_state`: a draft round's, or a `lasting` one (see
         checkpoints.py)."""
@@ -333,7 +333,7 @@ class LlamaModel(Model):
                 return
             flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part only
             size = ll.llama_state_seq_get_size_ext(self._ctx, self._at(seq), flags)
-            kept = self._checkpoints.take(seq, self.seq_len(seq), lasting, size)
+            kept = self._checkpoints.take(seq, self.seq_len(seq), lasting, size, held)
             ll.llama_state_seq_get_data_ext(self._ctx, kept.state, size, self._at(seq), flags)
 
     def back_to_state(self, seq: int, pos: int) -> int | None:
@@ -410,8 +410,8 @@ class LlamaModel(Model):
         self.cached = Tokens(tokens if loaded else ())
         return loaded
 
-    def checkpoint(self, lasting: bool = False) -> None:
-        self.keep_state(0, lasting)
+    def checkpoint(self, lasting: bool = False, held: Sequence[int] = ()) -> None:
+        self.keep_state(0, lasting, held)
 
     def _restore(self, pos: int) -> int | None:
         return self.back_to_state(0, pos)

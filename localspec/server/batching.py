@@ -468,8 +468,8 @@ class SlotModel(Model):
         self.cached = Tokens(tokens[:n])
         return n
 
-    def checkpoint(self, lasting: bool = False) -> None:
-        self.shared.keep_state(self.seq, lasting)
+    def checkpoint(self, lasting: bool = False, held: Sequence[int] = ()) -> None:
+        self.shared.keep_state(self.seq, lasting, held)
 
     def _restore(self, pos: int) -> int | None:
         return self.shared.back_to_state(self.seq, pos)

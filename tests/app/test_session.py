@@ -124,3 +124,30 @@ def test_a_chats_marks_are_where_its_first_and_last_user_messages_begin(template
         first, last = text.index("First question?"), text.rindex("Second question?")
         want = (len(text[:first].encode()) - 1, len(text[:last].encode()) - 1)
         assert session.message_marks(messages, text, tokens) == (want if marked else ())
+
+
+def test_an_agents_task_is_marked_where_the_user_asked_it() -> None:
+    """After an agent's tool calls and results, the marks are the first message's start,
+    the last from the user (the task: a thinking model's template renders what follows
+    it otherwise once the next task comes) and the last result's."""
+    from localspec.backends.toy import TEMPLATE, scripted
+    from localspec.decoding.adaptive import auto_engine
+    from localspec.session import Session
+
+    call = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+    messages = [
+        {"role": "system", "content": "You edit code. " * 8},
+        {"role": "user", "content": "Hello there."},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": "Fix the bug."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "def f(): return 1"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "def g(): return 2"},
+    ]
+    model = Hybridish(scripted("x"), template=TEMPLATE)
+    session = Session(auto_engine(model, None))
+    text = session.prompt_text(messages)
+    starts = [text.index(needle) for needle in ("Hello", "Fix the bug", "def g")]
+    want = tuple(len(text[:at].encode()) - 1 for at in starts)
+    assert session.message_marks(messages, text, model.tokenize(text)) == want

@@ -265,8 +265,9 @@ def test_a_hybrids_checkpoints_are_the_earliest_and_latest_and_the_last_draft_ro
 ) -> None:
     """What the backend keeps of a sequence's state (each copy costs its size in RAM):
     a round's copy replaces the last round's; of the lasting ones, the earliest in the
-    text (a system prompt's end) and the latest stay; a cut forgets those past it, and a
-    return comes back to the latest at or before the cut, its state a fresh read's."""
+    text (a system prompt's end), those at the reading prompt's message starts and the
+    latest stay; a cut forgets those past it, and a return comes back to the latest at
+    or before the cut, its state a fresh read's."""
     from localspec.backends.gguf import gguf_info
     from localspec.drafting import LASTING_CHECKPOINTS
     from localspec.models.memory import Weights
@@ -295,6 +296,13 @@ def test_a_hybrids_checkpoints_are_the_earliest_and_latest_and_the_last_draft_ro
         assert np.allclose(got, fresh.evaluate([*text[:17], 7, 8], 1), atol=1e-3)
         model.rollback(text[:12])
         assert model.cached == text[:5] and kept() == [(5, True)]
+        # a prompt's message starts (`held`) stay while its read makes new copies
+        for end in (8, 11, 14):
+            model.evaluate(text[:end], 1)
+            model.checkpoint(lasting=True)
+        model.evaluate(text[:17], 1)
+        model.checkpoint(lasting=True, held=(8,))
+        assert [pos for pos, _ in kept()] == [5, 8, 14, 17]  # 11 went, not 8
         # the planner counts them in RAM, each the size of llama.cpp's copy
         weights = Weights.from_gguf(gguf_info(twins["hybrid"]))
         copy = len(model._checkpoints.by_seq[0][0].state)
