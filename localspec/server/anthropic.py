@@ -104,9 +104,11 @@ class ToolResultBlock(Body):
 
 
 class ThinkingBlock(Body):
-    """An earlier answer's reasoning: not sent back to the model (templates drop it)."""
+    """An earlier answer's reasoning, sent back to the model's template (which keeps it
+    for the task in progress); a redacted one has none to send."""
 
     type: Literal["thinking", "redacted_thinking"]
+    thinking: str | None = None
 
 
 Block = TextBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | OtherPart
@@ -237,7 +239,7 @@ class MessagesRequest(Body):
 def chat_turn(message: MessageIn, where: str) -> list[ChatMessageIn]:
     """One Anthropic turn as chat messages: a user turn's tool results become tool
     messages (before its text, as Anthropic orders them), an assistant's tool_use blocks
-    its tool calls."""
+    its tool calls and its thinking blocks its reasoning."""
     if isinstance(message.content, str):
         return [ChatMessageIn(role=message.role, content=message.content)]
     refuse_parts([b for b in message.content if isinstance(b, OtherPart)], where)
@@ -252,7 +254,17 @@ def chat_turn(message: MessageIn, where: str) -> list[ChatMessageIn]:
         ]
         if not text and not calls:
             return []
-        return [ChatMessageIn(role="assistant", content=text, tool_calls=calls or None)]
+        thought = "\n\n".join(
+            b.thinking for b in message.content if isinstance(b, ThinkingBlock) and b.thinking
+        )
+        return [
+            ChatMessageIn(
+                role="assistant",
+                content=text,
+                tool_calls=calls or None,
+                reasoning_content=thought or None,
+            )
+        ]
     out = [
         ChatMessageIn(role="tool", tool_call_id=b.tool_use_id, content=result_text(b, where))
         for b in message.content

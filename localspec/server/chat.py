@@ -36,7 +36,10 @@ GEMMA_OPEN = "<|tool_call>call:"  # Gemma 4's call: the name, then its arguments
 
 def template_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
     """Messages as chat templates read them: text content; an assistant's tool calls
-    with their arguments as objects (templates write them out with `tojson`)."""
+    with their arguments as objects (templates write them out with `tojson`), and its
+    reasoning where the client sent it back (Qwen3's and Qwen3.5's templates keep it
+    after the last message from the user, gpt-oss's beside a call: the model sees what
+    it thought before each call of the task in progress, as llama-server shows it)."""
     out: list[dict[str, Any]] = []
     for m in messages:
         message: dict[str, Any] = {
@@ -55,6 +58,10 @@ def template_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
                 }
                 for call in m.tool_calls
             ]
+        if m.reasoning_content and m.role == "assistant":
+            message["reasoning_content"] = m.reasoning_content
+            if m.tool_calls:  # gpt-oss's template reads it as `thinking`, as llama.cpp passes it
+                message["thinking"] = m.reasoning_content
         if m.tool_call_id:
             message["tool_call_id"] = m.tool_call_id
         if m.name:

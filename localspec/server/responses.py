@@ -83,9 +83,16 @@ class FunctionOutputItem(Body):
 
 
 class ReasoningItem(Body):
-    """An earlier answer's reasoning: not sent back to the model (templates drop it)."""
+    """An earlier answer's reasoning, sent back with the output items after it (the
+    model's template keeps it for the task in progress): its text, else its summary."""
 
     type: Literal["reasoning"]
+    content: list[dict[str, Any]] | None = None
+    summary: list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        parts = self.content or self.summary or []
+        return "\n\n".join(p["text"] for p in parts if isinstance(p.get("text"), str))
 
 
 Item = MessageItem | FunctionCallItem | CustomCallItem | FunctionOutputItem | ReasoningItem
@@ -197,13 +204,18 @@ class ResponsesRequest(Body):
         out = [ChatMessageIn(role="system", content=self.instructions)] if self.instructions else []
         if isinstance(self.input, str):
             return [*out, ChatMessageIn(role="user", content=self.input)]
+        thought = None  # a reasoning item's, for the assistant's message or calls after it
         for i, raw in enumerate(self.input):
             where = f"input[{i}]"
             item = read_item(raw, where)
             last = out[-1] if out else None
-            if isinstance(item, MessageItem):
+            if isinstance(item, ReasoningItem):
+                thought = item.text() or None
+            elif isinstance(item, MessageItem):
                 text = item_text(item.content, f"{where}.content")
-                out.append(ChatMessageIn(role=item.role, content=text))
+                said = thought if item.role == "assistant" else None
+                out.append(ChatMessageIn(role=item.role, content=text, reasoning_content=said))
+                thought = None
             elif isinstance(item, FunctionCallItem | CustomCallItem):
                 arguments = (
                     item.arguments
@@ -213,10 +225,18 @@ class ResponsesRequest(Body):
                 call = ToolCallIn(
                     id=item.call_id, function=FunctionCall(name=item.name, arguments=arguments)
                 )
-                if last is not None and last.role == "assistant":  # the same turn's calls
-                    last.tool_calls = [*(last.tool_calls or []), call]
+                if last is not None and last.role == "assistant" and thought is None:
+                    last.tool_calls = [*(last.tool_calls or []), call]  # the same turn's calls
                 else:
-                    out.append(ChatMessageIn(role="assistant", content="", tool_calls=[call]))
+                    out.append(
+                        ChatMessageIn(
+                            role="assistant",
+                            content="",
+                            tool_calls=[call],
+                            reasoning_content=thought,
+                        )
+                    )
+                thought = None
             elif isinstance(item, FunctionOutputItem):
                 output = item.output
                 if not isinstance(output, str | list):

@@ -186,6 +186,9 @@ class ChatMessageIn(Body):
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
     function_call: FunctionCall | None = None  # the deprecated form of one tool call
+    # an assistant's reasoning sent back (llama-server's and vLLM's field): a thinking
+    # model's template keeps it for the turn in progress (an agent's calls and results)
+    reasoning_content: str | None = None
 
 
 class FunctionDef(Body):

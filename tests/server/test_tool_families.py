@@ -356,3 +356,86 @@ def test_which_templates_switch_thinking(template, switch, off, on):
     for value, words in (("off", off), ("on", on)):
         said = session.switch_note(value)
         assert said is None if words is None else words in (said or ""), (value, said)
+
+
+QWEN35_TEMPLATE = (TEMPLATES / "qwen3.5-wire.jinja").read_text()
+
+
+def test_reasoning_sent_back_reaches_the_template_for_the_task_in_progress():
+    """OpenAI's `reasoning_content`, Anthropic's thinking blocks and the Responses API's
+    reasoning items go back to the template, as llama-server passes them: Qwen3.5's keeps
+    them after the last message from the user (the model sees what it thought before
+    each call of the task in progress) and drops the earlier ones."""
+    from localspec.server.anthropic import MessagesRequest
+    from localspec.server.prepare import render_chat
+    from localspec.server.responses import ResponsesRequest
+    from localspec.server.schemas import ChatRequest
+
+    session = Session(auto_engine(ToyModel(scripted("ok"), template=QWEN35_TEMPLATE), None))
+    call = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+    openai = {
+        "messages": [
+            {"role": "user", "content": "Hi."},
+            {"role": "assistant", "content": "Hello.", "reasoning_content": "A greeting."},
+            {"role": "user", "content": "Fix a.py."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [call],
+                "reasoning_content": "Read it.",
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "x = 1"},
+        ]
+    }
+    thinking = [{"type": "thinking", "thinking": "Read it.", "signature": "s"}]
+    anthropic = {
+        "model": "x",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": "Hi."},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "A greeting."},
+                    {"type": "text", "text": "Hello."},
+                ],
+            },
+            {"role": "user", "content": "Fix a.py."},
+            {
+                "role": "assistant",
+                "content": [
+                    *thinking,
+                    {"type": "tool_use", "id": "c1", "name": "read", "input": {}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "x = 1"}],
+            },
+        ],
+    }
+    reasoning = {
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "Read it."}],
+    }
+    responses = {
+        "input": [
+            {"role": "user", "content": "Hi."},
+            {**reasoning, "content": [{"type": "reasoning_text", "text": "A greeting."}]},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "Hello."}]},
+            {"role": "user", "content": "Fix a.py."},
+            reasoning,
+            {"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "x = 1"},
+        ]
+    }
+    chats = (
+        ChatRequest.model_validate(openai),
+        MessagesRequest.model_validate(anthropic).chat(),
+        ResponsesRequest.model_validate(responses).chat(),
+    )
+    prompts = [render_chat(chat, session).text for chat in chats]
+    task = "<|im_start|>assistant\n<think>\nRead it.\n</think>\n\n<tool_call>\n<function=read>"
+    assert task in prompts[0] and "A greeting." not in prompts[0]
+    assert prompts[1] == prompts[2] == prompts[0]
