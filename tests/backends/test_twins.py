@@ -1159,6 +1159,84 @@ def test_a_new_conversation_on_a_hybrid_reads_on_from_the_system_prompts_end(twi
         alone.close()
 
 
+def test_an_agents_next_task_on_a_hybrid_reads_from_the_last_tasks_start(
+    twins, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent's task through serve on a hybrid target with Qwen3.5's chat format: its
+    calls' reasoning, sent back, stays in the prompt while the task is in progress; the
+    next message from the user drops it, so that prompt parts from the last one where
+    the task's first call begins. The copy kept where the task was asked survives the
+    task's reads (they keep the copies at their own marks), so the next task reads from
+    there, not from the conversation's first message; the answers are plain decoding's."""
+    from fastapi.testclient import TestClient
+
+    from localspec.backends.llama import LoadOptions
+    from localspec.server.app import ServerOptions, create_app
+    from localspec.session import SessionConfig, open_session
+
+    template = (Path(__file__).parent.parent / "data/templates/qwen3.5-wire.jinja").read_text()
+    load_options = LoadOptions(n_ctx=1024, n_threads=2)
+    config = SessionConfig(
+        str(twins["hybrid"]), "ngram", GAMMA, load_options, load_options, p_min=0.0
+    )
+    session, alone = open_session(config), load(twins["hybrid"], n_ctx=1024)
+    monkeypatch.setattr(session.target, "chat_template", lambda: template)
+
+    def called(name: str, thought: str) -> dict:
+        call = {"id": name, "type": "function", "function": {"name": name, "arguments": "{}"}}
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [call],
+            "reasoning_content": thought,
+        }
+
+    def result(name: str, text: str) -> dict:
+        return {"role": "tool", "tool_call_id": name, "content": text}
+
+    talk = [
+        {"role": "system", "content": "You fix Python code with the tools you have. " * 6},
+        {"role": "user", "content": "Hi there, I need some help today."},
+    ]
+    steps = [
+        [{"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Fix a.py."}],
+        [
+            called("read", "Read the file first."),
+            result("read", "def f(x):\n    return x + 1\n" * 3),
+        ],
+        [called("edit", "Change the sum to a product."), result("edit", "a.py written: 6 lines")],
+        [called("test", "Run the tests to be sure."), result("test", "3 passed in 0.01 s")],
+        [
+            {"role": "assistant", "content": "Fixed.", "reasoning_content": "All pass."},
+            {"role": "user", "content": "Now add a docstring to f."},
+        ],
+    ]
+    try:
+        with TestClient(create_app(session, ServerOptions("hybrid"))) as client:
+            for i in range(len(steps) + 1):
+                messages = [*talk, *(m for step in steps[:i] for m in step)]
+                prompt = session.render(messages)
+                marks = session.message_marks(messages, session.prompt_text(messages), prompt)
+                # the answer as written (the prompt opens a thought: all of it is one)
+                body = {"messages": messages, "temperature": 0, "max_tokens": 8}
+                reply = client.post(
+                    "/v1/chat/completions", json={**body, "reasoning_format": "none"}
+                ).json()
+                cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+                if i == 1:
+                    asked = marks[-1]  # where the task, "Fix a.py.", begins
+                if i == len(steps):  # the next task: the calls' reasoning is dropped
+                    assert "Read the file first." not in session.prompt_text(messages)
+                    assert cached == asked > marks[0]
+                assert session.target.restarts == 0
+                _want, pieces = plain_answer(alone, prompt, 8)
+                assert reply["choices"][0]["message"]["content"]
+                assert_plain_text(reply["choices"][0]["message"]["content"], pieces)
+    finally:
+        session.close()
+        alone.close()
+
+
 def test_the_chats_draft_model_setting_drafts_with_the_targets_mtp_head(twins) -> None:
     """In the chat, "draft model" is the target's own head where it has no other."""
     from localspec.backends.llama import LoadOptions
