@@ -79,11 +79,12 @@ class LoadOptions:
     # a MoE's routed experts of the first this many layers stay in RAM, the rest of the
     # layers offloaded (llama.cpp's --n-cpu-moe; the planner chooses it)
     cpu_moe: int = 0
+    chat_template: str | None = None  # in place of the GGUF's (--chat-template-file)
 
 
 class _BuftOverride(ctypes.Structure):
-    """llama.cpp's llama_model_tensor_buft_override: tensors whose name matches `pattern`
-    (a regex) go to buffer type `buft`."""
+    """llama.cpp's llama_model_tensor_buft_override: tensors matching regex `pattern` go
+    to buffer type `buft`."""
 
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
@@ -536,8 +537,8 @@ class LlamaModel(Model):
         return (ll.llama_vocab_bos(self._vocab), ll.llama_vocab_eos(self._vocab))
 
     def chat_template(self) -> str | None:
-        raw = ll.llama_model_chat_template(self._model, None)
-        return raw.decode("utf-8") if raw else None
+        raw = self.options.chat_template or ll.llama_model_chat_template(self._model, None)
+        return (raw.decode("utf-8") if isinstance(raw, bytes) else raw) or None
 
     def fim_tokens(self) -> FimTokens:
         v = self._vocab

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localspec.errors import LocalspecError
@@ -70,6 +71,32 @@ def add_template_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
         help="the chat template's variables, e.g. '{\"enable_thinking\": false}' (Qwen3: "
         'answer without thinking) or \'{"reasoning_effort": "high"}\' (gpt-oss)',
     )
+
+
+def add_template_file_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument(
+        "--chat-template-file",
+        type=template_file_arg,
+        metavar="FILE",
+        help="a Jinja chat template in place of the one in the target's GGUF (as "
+        "llama-server's: a fixed template for tool calls or thinking)",
+    )
+
+
+def template_file_arg(path: str) -> str:
+    """The template in the file at `path`, checked to parse."""
+    import jinja2
+
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+        jinja2.Environment().parse(text)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise argparse.ArgumentTypeError(f"{path} is not UTF-8 text") from None
+    except jinja2.TemplateSyntaxError as e:
+        raise argparse.ArgumentTypeError(f"{path}, line {e.lineno}: {e.message}") from None
+    return text
 
 
 SAVED = " (default: from the settings)"  # the chat's options that, left out, keep them
@@ -289,6 +316,7 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
         n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers,
         rpc=rpc,  # the target's only: the draft stays local
         cpu_moe=cpu_moe,
+        chat_template=getattr(args, "chat_template_file", None),
     )
     return SessionConfig(
         target=target,

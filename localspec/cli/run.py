@@ -10,6 +10,7 @@ from localspec.cli.options import (
     add_model_options,
     add_reasoning_option,
     add_sampling_options,
+    add_template_file_option,
     add_template_option,
     apply_reasoning,
     sampling_params,
@@ -45,6 +46,7 @@ figures (tokens/s, acceptance, γ) to stderr.""",
     add_sampling_options(p)
     p.add_argument("--system", help="system message (chat mode)")
     add_template_option(p)
+    add_template_file_option(p)
     add_reasoning_option(p)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="plain completion, no chat template")

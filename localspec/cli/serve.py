@@ -17,6 +17,7 @@ from pathlib import Path
 from localspec.cli.options import (
     add_model_options,
     add_reasoning_option,
+    add_template_file_option,
     add_template_option,
     apply_reasoning,
     ranged_float,
@@ -132,6 +133,7 @@ editor's and agent's settings.""",
         "'*': any); requests from browsers are refused otherwise; repeatable",
     )
     add_template_option(g)  # every request's; a request's chat_template_kwargs win
+    add_template_file_option(g)
     g = p.add_argument_group(
         "sampling",
         "what a request that leaves it out gets (default: what the model's GGUF recommends, "

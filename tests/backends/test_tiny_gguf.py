@@ -82,6 +82,23 @@ def test_llama_cpp_loads_the_tiny_models(tiny_models) -> None:
     assert b"".join(target.token_bytes(t) for t in tokens) == b"def fib(n):"
 
 
+def test_a_chat_template_given_replaces_the_ggufs(tiny_pair) -> None:
+    """LoadOptions.chat_template (`--chat-template-file`): llama.cpp's model answers
+    with it, and a session renders its prompts with it."""
+    from localspec.backends.llama import LlamaModel, LoadOptions
+    from localspec.backends.toy import TEMPLATE
+    from localspec.decoding.adaptive import auto_engine
+    from localspec.session import Session
+
+    model = LlamaModel(tiny_pair[0], LoadOptions(n_ctx=512, n_threads=1, chat_template=TEMPLATE))
+    try:
+        assert model.chat_template() == TEMPLATE
+        text = Session(auto_engine(model, None)).prompt_text([{"role": "user", "content": "hi"}])
+        assert text == "<|user|>hi\n<|assistant|>"
+    finally:
+        model.close()
+
+
 @pytest.mark.parametrize("drafter", ["none", "draft", "ngram"])
 def test_the_engine_generates_with_the_tiny_models(tiny_models, drafter: str) -> None:
     target, draft = tiny_models

@@ -102,3 +102,37 @@ def test_a_reasoning_budget_ends_the_reasoning(thinker, capsys):
     assert result["reasoning"] == "\nWe", result  # three tokens, then the block's end
     main([*run, "--reasoning-budget", "-1"])  # no limit
     assert json.loads(capsys.readouterr().out)["reasoning"].strip() == "Weighing it up."
+
+
+def test_a_chat_template_file_replaces_the_ggufs(monkeypatch, capsys, tmp_path):
+    """`--chat-template-file` (run and serve, as llama-server's): the target loads with
+    that template in place of its GGUF's, and the answer is that template's prompt's."""
+    given = []
+
+    def opened(config, say):
+        given.append(config)
+        return scripted_session(REPLY, template=config.target_load.chat_template)
+
+    monkeypatch.setattr("localspec.session.open_session", opened)
+    path = tmp_path / "thinking.jinja"
+    path.write_text(THINKING_TEMPLATE, encoding="utf-8")
+    run = ["run", "Is it?", "--target", "toy.gguf", "--draft", "none", "--json"]
+    assert main([*run, "--chat-template-file", str(path)]) == 0
+    assert given[-1].target_load.chat_template == THINKING_TEMPLATE
+    assert json.loads(capsys.readouterr().out)["reasoning"].strip() == "Weighing it up."
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [(None, "cannot read"), ("{% for m in messages %}", "line 1: Unexpected end of template")],
+)
+def test_a_bad_chat_template_file_is_one_line(tmp_path, text: str | None, words: str):
+    path = tmp_path / "t.jinja"
+    if text is not None:
+        path.write_text(text, encoding="utf-8")
+    for command in ("run", "serve"):
+        r = localspec(
+            command, *(["hi"] if command == "run" else []), "--chat-template-file", str(path)
+        )
+        assert r.returncode != 0 and words in r.stderr.splitlines()[-1], r.stderr
+        assert "Traceback" not in r.stderr
