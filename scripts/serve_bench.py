@@ -30,11 +30,13 @@ second before it, while the server reads the paste: an agent sending a file). Tw
 conversations taking turns (`--suite alternate`): each turn's TTFT, the second turns'
 over the first's (does each find its context still cached?). New conversations with one
 system prompt in one slot (`--suite newchat`): each one's TTFT, the later ones' over the
-first's. A chat beside an index (`--suite index`): a chat answer's tok/s while
-`/v1/embeddings` reads `--index-texts` chunks of the standard library (8 a request, as
-an indexer sends them), over its tok/s alone, and the index's time beside the chat over
-alone; llama-server serves embeddings when started with `--embeddings --pooling mean`,
-which it is here.
+first's. An agent's next task (`--suite agent`, with a thinking model's template through
+`--chat-template-file`): what its first request reads again after a task of tool calls,
+and its TTFT, over the session's first read. A chat beside an index (`--suite index`): a
+chat answer's tok/s while `/v1/embeddings` reads `--index-texts` chunks of the standard
+library (8 a request, as an indexer sends them), over its tok/s alone, and the index's
+time beside the chat over alone; llama-server serves embeddings when started with
+`--embeddings --pooling mean`, which it is here.
 
     scripts/serve_bench.py --target T.gguf --draft D.gguf --threads 4 --prompts 10 \
         --out docs/bench/serve/results.json
@@ -120,6 +122,7 @@ def stream_one(base: str, messages: list[Any], max_tokens: int, **extra: Any) ->
     text, usage, figures = "", None, None
     model = client.models.list().data[0].id  # a server may refuse other names
     started = time.perf_counter()
+    cached = None
     for chunk in client.chat.completions.create(
         model=model,
         messages=messages,
@@ -130,13 +133,19 @@ def stream_one(base: str, messages: list[Any], max_tokens: int, **extra: Any) ->
         **extra,
     ):
         now = time.perf_counter()
-        if chunk.choices and chunk.choices[0].delta.content:
+        delta = chunk.choices[0].delta if chunk.choices else None
+        # a thinking model's first token is its reasoning's (both servers split it off)
+        said = delta and (delta.content or (delta.model_extra or {}).get("reasoning_content"))
+        if delta is not None and said:
             first = first or now
             last = now
-            text += chunk.choices[0].delta.content
+            text += delta.content or ""
         if chunk.usage:
             usage = chunk.usage
         figures = (chunk.model_extra or {}).get("localspec", figures)
+        # the prompt's tokens found cached: OpenAI's usage field, or llama-server's timings
+        timings = (chunk.model_extra or {}).get("timings") or {}
+        cached = timings.get("cache_n", cached)
     tokens = usage.completion_tokens if usage else 0
     span = (last or started) - (first or started)
     row = {
@@ -145,6 +154,13 @@ def stream_one(base: str, messages: list[Any], max_tokens: int, **extra: Any) ->
         "tokens_per_s": (tokens - 1) / span if span > 0 else 0.0,
         "text": text,
     }
+    if usage is not None:
+        row["prompt_tokens"] = usage.prompt_tokens
+        found = getattr(usage, "prompt_tokens_details", None)
+        if found is not None and found.cached_tokens is not None:
+            cached = found.cached_tokens
+    if cached is not None:
+        row["cached_tokens"] = cached
     details = getattr(usage, "completion_tokens_details", None)
     if details is not None and details.accepted_prediction_tokens is not None:
         row["accepted_prediction"] = details.accepted_prediction_tokens
@@ -193,6 +209,8 @@ def localspec_server(
     args: argparse.Namespace, port: int, draft: bool = True, parallel: int = 1
 ) -> list[str]:
     serve = [sys.executable, "-m", "localspec", "serve", *model_args(args, draft)]
+    if getattr(args, "chat_template_file", None):
+        serve += ["--chat-template-file", str(args.chat_template_file)]
     return [*serve, "--port", str(port), "--parallel", str(parallel)]
 
 
@@ -211,6 +229,8 @@ def llama_server(args: argparse.Namespace, port: int, draft: bool, parallel: int
     threads = str(args.threads)
     cmd = [str(args.llama_server), "-m", args.target, "-t", threads, "-tb", threads]
     cmd += ["-c", str(args.ctx * parallel), "-np", str(parallel), "--port", str(port)]
+    if getattr(args, "chat_template_file", None):
+        cmd += ["--jinja", "--chat-template-file", str(args.chat_template_file)]
     if args.gpu:  # every layer on the GPU, as localspec's planner puts them where they fit
         cmd += ["-ngl", "999"] + (["-ngld", "999"] if draft else [])
     if not draft:
@@ -608,6 +628,65 @@ def newchat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     return rows
 
 
+def agent_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
+    """An agent's session in one slot: a greeting, then a task of three tool calls (each
+    call's reasoning and result sent back, as agents send them), then the next task.
+    The messages are scripted, not the models' own, so every server reads the same
+    prompts. In a thinking model's format (--chat-template-file: Qwen3.5's keeps the
+    reasoning after the last message from the user only) the next task's prompt parts
+    from the last one where the task's first call begins: what is read again, and the
+    TTFT, of the next task against the first request's (the system prompt, read whole)."""
+    commands, ports = many_servers(args, 1)
+    source = edit_file()
+    system = f"You fix this module with the tools you have. Be brief.\n\n```python\n{source}```"
+    steps = [
+        ("read_file", "The user wants area() fixed: read the module first.", source[:900]),
+        ("edit_file", "area() multiplies by the radius once: square it.", "circle.py written"),
+        ("run_tests", "Now check that the tests pass after the edit.", "12 passed in 0.31s"),
+    ]
+    talk: list[dict] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Hi, can you help me with this module today?"},
+    ]
+    requests = [list(talk)]
+    talk += [
+        {"role": "assistant", "content": "Yes: what should I do?"},
+        {"role": "user", "content": "Fix area() in circle.py."},
+    ]
+    requests.append(list(talk))
+    for i, (name, thought, result) in enumerate(steps):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+        talk += [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [call],
+                "reasoning_content": thought,
+            },
+            {"role": "tool", "tool_call_id": f"c{i}", "content": result},
+        ]
+        requests.append(list(talk))
+    talk += [
+        {
+            "role": "assistant",
+            "content": "Fixed: area() squares the radius.",
+            "reasoning_content": "The tests pass.",
+        },
+        {"role": "user", "content": "Now make scaled() keep the position too."},
+    ]
+    requests.append(list(talk))
+    rows: list[dict] = []
+    with servers(commands, ports, logs, "agent") as bases:
+        for name, base in bases.items():
+            for i, messages in enumerate(requests):
+                row = stream_one(base, messages, 16)
+                settle(base)
+                label = "next-task" if i == len(requests) - 1 else f"r{i}"
+                rows.append({"suite": "agent", "prompt": label, "server": name, **row})
+                print(summary(rows[-1]), rows[-1].get("cached_tokens"), flush=True)
+    return rows
+
+
 def index_texts(n: int) -> list[str]:
     """`n` chunks of ~600 characters of the standard library's modules (about 150
     tokens each), as an indexer cuts a codebase."""
@@ -756,6 +835,25 @@ def many_report(rows: list[dict]) -> str:
             times[name] = ([ttft["c0-t0"], ttft["c1-t0"]], [ttft["c0-t1"], ttft["c1-t1"]])
         heads = ("first turns", "second turns", "second over first")
         lines += ttft_table("two conversations taking turns: TTFT of each turn", heads, times)
+    agent = [r for r in rows if r["suite"] == "agent"]
+    if agent:
+        lines += [
+            "### an agent's next task, one slot: what it reads, over the first read",
+            "",
+            "| server | first request: prompt, TTFT | next task: prompt, read again, TTFT "
+            "| TTFT over the first |",
+            "|---|---:|---:|---:|",
+        ]
+        for name in dict.fromkeys(r["server"] for r in agent):
+            by_prompt = {r["prompt"]: r for r in agent if r["server"] == name}
+            first, last = by_prompt["r0"], by_prompt["next-task"]
+            read = last.get("prompt_tokens", 0) - last.get("cached_tokens", 0)
+            lines.append(
+                f"| {name} | {first.get('prompt_tokens', '?')} tokens, {first['ttft_s']:.2f} s "
+                f"| {last.get('prompt_tokens', '?')} tokens, {read} read, {last['ttft_s']:.2f} s "
+                f"| {last['ttft_s'] / first['ttft_s']:.2f}x |"
+            )
+        lines.append("")
     chats = [r for r in rows if r["suite"] == "newchat"]
     if chats:
         times = {}
@@ -865,7 +963,17 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=10, help="prompts (or edits) per suite")
     p.add_argument(
         "--suite",
-        choices=("chat", "edit", "all", "clients", "editor", "alternate", "newchat", "index"),
+        choices=(
+            "chat",
+            "edit",
+            "all",
+            "clients",
+            "editor",
+            "alternate",
+            "newchat",
+            "agent",
+            "index",
+        ),
         default="all",
     )
     p.add_argument("--clients", type=int, default=4, help="concurrent clients (clients suite)")
@@ -899,6 +1007,12 @@ def main() -> None:
         action="store_true",
         help="clients suite: Spec-Bench's first turns, one of each category (seed 0), "
         "instead of the bench's prompts",
+    )
+    p.add_argument(
+        "--chat-template-file",
+        type=Path,
+        help="every server's chat template in place of the GGUF's (the agent suite: "
+        "a thinking model's, such as tests/data/templates/qwen3.5-wire.jinja)",
     )
     p.add_argument("--run", action="store_true", help="also `localspec run` on each prompt")
     p.add_argument(
@@ -940,6 +1054,8 @@ def main() -> None:
         rows += alternate_suite(args, logs)
     if args.suite == "newchat":
         rows += newchat_suite(args, logs)
+    if args.suite == "agent":
+        rows += agent_suite(args, logs)
     if args.suite == "index":
         rows += index_suite(args, logs)
     args.out.write_text(
@@ -951,7 +1067,7 @@ def main() -> None:
             indent=1,
         )
     )
-    many = args.suite in ("clients", "editor", "alternate", "newchat")
+    many = args.suite in ("clients", "editor", "alternate", "newchat", "agent")
     text = f"{many_report(rows)}\n" if many else f"{table(rows)}\n\n{ratios(rows)}\n"
     if args.suite == "index":
         text = f"{index_report(rows)}\n"
