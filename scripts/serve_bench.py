@@ -629,61 +629,74 @@ def newchat_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
 
 
 def agent_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
-    """An agent's session in one slot: a greeting, then a task of three tool calls (each
-    call's reasoning and result sent back, as agents send them), then the next task.
-    The messages are scripted, not the models' own, so every server reads the same
+    """An agent's session in one slot: a greeting, then two tasks of three tool calls
+    (each call's reasoning and result sent back, as agents send them), then the next
+    task. The messages are scripted, not the models' own, so every server reads the same
     prompts. In a thinking model's format (--chat-template-file: Qwen3.5's keeps the
-    reasoning after the last message from the user only) the next task's prompt parts
-    from the last one where the task's first call begins: what is read again, and the
-    TTFT, of the next task against the first request's (the system prompt, read whole)."""
+    reasoning after the last message from the user only) a task's first prompt parts
+    from the last one where the last task's first call begins: what is read again, and
+    the TTFT, of the next task against the first request's (the system prompt, read
+    whole); each task before the last adds to what a read from the start would cost."""
     commands, ports = many_servers(args, 1)
     source = edit_file()
     system = f"You fix this module with the tools you have. Be brief.\n\n```python\n{source}```"
-    steps = [
-        ("read_file", "The user wants area() fixed: read the module first.", source[:900]),
-        ("edit_file", "area() multiplies by the radius once: square it.", "circle.py written"),
-        ("run_tests", "Now check that the tests pass after the edit.", "12 passed in 0.31s"),
+    tasks = [
+        (
+            "Fix area() in circle.py.",
+            [
+                ("read_file", "The user wants area() fixed: read it first.", source[:900]),
+                ("edit_file", "area() multiplies by the radius once: square it.", "written"),
+                ("run_tests", "Check that the tests pass after the edit.", "12 passed"),
+            ],
+            "Fixed: area() squares the radius.",
+        ),
+        (
+            "Now make scaled() keep the position too.",
+            [
+                ("read_file", "Read scaled() and what calls it.", source[900:1800]),
+                ("edit_file", "Pass x and y through to the new shape.", "written"),
+                ("run_tests", "Run the tests again.", "13 passed"),
+            ],
+            "Done: scaled() keeps x and y.",
+        ),
     ]
     talk: list[dict] = [
         {"role": "system", "content": system},
         {"role": "user", "content": "Hi, can you help me with this module today?"},
     ]
-    requests = [list(talk)]
-    talk += [
-        {"role": "assistant", "content": "Yes: what should I do?"},
-        {"role": "user", "content": "Fix area() in circle.py."},
-    ]
-    requests.append(list(talk))
-    for i, (name, thought, result) in enumerate(steps):
-        call = {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": "{}"}}
-        talk += [
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [call],
-                "reasoning_content": thought,
-            },
-            {"role": "tool", "tool_call_id": f"c{i}", "content": result},
-        ]
-        requests.append(list(talk))
-    talk += [
-        {
-            "role": "assistant",
-            "content": "Fixed: area() squares the radius.",
-            "reasoning_content": "The tests pass.",
-        },
-        {"role": "user", "content": "Now make scaled() keep the position too."},
-    ]
-    requests.append(list(talk))
+    requests = [("r0", list(talk))]
+    talk.append({"role": "assistant", "content": "Yes: what should I do?"})
+    for t, (ask, steps, done) in enumerate(tasks):
+        talk.append({"role": "user", "content": ask})
+        requests.append((f"task{t + 1}", list(talk)))
+        for i, (name, thought, result) in enumerate(steps):
+            call_id = f"c{t}{i}"
+            call = {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": "{}"},
+            }
+            talk += [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [call],
+                    "reasoning_content": thought,
+                },
+                {"role": "tool", "tool_call_id": call_id, "content": result},
+            ]
+            requests.append((f"task{t + 1}-step{i + 1}", list(talk)))
+        talk.append({"role": "assistant", "content": done, "reasoning_content": "The tests pass."})
+    talk.append({"role": "user", "content": "Last: add a docstring to Square."})
+    requests.append(("next-task", list(talk)))
     rows: list[dict] = []
     with servers(commands, ports, logs, "agent") as bases:
         for name, base in bases.items():
-            for i, messages in enumerate(requests):
+            for label, messages in requests:
                 row = stream_one(base, messages, 16)
                 settle(base)
-                label = "next-task" if i == len(requests) - 1 else f"r{i}"
                 rows.append({"suite": "agent", "prompt": label, "server": name, **row})
-                print(summary(rows[-1]), rows[-1].get("cached_tokens"), flush=True)
+                print(summary(rows[-1]), "cached", rows[-1].get("cached_tokens"), flush=True)
     return rows
 
 
@@ -1061,7 +1074,12 @@ def main() -> None:
     args.out.write_text(
         json.dumps(
             {
-                "args": vars(args) | {"out": str(args.out), "llama_server": str(args.llama_server)},
+                "args": vars(args)
+                | {
+                    "out": str(args.out),
+                    "llama_server": str(args.llama_server),
+                    "chat_template_file": str(args.chat_template_file or ""),
+                },
                 "rows": rows,
             },
             indent=1,
