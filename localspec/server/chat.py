@@ -60,7 +60,9 @@ def template_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
             ]
         if m.reasoning_content and m.role == "assistant":
             message["reasoning_content"] = m.reasoning_content
-            if m.tool_calls:  # gpt-oss's template reads it as `thinking`, as llama.cpp passes it
+            # gpt-oss's template reads it as `thinking` beside a call, as llama.cpp passes
+            # it, and refuses a call's message with both that and content
+            if m.tool_calls and not message["content"]:
                 message["thinking"] = m.reasoning_content
         if m.tool_call_id:
             message["tool_call_id"] = m.tool_call_id

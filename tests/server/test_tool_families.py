@@ -439,3 +439,28 @@ def test_reasoning_sent_back_reaches_the_template_for_the_task_in_progress():
     task = "<|im_start|>assistant\n<think>\nRead it.\n</think>\n\n<tool_call>\n<function=read>"
     assert task in prompts[0] and "A greeting." not in prompts[0]
     assert prompts[1] == prompts[2] == prompts[0]
+
+
+def test_gpt_oss_reads_the_reasoning_sent_back_with_a_call_as_its_analysis():
+    """As llama.cpp passes it: `thinking` beside a call, the analysis message before it;
+    a call's message with content too keeps its content there (gpt-oss's template refuses
+    both)."""
+    from localspec.server.chat import template_messages
+    from localspec.server.schemas import ChatRequest
+
+    session = Session(auto_engine(toy(HARMONY_TEMPLATE), None))
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    for content, analysis in (("", "It needs the weather."), ("Checking.", "Checking.")):
+        history = [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": content,
+                "tool_calls": [call],
+                "reasoning_content": "It needs the weather.",
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "21 C"},
+        ]
+        messages = template_messages(ChatRequest.model_validate({"messages": history}).messages)
+        prompt = session.prompt_text(messages, [WEATHER])
+        assert f"<|channel|>analysis<|message|>{analysis}<|end|><|start|>assistant to=" in prompt
