@@ -8,6 +8,7 @@ earlier turn, so a new turn only evaluates what is new.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -18,6 +19,7 @@ from typing import Any, TypedDict
 
 from localspec.backends.base import (
     CHECKPOINT_FROM,
+    CHECKPOINT_TAIL,
     LoadFailed,
     Model,
     ModelError,
@@ -163,9 +165,11 @@ class Session:
         anywhere. The last from the user starts an agent's task: its tool calls and
         results come after, and a thinking model's template renders them otherwise once
         the next one comes (Qwen3.5's keeps the reasoning after the last only), so the
-        next task's prompt parts from this one there. Each is where the text the template
-        writes before that message's content (rendered with other content) parts from
-        `text`, a token early: a header's last token may join the content's."""
+        next task's prompt parts from this one after it: also marked is where the task's
+        own prompt kept its copy, before its end (a copy that then stays: see
+        Checkpoints.take). Each start is where the text the template writes before that
+        message's content (rendered with other content) parts from `text`, a token early:
+        a header's last token may join the content's."""
         if self.target.cut_depth is None:
             return ()
         starts = [k for k, m in enumerate(messages) if m.get("role") in ("user", "tool")]
@@ -180,7 +184,16 @@ class Session:
             head = self.target.tokenize(text[: common_prefix(before, text)])
             if (mark := shared_prefix(head, tokens) - 1) >= CHECKPOINT_FROM:
                 marks.append(mark)
-        return tuple(marks)
+        if asked and asked[0] < len(messages) - 1:
+            # the copy the task's own prompt kept CHECKPOINT_TAIL tokens before its end:
+            # past the task's words, before the answer the next task writes otherwise
+            with contextlib.suppress(Exception):  # a template that refuses it: none
+                task = self.prompt_text(messages[: asked[0] + 1], tools, template_kwargs)
+                first = self.target.tokenize(task)
+                end = len(first) - CHECKPOINT_TAIL
+                if shared_prefix(first, tokens) >= end >= CHECKPOINT_FROM:
+                    marks.append(end)
+        return tuple(sorted(set(marks)))
 
     @property
     def thinking_switch(self) -> bool:

@@ -1165,11 +1165,13 @@ def test_an_agents_next_task_on_a_hybrid_reads_from_the_last_tasks_start(
     """An agent's task through serve on a hybrid target with Qwen3.5's chat format: its
     calls' reasoning, sent back, stays in the prompt while the task is in progress; the
     next message from the user drops it, so that prompt parts from the last one where
-    the task's first call begins. The copy kept where the task was asked survives the
-    task's reads (they keep the copies at their own marks), so the next task reads from
-    there, not from the conversation's first message; the answers are plain decoding's."""
+    the task's first call begins. The copy the task's own prompt kept (4 tokens before
+    its end) survives the task's reads (they keep the copies at their own marks), so the
+    next task reads from there, not from the conversation's first message; the answers
+    are plain decoding's."""
     from fastapi.testclient import TestClient
 
+    from localspec.backends.base import CHECKPOINT_TAIL
     from localspec.backends.llama import LoadOptions
     from localspec.server.app import ServerOptions, create_app
     from localspec.session import SessionConfig, open_session
@@ -1223,8 +1225,8 @@ def test_an_agents_next_task_on_a_hybrid_reads_from_the_last_tasks_start(
                     "/v1/chat/completions", json={**body, "reasoning_format": "none"}
                 ).json()
                 cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"]
-                if i == 1:
-                    asked = marks[-1]  # where the task, "Fix a.py.", begins
+                if i == 1:  # "Fix a.py.": the read keeps a copy 4 tokens before its end
+                    asked = len(prompt) - CHECKPOINT_TAIL
                 if i == len(steps):  # the next task: the calls' reasoning is dropped
                     assert "Read the file first." not in session.prompt_text(messages)
                     assert cached == asked > marks[0]
