@@ -159,23 +159,24 @@ class Session:
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> tuple[int, ...]:
         """Where the first and the last message from the user (or a tool) begin in
-        `tokens`, the prompt `text` that `messages` render to, and the last from the user
-        alone: a recurrent target keeps its state there (GenerationConfig.marks), as
-        llama-server does at user messages; none for other targets, which cut their cache
-        anywhere. The last from the user starts an agent's task: its tool calls and
-        results come after, and a thinking model's template renders them otherwise once
-        the next one comes (Qwen3.5's keeps the reasoning after the last only), so the
-        next task's prompt parts from this one after it: also marked is where the task's
-        own prompt kept its copy, before its end (a copy that then stays: see
-        Checkpoints.take). Each start is where the text the template writes before that
-        message's content (rendered with other content) parts from `text`, a token early:
-        a header's last token may join the content's."""
+        `tokens`, the prompt `text` that `messages` render to: a recurrent target keeps
+        its state there (GenerationConfig.marks), as llama-server does at user messages;
+        none for other targets, which cut their cache anywhere. Each is where the text
+        the template writes before that message's content (rendered with other content)
+        parts from `text`, a token early: a header's last token may join the content's.
+
+        Also marked, where calls and results follow the last message from the user (an
+        agent's task), is where that message's own prompt kept its copy, before its end:
+        a thinking model's template writes the task's calls otherwise once the next task
+        comes (Qwen3.5's keeps the reasoning after the last message from the user only),
+        so the next task's prompt parts from this one just past that copy, which stays
+        through the task as a mark of each of its prompts (Checkpoints.take)."""
         if self.target.cut_depth is None:
             return ()
         starts = [k for k, m in enumerate(messages) if m.get("role") in ("user", "tool")]
         asked = [k for k in starts if messages[k].get("role") == "user"][-1:]
         marks = []
-        for k in sorted({starts[0], starts[-1], *asked}) if starts else ():
+        for k in sorted({starts[0], starts[-1]}) if starts else ():
             probe = [*messages[:k], {**messages[k], "content": "\x01"}]
             try:
                 before = self.prompt_text(probe, tools, template_kwargs)

@@ -6,9 +6,9 @@ A draft round's copy (a draft model drafts a token a pass, which no snapshot tak
 further than one token) replaces the last round's; a `lasting` one, at a message's start
 or a few tokens before a prompt's end (Model.evaluate), stays for later turns: at most
 LASTING_CHECKPOINTS of them, the earliest in the text (a system prompt's end, which the
-next conversation may share), those at the reading prompt's own message starts (`held`:
-an agent's task, whose next message from the user parts from its history there) and the
-latest. A copy past where the cache was cut no longer holds its text and is forgotten.
+next conversation may share), those at the reading prompt's own marks (`held`: where an
+agent's task was asked, whose next task parts from its history there) and the latest.
+A copy past where the cache was cut no longer holds its text and is forgotten.
 """
 
 from __future__ import annotations

@@ -128,9 +128,9 @@ def test_a_chats_marks_are_where_its_first_and_last_user_messages_begin(template
 
 def test_an_agents_task_is_marked_where_the_user_asked_it() -> None:
     """After an agent's tool calls and results, the marks are the first message's start,
-    the last from the user (the task: a thinking model's template renders what follows
-    it otherwise once the next task comes), where the task's own prompt kept its copy (4
-    tokens before its end, past the task's words) and the last result's start."""
+    where the task's own prompt (the last from the user) kept its copy (4 tokens before
+    its end, past the task's words: a thinking model's template renders what follows it
+    otherwise once the next task comes) and the last result's start."""
     from localspec.backends.toy import TEMPLATE, scripted
     from localspec.decoding.adaptive import auto_engine
     from localspec.session import Session
@@ -149,9 +149,9 @@ def test_an_agents_task_is_marked_where_the_user_asked_it() -> None:
     model = Hybridish(scripted("x"), template=TEMPLATE)
     session = Session(auto_engine(model, None))
     text = session.prompt_text(messages)
-    starts = [text.index(needle) for needle in ("Hello", "Fix the bug", "def g")]
+    starts = [text.index(needle) for needle in ("Hello", "def g")]
     want = [len(text[:at].encode()) - 1 for at in starts]
     task = session.prompt_text(messages[:4])  # the prompt the task was asked in
     assert task.endswith("Fix the bug.\n<|assistant|>") and text.startswith(task)
-    want.insert(2, len(task.encode()) - 4)
+    want.insert(1, len(task.encode()) - 4)
     assert session.message_marks(messages, text, model.tokenize(text)) == tuple(want)
