@@ -26,7 +26,10 @@ from localspec.server.chat import (
     LLAMA3,
     OPEN,
     JsonDepth,
+    held_inputs,
+    input_schema,
     loads_or_text,
+    with_inputs,
 )
 from localspec.server.schemas import Tool
 from localspec.thinking import CONTROL_MARKS, HARMONY_ANALYSIS, HARMONY_THOUGHT, held_prefix
@@ -544,11 +547,13 @@ def harmony_call_grammar(tools: list[Tool]) -> str:
     from localspec.backends.llama_grammar import schema_grammar
 
     calls, bodies = [], []
+    inputs = held_inputs(tools, json_string=True)
     for i, tool in enumerate(tools):
-        schema = tool.function.parameters or {"type": "object"}
+        schema = input_schema(i) if i in inputs else tool.function.parameters or {"type": "object"}
         # each schema's rules under a prefix of their own: two schemas' rules (named after
         # their keys) and the root's own rules cannot collide
-        bodies.append(prefixed(schema_grammar(schema), f"harmony-{i}-"))
+        body = prefixed(schema_grammar(schema), f"harmony-{i}-")
+        bodies.append(with_inputs(body, {i: inputs[i]}) if i in inputs else body)
         head = json.dumps(f"{tool.function.name} <|constrain|>json<|message|>")
         calls.append(f"{head} harmony-{i}-root")
     call = f'"<|channel|>commentary to=functions." ({" | ".join(calls)})'

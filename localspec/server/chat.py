@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,13 +138,14 @@ def forced_tools(request: ChatRequest) -> list[Tool] | None:
     return named
 
 
-def call_schema(tools: list[Tool], fmt: str) -> dict[str, Any]:
+def call_schema(tools: list[Tool], fmt: str, inputs: Collection[int] = ()) -> dict[str, Any]:
     """A JSON schema of one call of any of `tools`, in the keys `fmt` writes: the name
-    first (streaming sends it first), then the arguments the function's schema allows."""
+    first (streaming sends it first), then the arguments the function's schema allows
+    (the `inputs` tools': their input's place, which `with_inputs` fills)."""
     key = "parameters" if fmt == LLAMA3 else "arguments"
     calls, homes = [], {}
     for i, tool in enumerate(tools):
-        params = tool.function.parameters or {"type": "object"}
+        params = input_schema(i) if i in inputs else tool.function.parameters or {"type": "object"}
         if has_local_refs(params):  # "#/$defs/X" meant its own root: it gets one of its own
             home = f"tool-{i}-parameters"
             homes[home] = rebased(params, f"#/$defs/{home}")
@@ -172,7 +174,8 @@ def tool_grammar(tools: list[Tool], fmt: str) -> str:
 
         return gemma_call_grammar(tools) if fmt == GEMMA4 else harmony_call_grammar(tools)
     if fmt == LLAMA3:
-        return schema_grammar(call_schema(tools, fmt))
+        inputs = held_inputs(tools, json_string=True)
+        return with_inputs(schema_grammar(call_schema(tools, fmt, inputs)), inputs)
     return f'root ::= "{OPEN}\\n" tool-call "\\n{CLOSE}"\n{tagged_call(tools)}'
 
 
@@ -180,8 +183,37 @@ def tagged_call(tools: list[Tool]) -> str:
     """GBNF rules of a Qwen call's object (`tool-call`), to go inside its tags."""
     from localspec.backends.llama_grammar import schema_grammar
 
-    gbnf = schema_grammar(call_schema(tools, HERMES))
+    inputs = held_inputs(tools, json_string=True)
+    gbnf = with_inputs(schema_grammar(call_schema(tools, HERMES, inputs)), inputs)
     return re.sub(r"^root ::=", "tool-call ::=", gbnf, count=1, flags=re.M)
+
+
+def held_inputs(tools: list[Tool], json_string: bool) -> dict[int, str]:
+    """By a custom tool's index, GBNF rules (`input-{i}-root`) of the text its grammar
+    allows, where GBNF can hold that grammar (as is, or as a JSON string's characters)."""
+    from localspec.server.lark_gbnf import input_gbnf
+
+    held = {}
+    for i, tool in enumerate(tools):
+        if tool._input_grammar is not None:
+            gbnf = input_gbnf(*tool._input_grammar, f"input-{i}-", json_string)
+            if gbnf is not None:
+                held[i] = gbnf
+    return held
+
+
+def input_schema(i: int) -> dict[str, Any]:
+    """A held input's arguments, its string a constant that marks its place."""
+    marker = {"const": f"localspecinput{i}"}
+    return {"type": "object", "properties": {"input": marker}, "required": ["input"]}
+
+
+def with_inputs(gbnf: str, inputs: dict[int, str]) -> str:
+    """`gbnf` (of `input_schema`s) with each held input's string its grammar's text."""
+    for i, rules in inputs.items():
+        marker = json.dumps(json.dumps(f"localspecinput{i}"))  # the constant, in GBNF
+        gbnf = gbnf.replace(marker, f'"\\"" input-{i}-root "\\""') + rules
+    return gbnf
 
 
 def lazy_tool_grammar(tools: list[Tool], fmt: str) -> tuple[str, str] | None:
@@ -204,14 +236,17 @@ def xml_call_grammar(tools: list[Tool]) -> str:
     """GBNF of one XML call: a function's name, then any of its parameters, each a block
     of text that does not hold `</` (where the parameter block would end)."""
     calls, rules = [], []
+    inputs = held_inputs(tools, json_string=False)
     for i, tool in enumerate(tools):
         keys = list(((tool.function.parameters or {}).get("properties") or {}).keys())
         key = " | ".join(json.dumps(k) for k in keys) or "[a-zA-Z0-9_]+"
         name = json.dumps(f"<function={tool.function.name}>\n")
-        rules.append(
-            f'call-{i} ::= {name} ("<parameter=" key-{i} ">\\n" value "\\n</parameter>\\n")*'
-        )
-        rules.append(f"key-{i} ::= {key}")
+        if i in inputs:  # a custom tool's one parameter, as its grammar allows
+            param = f'"<parameter=input>\\n" input-{i}-root "\\n</parameter>\\n"'
+            rules += [f"call-{i} ::= {name} {param}", inputs[i].rstrip("\n")]
+        else:
+            param = f'"<parameter=" key-{i} ">\\n" value "\\n</parameter>\\n"'
+            rules += [f"call-{i} ::= {name} ({param})*", f"key-{i} ::= {key}"]
         calls.append(f"call-{i}")
     return "\n".join(
         [

@@ -9,7 +9,9 @@ is stored: `previous_response_id` gets a 400 that says to send the conversation.
 
 A custom tool (free text in, as Codex's `apply_patch`, a Lark grammar beside it) is a
 function of one string, `input`, to the model: its calls go out as `custom_tool_call`
-items, the input decoded from the arguments' JSON as they are written.
+items, the input decoded from the arguments' JSON as they are written. A call's input
+follows its Lark grammar as a call's arguments follow a function's schema
+(localspec.server.lark_gbnf), where GBNF can hold the grammar.
 """
 
 from __future__ import annotations
@@ -119,10 +121,14 @@ class ToolIn(Body):
             return Tool.of(self.name or "", self.description, self.parameters)
         grammar = self.format or {}
         described = self.description or ""
-        if grammar.get("type") == "grammar" and grammar.get("definition"):
+        definition = grammar.get("definition") if grammar.get("type") == "grammar" else None
+        if definition:
             syntax = grammar.get("syntax", "lark")
-            described += f"\n\nThe input follows this {syntax} grammar:\n{grammar['definition']}"
-        return Tool.of(self.name or "", described or None, CUSTOM_PARAMETERS)
+            described += f"\n\nThe input follows this {syntax} grammar:\n{definition}"
+        tool = Tool.of(self.name or "", described or None, CUSTOM_PARAMETERS)
+        if definition:  # held to it where GBNF can hold it
+            tool._input_grammar = (grammar.get("syntax", "lark"), definition)
+        return tool
 
 
 # a custom tool's call as the model writes it: its free text in one string

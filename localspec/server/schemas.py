@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -201,6 +202,9 @@ class FunctionDef(Body):
 class Tool(Body):
     type: Literal["function"]
     function: FunctionDef
+    # a custom tool's grammar for its one string, `input`: (syntax, definition), the
+    # syntax "lark" or "regex" (OpenAI's custom tools; localspec.server.lark_gbnf)
+    _input_grammar: tuple[str, str] | None = PrivateAttr(None)
 
     @classmethod
     def of(cls, name: str, description: str | None, parameters: dict[str, Any] | None) -> Tool:

@@ -6,6 +6,7 @@ for what cannot be honoured."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import jsonschema
@@ -14,6 +15,7 @@ import openai
 import pytest
 from decoding.test_real_engine import assert_lossless
 from fastapi.testclient import TestClient
+from server.test_lark_gbnf import PATCH
 
 from localspec.backends.llama import LoadOptions
 from localspec.backends.llama_grammar import LlamaGrammar, schema_grammar
@@ -519,6 +521,93 @@ def test_a_forced_calls_arguments_follow_its_own_functions_schema(session) -> No
         grammar = LlamaGrammar(target, tool_grammar(tools, fmt), style=CALL_STYLE)
         assert goes_through(grammar, target, call('{"a": 2}')), fmt
         assert not goes_through(grammar, target, call('{"city": "Paris"}')), fmt
+
+
+# a patch of each kind (moved, with context, quotes, a backslash, a tab, an empty line,
+# the end of a file; a deletion; an addition with an empty line), and texts that are not
+PATCHES = [
+    "*** Begin Patch\n*** Update File: src/app.py\n*** Move to: src/main.py\n@@ def greet():\n"
+    "-    print(\"Hi\\there\")\n+\tprint('Hello')\n \n*** End of File\n"
+    "*** Delete File: old.txt\n*** Add File: notes/a b.txt\n+\n+x\n*** End Patch\n",
+    "*** Begin Patch\n*** Add File: hello.txt\n+hi\n*** End Patch",
+]
+NOT_PATCHES = [
+    PATCH,  # the grammar itself, as the 1.5B wrote it where it was only shown
+    "*** Begin Patch\n*** End Patch\n",  # no file
+    "*** Begin Patch\n*** Add File: a.txt\n+x\n*** End of File\n*** End Patch\n",
+    "*** Update File: a.py\n@@\n-x\n+y\n*** End Patch\n",  # no beginning
+]
+# format -> a call of apply_patch with this input, as the format writes it
+PATCH_CALLS = {
+    chat.HERMES: lambda text: ADD_CALLS[chat.HERMES](json.dumps({"input": text})).replace(
+        '"add"', '"apply_patch"'
+    ),
+    chat.LLAMA3: lambda text: json.dumps({"name": "apply_patch", "parameters": {"input": text}}),
+    chat.XML: lambda text: (
+        f"<tool_call>\n<function=apply_patch>\n<parameter=input>\n{text}\n</parameter>\n"
+        "</function>\n</tool_call>"
+    ),
+    chat.HARMONY: lambda text: (
+        "<|channel|>commentary to=functions.apply_patch <|constrain|>json<|message|>"
+        + json.dumps({"input": text})
+    ),
+}
+
+
+def test_a_custom_tools_grammar_holds_its_input_in_each_format(session) -> None:
+    """Codex's apply_patch: a forced call's input follows the tool's Lark grammar, in a
+    JSON string (Qwen2.5's, Llama 3.x's, gpt-oss's calls) or as is (Qwen3.5's XML), on
+    the real vocabulary: every patch goes through, nothing else does."""
+    from localspec.server.chat import CALL_STYLE, tool_grammar
+    from localspec.server.responses import ToolIn
+
+    custom = {"type": "grammar", "syntax": "lark", "definition": PATCH}
+    tools = [ToolIn(type="custom", name="apply_patch", format=custom).as_function()]
+    target = session.target
+    for fmt, call in PATCH_CALLS.items():
+        grammar = LlamaGrammar(target, tool_grammar(tools, fmt), style=CALL_STYLE)
+        for text in PATCHES:
+            assert goes_through(grammar, target, call(text)), (fmt, text)
+        for text in NOT_PATCHES:
+            assert not goes_through(grammar, target, call(text)), (fmt, text)
+    # a raw newline is no JSON (the grammar's LF is the JSON string's \n)
+    raw = PATCH_CALLS[chat.HERMES](PATCHES[1]).replace("\\n", "\n")
+    assert not goes_through(LlamaGrammar(target, tool_grammar(tools, chat.HERMES)), target, raw)
+
+
+def test_codexs_patches_follow_apply_patchs_grammar(client: openai.OpenAI):
+    """Through the Responses API, as Codex asks: the 1.5B, forced to call apply_patch
+    with its grammar only shown, had copied the grammar into the input (two asks of
+    three) or written End Patch before the file; held to it, each input is a patch."""
+    apply_patch = {
+        "type": "custom",
+        "name": "apply_patch",
+        "description": "Use the `apply_patch` tool to edit files. This is a FREEFORM tool.",
+        "format": {"type": "grammar", "syntax": "lark", "definition": PATCH},
+    }
+    for ask in (
+        "Create hello.txt containing the line: hi",
+        "Delete the file old.txt and create new.txt with the text: fresh start",
+    ):
+        reply = client.responses.create(
+            model="gpt-5-codex",
+            input=[{"role": "user", "content": ask}],
+            tools=[apply_patch],  # type: ignore[list-item]
+            tool_choice={"type": "custom", "name": "apply_patch"},
+            max_output_tokens=120,
+            temperature=0,
+        )
+        call = reply.output[-1]
+        assert reply.status == "completed" and call.type == "custom_tool_call", reply.output
+        assert PATCH_FORMAT.fullmatch(call.input), call.input
+
+
+# the patch format, as a regex of its own: what the grammar allows, checked apart from it
+PATCH_FORMAT = re.compile(
+    r"\*\*\* Begin Patch\n(?:\*\*\* Add File: .+\n(?:\+.*\n)+|\*\*\* Delete File: .+\n"
+    r"|\*\*\* Update File: .+\n(?:\*\*\* Move to: .+\n)?"
+    r"(?:(?:(?:@@|@@ .+|[-+ ].*)\n)+(?:\*\*\* End of File\n)?)?)+\*\*\* End Patch\n?"
+)
 
 
 def test_schemas_with_refs_as_pydantic_writes_them(session) -> None:
