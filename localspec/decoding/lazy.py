@@ -1,8 +1,9 @@
 """A grammar that holds from a trigger on (llama.cpp's lazy grammar, which llama-server
 puts on tool calls the model may or may not make): the answer is free until it writes
-the trigger (`<tool_call>`), then the text from the trigger's first character on follows
-the grammar, so a call once begun is one the tools take. The reasoning of a thinking
-model is not watched (a call it muses about is not a call).
+the trigger (`<tool_call>`, or a pattern: a ```json block whose object names a tool),
+then the text from the trigger's first character on follows the grammar, so a call once
+begun is one the tools take. The reasoning of a thinking model is not watched (a call it
+muses about is not a call).
 
 llama.cpp's own lazy sampler replays the trigger's text into the grammar and aborts the
 process where that text does not fit it; here the state checks each replayed token
@@ -13,6 +14,7 @@ it exactly, as any grammar (localspec.decoding.grammar).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -28,13 +30,26 @@ Phase = Literal["before", "thinking", "watching", "held", "free"]
 @dataclass(frozen=True, eq=False)
 class Triggered:
     """`inner` (whose text starts with `trigger`) from the first `trigger` on; before
-    it, after the reasoning block between `reasoning` marks, if the model writes one."""
+    it, after the reasoning block between `reasoning` marks, if the model writes one. A
+    trigger is a mark, or a pattern of the text that opens a call (a call in a wrapper,
+    once it names a tool) whose matches are at most `reach` bytes long."""
 
     model: Model
     inner: Grammar
-    trigger: bytes
+    trigger: bytes | re.Pattern[bytes]
     reasoning: tuple[bytes, bytes] | None = None  # (opening, end): the block not watched
     opened: bool = False  # the prompt opened the block
+    reach: int = 0  # a pattern's longest match
+
+    def find(self, text: bytes) -> int:
+        """Where the first trigger in `text` begins (-1: none yet)."""
+        if isinstance(self.trigger, bytes):
+            return text.find(self.trigger)
+        return m.start() if (m := self.trigger.search(text)) is not None else -1
+
+    def kept(self) -> int:
+        """How much of the answer's end may still begin a trigger."""
+        return (len(self.trigger) if isinstance(self.trigger, bytes) else self.reach) - 1
 
     def start(self) -> TriggeredState:
         if self.reasoning is None:
@@ -83,12 +98,12 @@ class TriggeredState:
             self.text += piece
         elif not self._past_reasoning(piece):
             return
-        trigger = self.rule.trigger
-        if (at := self.text.find(trigger)) >= 0:
+        if (at := self.rule.find(self.text)) >= 0:
             self._hold_from(at)
             return
         # keep what may still begin the trigger, and the fewest tokens that wrote it
-        self.text = self.text[-(len(trigger) - 1) :] if len(trigger) > 1 else b""
+        tail = self.rule.kept()
+        self.text = self.text[-tail:] if tail > 0 else b""
         kept = size = 0
         for _, written in reversed(self.written):
             kept, size = kept + 1, size + len(written)

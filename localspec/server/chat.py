@@ -24,7 +24,7 @@ import re
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from localspec.decoding.schema_refs import has_local_refs, rebased
 from localspec.server.errors import ApiError
@@ -216,20 +216,45 @@ def with_inputs(gbnf: str, inputs: dict[int, str]) -> str:
     return gbnf
 
 
-def lazy_tool_grammar(tools: list[Tool], fmt: str) -> tuple[str, str] | None:
+class LazyCalls(NamedTuple):
+    """The calls an answer makes once it opens one: their GBNF, what opens one (a mark,
+    or a pattern whose matches are at most `reach` bytes long)."""
+
+    gbnf: str
+    trigger: bytes | re.Pattern[bytes]
+    reach: int = 0
+
+
+def lazy_tool_grammar(tools: list[Tool], fmt: str) -> LazyCalls | None:
     """GBNF of the calls an answer makes once it opens one (`tool_choice` "auto", as
     llama-server's lazy grammar: localspec.decoding.lazy), several in a row, and the mark
     that opens one; None for a format whose calls open with no mark of their own (Llama
-    3.x's bare JSON, gpt-oss's messages). Qwen's tags may hold spaces as they please."""
+    3.x's bare JSON, gpt-oss's messages). Qwen's tags may hold spaces as they please.
+    Qwen's calls in the other wrappers its parser reads (`calls.WrappedCall`: a ```json
+    block, as the 1.5B writes them, or a tag such as `<tools>`) are held too, once their
+    object names a tool: before that, a block may be any JSON."""
     if fmt not in (HERMES, XML, GEMMA4):
         return None
     spaces = "[ \\t\\n]{0,4}"
-    if fmt == HERMES:
-        one = f'lazy-call ::= "{OPEN}" {spaces} tool-call {spaces} "{CLOSE}"\n{tagged_call(tools)}'
-    else:
+    if fmt in (XML, GEMMA4):
         one = re.sub(r"^root ::=", "lazy-call ::=", tool_grammar(tools, fmt), count=1, flags=re.M)
-    trigger = OPEN if fmt != GEMMA4 else GEMMA_OPEN.split("call:")[0]
-    return f"root ::= lazy-call ({spaces} lazy-call)*\n{one}", trigger
+        mark = OPEN if fmt == XML else GEMMA_OPEN.split("call:")[0]
+        return LazyCalls(f"root ::= lazy-call ({spaces} lazy-call)*\n{one}", mark.encode())
+    from localspec.server.calls import WRAP_TAGS
+
+    gap = "[ \\t\\n]{0,8}"
+    wrapped = [f'"```" "json"? [ \\t]{{0,4}} "\\n" {gap} tool-call {gap} "```"'] + [
+        f'"{tag}" {gap} tool-call {gap} "</{tag[1:]}"' for tag in WRAP_TAGS
+    ]
+    one = f'"{OPEN}" {spaces} tool-call {spaces} "{CLOSE}" | {" | ".join(wrapped)}'
+    names = [json.dumps(t.function.name)[1:-1].encode() for t in tools]
+    opens = b"|".join([rb"```(?:json)?[ \t]{0,4}\n", *(re.escape(t.encode()) for t in WRAP_TAGS)])
+    named = rb'[ \t\n]{0,8}\{[ \t\n]{0,8}"name"[ \t\n]{0,4}:[ \t\n]{0,4}"(?:%s)"' % b"|".join(
+        re.escape(n) for n in names
+    )
+    trigger = re.compile(re.escape(OPEN.encode()) + b"|(?:" + opens + b")" + named)
+    gbnf = f"root ::= lazy-call ({spaces} lazy-call)*\nlazy-call ::= {one}\n{tagged_call(tools)}"
+    return LazyCalls(gbnf, trigger, 64 + max(map(len, names), default=0))
 
 
 def xml_call_grammar(tools: list[Tool]) -> str:

@@ -215,16 +215,14 @@ def lazy_calls(
         lazy = lazy_tool_grammar(body.tools, tool_format(target.chat_template()))
         if lazy is None:
             return None
-        gbnf, trigger = lazy
-        calls = LlamaGrammar(target, gbnf, style=CALL_STYLE)
+        calls = LlamaGrammar(target, lazy.gbnf, style=CALL_STYLE)
     except GrammarError:
         return None
     if thinking is None:
-        return Triggered(target, calls, trigger.encode())
+        return Triggered(target, calls, lazy.trigger, reach=lazy.reach)
     start, end = thinking.block
-    return Triggered(
-        target, calls, trigger.encode(), (start.encode(), end.encode()), thinking.opened
-    )
+    marks = (start.encode(), end.encode())
+    return Triggered(target, calls, lazy.trigger, marks, thinking.opened, lazy.reach)
 
 
 def thought_budget(

@@ -576,24 +576,28 @@ def test_a_custom_tools_grammar_holds_its_input_in_each_format(session) -> None:
 
 
 def test_codexs_patches_follow_apply_patchs_grammar(client: openai.OpenAI):
-    """Through the Responses API, as Codex asks: the 1.5B, forced to call apply_patch
+    """Through the Responses API, as Codex asks: the 1.5B, asked to call apply_patch
     with its grammar only shown, had copied the grammar into the input (two asks of
-    three) or written End Patch before the file; held to it, each input is a patch."""
+    three) or written End Patch before the file; held to it, each input is a patch.
+    Left to choose (`auto`, what Codex sends), it writes the call in a ```json block,
+    which is held too once it names the tool."""
     apply_patch = {
         "type": "custom",
         "name": "apply_patch",
         "description": "Use the `apply_patch` tool to edit files. This is a FREEFORM tool.",
         "format": {"type": "grammar", "syntax": "lark", "definition": PATCH},
     }
-    for ask in (
+    forced = {"type": "custom", "name": "apply_patch"}
+    hello, renew = (
         "Create hello.txt containing the line: hi",
         "Delete the file old.txt and create new.txt with the text: fresh start",
-    ):
+    )
+    for ask, choice in ((hello, forced), (renew, forced), (hello, "auto")):
         reply = client.responses.create(
             model="gpt-5-codex",
             input=[{"role": "user", "content": ask}],
             tools=[apply_patch],  # type: ignore[list-item]
-            tool_choice={"type": "custom", "name": "apply_patch"},
+            tool_choice=choice,  # type: ignore[arg-type]
             max_output_tokens=120,
             temperature=0,
         )
@@ -749,10 +753,8 @@ def test_a_lazy_call_grammar_holds_each_formats_calls_from_their_mark(session) -
         call = ADD_CALLS[fmt]
         lazy = chat.lazy_tool_grammar(tools, fmt)
         assert lazy is not None
-        gbnf, trigger = lazy
-        grammar = Triggered(
-            target, LlamaGrammar(target, gbnf, style=chat.CALL_STYLE), trigger.encode()
-        )
+        inner = LlamaGrammar(target, lazy.gbnf, style=chat.CALL_STYLE)
+        grammar = Triggered(target, inner, lazy.trigger, reach=lazy.reach)
         two, other = call('{"a": 2}') + "\n" + call('{"a": 3}'), call('{"city": "Paris"}')
         both = fed(grammar, "Adding it up.\n" + two)
         assert both is not None and both.phase == "held", fmt
@@ -764,3 +766,41 @@ def test_a_lazy_call_grammar_holds_each_formats_calls_from_their_mark(session) -
         chat.lazy_tool_grammar(tools, chat.LLAMA3) is None
         and chat.lazy_tool_grammar(tools, chat.HARMONY) is None
     )
+
+
+def test_a_call_in_a_wrapper_is_held_once_it_names_a_tool(session) -> None:
+    """Qwen's calls in the wrappers its parser reads as calls (a ```json block, as the
+    1.5B writes them; a tag such as `<tools>`) are held from the wrapper's start once the
+    object names a tool, on the real vocabulary; a block whose object names none is any
+    JSON, and its text after it free."""
+    from localspec.decoding.lazy import Triggered
+
+    target = session.target
+    lazy = chat.lazy_tool_grammar(two_tools(), chat.HERMES)
+    assert lazy is not None
+    grammar = Triggered(
+        target,
+        LlamaGrammar(target, lazy.gbnf, style=chat.CALL_STYLE),
+        lazy.trigger,
+        reach=lazy.reach,
+    )
+
+    def fed(text: str):
+        state = grammar.start()
+        for token in target.tokenize(text, special=False):
+            if not state.allows(token):
+                return None
+            state.accept(token)
+        return state
+
+    fenced = '```json\n{\n  "name": "add",\n  "arguments": {ARGS}\n}\n```'
+    tagged = '<tools>{"name": "add", "arguments": {ARGS}}</tools>'
+    for call in (fenced, tagged):
+        held = fed("To add them up:\n" + call.replace("{ARGS}", '{"a": 2}'))
+        assert held is not None and held.phase == "held", call
+        assert held.allows(target.special_ids[1])  # complete: the end may come
+        assert fed("To add them up:\n" + call.replace("{ARGS}", '{"city": "Paris"}')) is None
+        # a wrong shape after the name: refused from where the grammar holds
+        assert fed(call.replace("{ARGS}", '{"a": 2}').replace('"arguments"', '"args"')) is None
+    block = fed('For example:\n```json\n{"name": "Ada", "born": 1815}\n```\nThat is JSON.')
+    assert block is not None and block.phase == "watching"
