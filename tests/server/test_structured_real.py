@@ -736,31 +736,17 @@ def test_a_lazy_call_grammar_holds_each_formats_calls_from_their_mark(session) -
     """On the real vocabulary: in each format with a call mark, text, then two calls go
     through (held from the mark), a call of one tool with the other's arguments does not,
     and text with no mark is never held; Llama 3.x's and gpt-oss's calls have no mark."""
-    from localspec.decoding.lazy import Triggered
-
     tools = two_tools()
     target = session.target
-
-    def fed(grammar: Triggered, text: str):
-        state = grammar.start()
-        for token in target.tokenize(text, special=False):
-            if not state.allows(token):
-                return None
-            state.accept(token)
-        return state
-
     for fmt in (chat.HERMES, chat.XML, chat.GEMMA4):
         call = ADD_CALLS[fmt]
-        lazy = chat.lazy_tool_grammar(tools, fmt)
-        assert lazy is not None
-        inner = LlamaGrammar(target, lazy.gbnf, style=chat.CALL_STYLE)
-        grammar = Triggered(target, inner, lazy.trigger, reach=lazy.reach)
+        fed = lazy_feeder(target, tools, fmt)
         two, other = call('{"a": 2}') + "\n" + call('{"a": 3}'), call('{"city": "Paris"}')
-        both = fed(grammar, "Adding it up.\n" + two)
+        both = fed("Adding it up.\n" + two)
         assert both is not None and both.phase == "held", fmt
         assert both.allows(target.special_ids[1]), fmt  # complete: the end may come
-        assert fed(grammar, "Adding.\n" + other) is None, fmt
-        prose = fed(grammar, "No call here: <tool or <|tool, but no mark.")
+        assert fed("Adding.\n" + other) is None, fmt
+        prose = fed("No call here: <tool or <|tool, but no mark.")
         assert prose is not None and prose.phase == "watching", fmt
     assert (
         chat.lazy_tool_grammar(tools, chat.LLAMA3) is None
@@ -768,22 +754,15 @@ def test_a_lazy_call_grammar_holds_each_formats_calls_from_their_mark(session) -
     )
 
 
-def test_a_call_in_a_wrapper_is_held_once_it_names_a_tool(session) -> None:
-    """Qwen's calls in the wrappers its parser reads as calls (a ```json block, as the
-    1.5B writes them; a tag such as `<tools>`) are held from the wrapper's start once the
-    object names a tool, on the real vocabulary; a block whose object names none is any
-    JSON, and its text after it free."""
+def lazy_feeder(target, tools: list[Tool], fmt: str):
+    """A function of a text: the state of the lazy call grammar of `tools` in `fmt`
+    after it, or None where it refuses a token of it."""
     from localspec.decoding.lazy import Triggered
 
-    target = session.target
-    lazy = chat.lazy_tool_grammar(two_tools(), chat.HERMES)
+    lazy = chat.lazy_tool_grammar(tools, fmt)
     assert lazy is not None
-    grammar = Triggered(
-        target,
-        LlamaGrammar(target, lazy.gbnf, style=chat.CALL_STYLE),
-        lazy.trigger,
-        reach=lazy.reach,
-    )
+    inner = LlamaGrammar(target, lazy.gbnf, style=chat.CALL_STYLE)
+    grammar = Triggered(target, inner, lazy.trigger, reach=lazy.reach)
 
     def fed(text: str):
         state = grammar.start()
@@ -793,6 +772,16 @@ def test_a_call_in_a_wrapper_is_held_once_it_names_a_tool(session) -> None:
             state.accept(token)
         return state
 
+    return fed
+
+
+def test_a_call_in_a_wrapper_is_held_once_it_names_a_tool(session) -> None:
+    """Qwen's calls in the wrappers its parser reads as calls (a ```json block, as the
+    1.5B writes them; a tag such as `<tools>`) are held from the wrapper's start once the
+    object names a tool, on the real vocabulary; a block whose object names none is any
+    JSON, and its text after it free."""
+    target = session.target
+    fed = lazy_feeder(target, two_tools(), chat.HERMES)
     fenced = '```json\n{\n  "name": "add",\n  "arguments": {ARGS}\n}\n```'
     tagged = '<tools>{"name": "add", "arguments": {ARGS}}</tools>'
     for call in (fenced, tagged):
