@@ -177,7 +177,7 @@ class Writer:
 
     def text(self, value: str) -> str:
         written = json.dumps(value, ensure_ascii=False)[1:-1] if self.json_string else value
-        return json.dumps(written, ensure_ascii=False) if written else '""'
+        return gbnf_string(written)
 
     def regex(self, parsed: Any) -> str:
         return " ".join(self.node(op, arg) for op, arg in parsed) or '""'
@@ -235,9 +235,9 @@ class Writer:
             kept = split_out(ranges)
             raw = char_set(False, kept) if kept else ""
         forms = [raw] if raw else []
-        forms += [json.dumps(SHORT[chr(c)]) for c in escaped if chr(c) in SHORT]
+        forms += [gbnf_string(SHORT[chr(c)]) for c in escaped if chr(c) in SHORT]
         if member(ord("/")):  # JSON may escape a slash too
-            forms.append(json.dumps("\\/"))
+            forms.append(gbnf_string("\\/"))
         for high in (0, 1):  # the other controls as \u00XX, a class of their last digits
             digits = "".join(
                 f"{c & 15:x}" for c in escaped if chr(c) not in SHORT and c >> 4 == high
@@ -285,6 +285,14 @@ def split_out(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def char_set(negated: bool, ranges: list[tuple[int, int]]) -> str:
     parts = "".join(hex_char(lo) + ("-" + hex_char(hi) if hi > lo else "") for lo, hi in ranges)
     return f"[{'^' if negated else ''}{parts}]"
+
+
+def gbnf_string(text: str) -> str:
+    """A GBNF string literal of `text` (its quotes, backslashes and unprintables escaped
+    as llama.cpp's grammar parser reads them)."""
+    escaped = {'"': '\\"', "\\": "\\\\"}
+    body = "".join(escaped.get(c, c) if c.isprintable() else hex_char(ord(c)) for c in text)
+    return f'"{body}"'
 
 
 def hex_char(c: int) -> str:

@@ -38,7 +38,7 @@ def test_the_patch_grammar_is_written_as_is_or_in_a_json_string():
     assert raw["p-root"] == in_json["p-root"] == "p-start"
     assert raw["p-start"].startswith('"*** Begin Patch" p-t-lf (p-op+) "*** End Patch"')
     # Lark's rule `path` and a terminal `LF` keep apart in GBNF's one namespace
-    assert raw["p-t-lf"] == '"\\n"' and in_json["p-t-lf"] == '"\\\\n"'
+    assert raw["p-t-lf"] == '"\\x0A"' and in_json["p-t-lf"] == '"\\\\n"'
     assert raw["p-path"] == "([^\\x0A]+)"  # `.`: any character but a newline
     # in a JSON string: no raw control character, quote or backslash; each as its escape
     # (\n left out with the newline), the rest of the controls as \u00XX
@@ -98,6 +98,15 @@ def test_a_custom_tools_grammar_rides_on_its_tool_into_the_chat():
     # this tool's input ...
     assert hermes["alternative-0-arguments-input"] == '"\\"" input-0-root "\\""'
     assert "localspecinput" not in tool_grammar(tools, HERMES)
-    assert hermes["input-0-t-lf"] == '"\\\\n"' and xml["input-0-t-lf"] == '"\\n"'
+    assert hermes["input-0-t-lf"] == '"\\\\n"' and xml["input-0-t-lf"] == '"\\x0A"'
     assert hermes["alternative-1-arguments-input-kv"].endswith(" string")  # the other's: any
     assert xml["call-0"].endswith('"<parameter=input>\\n" input-0-root "\\n</parameter>\\n"')
+
+
+def test_strings_are_written_as_llama_cpp_reads_them():
+    """A quote, a backslash and unprintables in a Lark string or regex: escaped for
+    GBNF as they are, and as a JSON string writes them inside one."""
+    grammar = r'start: "say \"a\\b\"\n\x08" /x\ty/'
+    raw, in_json = (rules(lark_gbnf(grammar, "p-", j) or "")["p-start"] for j in (False, True))
+    assert raw == r'"say \"a\\b\"\x0A\x08" ("x" "\x09" "y")'
+    assert in_json == r'"say \\\"a\\\\b\\\"\\n\\b" ("x" "\\t" "y")'
