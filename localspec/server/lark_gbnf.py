@@ -19,7 +19,7 @@ import re
 # the stdlib's own regex parser and its opcodes (a Lark terminal is a Python regex)
 import re._constants as sre
 import re._parser as sre_parse
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from lark import Lark, Token, Tree
@@ -59,6 +59,7 @@ def common_definitions() -> dict[str, Tree]:
     return definitions(meta_parser().parse(text), imports=False)
 
 
+@lru_cache(maxsize=64)  # an agent sends its tools with every request
 def input_gbnf(syntax: str, definition: str, prefix: str, json_string: bool) -> str | None:
     """GBNF rules under `{prefix}root` for the text a custom tool's grammar allows (its
     syntax "lark" or "regex", as OpenAI's custom tools name them), written as is or as a
