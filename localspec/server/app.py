@@ -37,7 +37,7 @@ from localspec.backends.embedding import embedding_limit, embedding_size
 from localspec.backends.llama import LlamaModel
 from localspec.decoding.events import Event, Finished
 from localspec.decoding.opening import pieces_of
-from localspec.server import anthropic, choices, native, responses
+from localspec.server import anthropic, choices, native, responses, responses_out
 from localspec.server.anchors import Anchors
 from localspec.server.answer import (
     Answer,
@@ -441,18 +441,18 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             f"response {short_id()}",
             "chat.completion",
         )
-        ids = responses.ItemIds(short_id())
+        ids = responses_out.ItemIds(short_id())
         if body.stream:
-            stream = responses.ResponseStream(ids, options.model_id, body)
+            stream = responses_out.ResponseStream(ids, options.model_id, body)
             events = stream.events(response.stream_chat(True), lambda: response.done)
-            return sse(events, named=True, error=responses.error_event)
+            return sse(events, named=True, error=responses_out.error_event)
 
         def build(events: list[Event], done: Finished) -> dict[str, Any]:
             chat_body = response.chat_body(events, done)
-            output = responses.output_items(
+            output = responses_out.output_items(
                 chat_body["choices"][0]["message"], ids, body.custom_names()
             )
-            whole = responses.response_body(
+            whole = responses_out.response_body(
                 ids, options.model_id, body, output, done, chat_body["usage"]
             )
             return whole | {"localspec": chat_body["localspec"]}

@@ -204,14 +204,18 @@ def held_inputs(tools: list[Tool], json_string: bool) -> dict[int, str]:
 
 def input_schema(i: int) -> dict[str, Any]:
     """A held input's arguments, its string a constant that marks its place."""
-    marker = {"const": f"localspecinput{i}"}
+    marker = {"const": input_marker(i)}
     return {"type": "object", "properties": {"input": marker}, "required": ["input"]}
+
+
+def input_marker(i: int) -> str:
+    return f"localspecinput{i}"
 
 
 def with_inputs(gbnf: str, inputs: dict[int, str]) -> str:
     """`gbnf` (of `input_schema`s) with each held input's string its grammar's text."""
     for i, rules in inputs.items():
-        marker = json.dumps(json.dumps(f"localspecinput{i}"))  # the constant, in GBNF
+        marker = json.dumps(json.dumps(input_marker(i)))  # the constant, in GBNF
         gbnf = gbnf.replace(marker, f'"\\"" input-{i}-root "\\""') + rules
     return gbnf
 

@@ -56,7 +56,7 @@ def common_definitions() -> dict[str, Tree]:
     import importlib.resources
 
     text = importlib.resources.files("lark").joinpath("grammars/common.lark").read_text()
-    return definitions(meta_parser().parse(text), imports=False)
+    return definitions(meta_parser().parse(text))
 
 
 @lru_cache(maxsize=64)  # an agent sends its tools with every request
@@ -78,7 +78,7 @@ def lark_gbnf(definition: str, prefix: str, json_string: bool) -> str | None:
     `{prefix}root`, the text written as is or as a JSON string's characters; None where
     the grammar uses what GBNF cannot hold here (see the module's docstring)."""
     try:
-        rules = definitions(meta_parser().parse(definition + "\n"), imports=True)
+        rules = definitions(meta_parser().parse(definition + "\n"))
         if "start" not in rules:
             return None
         writer = Writer(prefix, json_string)
@@ -90,7 +90,7 @@ def lark_gbnf(definition: str, prefix: str, json_string: bool) -> str | None:
     return "\n".join(lines) + "\n"
 
 
-def definitions(tree: Tree, imports: bool) -> dict[str, Tree]:
+def definitions(tree: Tree) -> dict[str, Tree]:
     """Each rule's and terminal's expansions by name, imports from common.lark resolved
     (and what those name in turn)."""
     rules: dict[str, Tree] = {}
@@ -103,7 +103,7 @@ def definitions(tree: Tree, imports: bool) -> dict[str, Tree]:
             if params is not None and any(c is not None for c in params.children):
                 raise Unsupported("templates")
             rules[str(name).lstrip("!?")] = rest[-1]  # the priority, if any, goes
-        elif item.data == "import" and imports:
+        elif item.data == "import":
             path, alias = item.children
             parts = [str(p.children[0]) for p in path.children if isinstance(p, Tree)]
             if len(parts) != 2 or parts[0] != "common":

@@ -247,7 +247,7 @@ def test_a_custom_tools_call_carries_its_input_as_written(sdk: openai.OpenAI):
 
 
 def test_a_custom_calls_input_is_decoded_wherever_its_arguments_are_cut():
-    from localspec.server.responses import custom_input, input_so_far
+    from localspec.server.responses_out import custom_input, input_so_far
 
     for ensure_ascii in (True, False):
         arguments = json.dumps({"input": PATCH}, ensure_ascii=ensure_ascii)
