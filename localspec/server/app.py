@@ -47,6 +47,7 @@ from localspec.server.answer import (
     short_id,
     sse,
 )
+from localspec.server.custom_calls import as_custom_call_chunks, as_custom_calls
 from localspec.server.embeddings import EmbeddingRequest, embeddings_body, token_lists
 from localspec.server.errors import ApiError, error_body
 from localspec.server.guard import Guard, GuardMiddleware
@@ -310,11 +311,16 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             "chat.completion",
             body.choices,
         )
+        custom = body.custom_names()
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             chunks = choices.stream(chats, [chat.stream_chat(usage) for chat in chats])
+            if custom:
+                chunks = as_custom_call_chunks(chunks, custom)
             return sse(as_function_call_chunks(chunks) if body.answers_functions else chunks)
         reply = await choices.collect(chats, request, lambda chat: chat.chat_body)
+        if custom:
+            reply = as_custom_calls(reply, custom)
         return JSONResponse(as_function_call(reply) if body.answers_functions else reply)
 
     @app.post("/v1/completions", dependencies=guarded)

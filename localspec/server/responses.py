@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from localspec.server.errors import ApiError
 from localspec.server.schemas import (
@@ -112,24 +112,7 @@ class ToolIn(Body):
     def as_function(self) -> Tool:
         if self.type == "function":
             return Tool.of(self.name or "", self.description, self.parameters)
-        grammar = self.format or {}
-        described = self.description or ""
-        definition = grammar.get("definition") if grammar.get("type") == "grammar" else None
-        syntax = grammar.get("syntax", "lark")
-        if definition:
-            described += f"\n\nThe input follows this {syntax} grammar:\n{definition}"
-        tool = Tool.of(self.name or "", described or None, CUSTOM_PARAMETERS)
-        if definition:  # held to it where GBNF can hold it
-            tool._input_grammar = (syntax, definition)
-        return tool
-
-
-# a custom tool's call as the model writes it: its free text in one string
-CUSTOM_PARAMETERS = {
-    "type": "object",
-    "properties": {"input": {"type": "string"}},
-    "required": ["input"],
-}
+        return Tool.custom(self.name or "", self.description, self.format)
 
 
 class NamedToolIn(Body):
@@ -172,6 +155,21 @@ class ResponsesRequest(Body):
     stream: bool = False
     previous_response_id: str | None = None
     top_logprobs: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def allowed_tools_only(cls, data: Any) -> Any:
+        """`tool_choice: {type: allowed_tools, mode, tools}`: the tools it lists, under
+        its mode (auto or required)."""
+        choice = data.get("tool_choice") if isinstance(data, dict) else None
+        if not (isinstance(choice, dict) and choice.get("type") == "allowed_tools"):
+            return data
+        names = {t.get("name") for t in choice.get("tools") or [] if isinstance(t, dict)}
+        names -= {None}
+        tools = [
+            t for t in data.get("tools") or [] if isinstance(t, dict) and t.get("name") in names
+        ]
+        return data | {"tools": tools or None, "tool_choice": choice.get("mode", "auto")}
 
     def chat(self) -> ChatRequest:
         """The same request as a chat completion."""

@@ -4,8 +4,6 @@ calls) and its body, or its stream of chunks as the Responses API's named events
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -13,6 +11,7 @@ from typing import Any
 
 from localspec.decoding.events import Finished
 from localspec.server.blocks import Blocks, Close, Open, Step
+from localspec.server.custom_calls import OpenCall, custom_input
 from localspec.server.errors import ApiError
 from localspec.server.responses import NamedToolIn, ResponsesChat, ResponsesRequest
 
@@ -79,40 +78,6 @@ def custom_call_item(
         "input": text,
         "status": status,
     }
-
-
-# the start of a custom call's arguments, and of the escapes in its input that are whole
-# (a surrogate pair only as a pair)
-_INPUT_OPENS = re.compile(r'\s*\{\s*"input"\s*:\s*"')
-_WHOLE = re.compile(
-    r'(?:[^"\\]|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[0-9a-fA-F]{4}'
-    r"|\\u(?![dD][89abAB])[0-9a-fA-F]{4}|\\[^u])*"
-)
-
-
-def input_so_far(arguments: str) -> str | None:
-    """The input that arguments written so far as `{"input": "...` hold, decoded up to
-    their last whole escape; None where they are written otherwise."""
-    opened = _INPUT_OPENS.match(arguments)
-    if opened is None:
-        return None
-    whole = _WHOLE.match(arguments, opened.end())
-    try:
-        return json.loads(f'"{whole.group() if whole else ""}"', strict=False)
-    except ValueError:
-        return None
-
-
-def custom_input(arguments: str) -> str:
-    """A custom call's input from its arguments (written otherwise: as they are)."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        value = None
-    if isinstance(value, dict) and isinstance(value.get("input"), str):
-        return value["input"]
-    so_far = input_so_far(arguments)  # cut by max tokens
-    return arguments if so_far is None else so_far
 
 
 @dataclass(frozen=True)
@@ -202,8 +167,7 @@ class ResponseStream:
         self.output: list[dict[str, Any]] = []  # the items done
         self.item: dict[str, Any] = {}  # the open one
         self.custom = request.custom_names()
-        self.written = ""  # of the open custom call: its arguments, as they came
-        self.sent = ""  # and the input decoded from them, as sent
+        self.call = OpenCall()  # the open custom call's
         self.sequence = 0
         self.closing = "completed"  # the status of items that close as they are done
 
@@ -242,8 +206,7 @@ class ResponseStream:
         if isinstance(step, Close):
             return self.finish(step, at)
         if step.kind == "call" and self.item["type"] == "custom_tool_call":
-            self.written += step.text
-            return self.input_delta(input_so_far(self.written) or "", at)
+            return self.input_delta(self.call.more(step.text), at)
         if step.kind == "call":
             return [self.event("response.function_call_arguments.delta", delta=step.text, **at)]
         part = PARTS[step.kind]
@@ -259,7 +222,7 @@ class ResponseStream:
                 else call_item(step.call_id, step.name, "", "in_progress")
             ),
         }[step.kind]
-        self.written = self.sent = ""
+        self.call = OpenCall()
         events = [self.event("response.output_item.added", item=self.item, **at)]
         if step.kind != "call":
             at |= {"item_id": self.item["id"], "content_index": 0}
@@ -273,7 +236,7 @@ class ResponseStream:
             text = custom_input(step.text)
             item = custom_call_item(self.item["call_id"], self.item["name"], text, status)
             events = [
-                *self.input_delta(text, at),
+                *self.input_delta(self.call.beyond(text), at),
                 self.event("response.custom_tool_call_input.done", input=text, **at),
             ]
         elif step.kind == "call":
@@ -297,13 +260,11 @@ class ResponseStream:
         del at["item_id"]
         return [*events, self.event("response.output_item.done", item=item, **at)]
 
-    def input_delta(self, text: str, at: dict[str, Any]) -> list[dict[str, Any]]:
-        """A custom call's input beyond what was sent (none where it was written otherwise
-        than its one string: it goes whole, once the call is done)."""
-        if not text.startswith(self.sent) or text == self.sent:
+    def input_delta(self, piece: str, at: dict[str, Any]) -> list[dict[str, Any]]:
+        """A custom call's next piece of input, where there is one."""
+        if not piece:
             return []
-        delta, self.sent = text[len(self.sent) :], text
-        return [self.event("response.custom_tool_call_input.delta", delta=delta, **at)]
+        return [self.event("response.custom_tool_call_input.delta", delta=piece, **at)]
 
     @staticmethod
     def text_at(part: str) -> dict[str, Any]:

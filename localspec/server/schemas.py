@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
@@ -178,6 +179,20 @@ class ToolCallIn(Body):
     type: Literal["function"] = "function"
     function: FunctionCall
 
+    @model_validator(mode="before")
+    @classmethod
+    def custom_as_function(cls, data: Any) -> Any:
+        """A custom tool's call sent back (`{type: custom, custom: {name, input}}`), as
+        the function's call the model wrote."""
+        if not (isinstance(data, dict) and data.get("type") == "custom"):
+            return data
+        custom = data.get("custom")
+        if not (isinstance(custom, dict) and isinstance(custom.get("input"), str)):
+            raise ValueError("a custom tool call is {type: custom, custom: {name, input}}")
+        arguments = json.dumps({"input": custom["input"]})
+        function = {"name": custom.get("name"), "arguments": arguments}
+        return {"id": data.get("id"), "function": function}
+
 
 class ChatMessageIn(Body):
     # "function": OpenAI's deprecated tool message (ChatRequest.functions)
@@ -202,8 +217,11 @@ class FunctionDef(Body):
 class Tool(Body):
     type: Literal["function"]
     function: FunctionDef
-    # a custom tool's grammar for its one string, `input`: (syntax, definition), the
-    # syntax "lark" or "regex" (OpenAI's custom tools; localspec.server.lark_gbnf)
+    # OpenAI's custom tool (free text in, as Codex's apply_patch): to the model, a
+    # function of one string, `input`; its calls go out as custom calls
+    _custom: bool = PrivateAttr(False)
+    # and the grammar its input follows: (syntax, definition), the syntax "lark" or
+    # "regex" (localspec.server.lark_gbnf)
     _input_grammar: tuple[str, str] | None = PrivateAttr(None)
 
     @classmethod
@@ -211,6 +229,56 @@ class Tool(Body):
         """A function tool (what other APIs' tools are here)."""
         function = FunctionDef(name=name, description=description, parameters=parameters or {})
         return cls(type="function", function=function)
+
+    @classmethod
+    def custom(cls, name: str, description: str | None, fmt: dict[str, Any] | None) -> Tool:
+        """A custom tool, its `format` as the Responses API (`{type: grammar, syntax,
+        definition}`) or Chat Completions (`{type: grammar, grammar: {...}}`) nest it."""
+        fmt = fmt or {}
+        grammar = fmt.get("grammar", fmt) if fmt.get("type") == "grammar" else None
+        grammar = grammar if isinstance(grammar, dict) else {}
+        definition, syntax = grammar.get("definition"), grammar.get("syntax") or "lark"
+        described = description or ""
+        if definition:  # shown to the model; held to it where GBNF can hold it
+            described += f"\n\nThe input follows this {syntax} grammar:\n{definition}"
+        tool = cls.of(name, described or None, CUSTOM_PARAMETERS)
+        tool._custom = True
+        if definition:
+            tool._input_grammar = (syntax, definition)
+        return tool
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def custom_as_function(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Tool:
+        """Chat Completions' custom tool (`{type: custom, custom: {name, description,
+        format}}`), as the function it is to the model."""
+        if isinstance(data, dict) and data.get("type") == "custom":
+            custom = CustomDef.model_validate(data.get("custom"))
+            return cls.custom(custom.name, custom.description, custom.format)
+        return cast(Tool, handler(data))
+
+
+def tool_name(tool: Any) -> str | None:
+    """A tool's name as Chat Completions nests it (`{type: T, T: {name}}`)."""
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    if not isinstance(kind, str) or not isinstance(inner := tool.get(kind), dict):
+        return None
+    name = inner.get("name")
+    return name if isinstance(name, str) else None
+
+
+class CustomDef(Body):
+    name: str
+    description: str | None = None
+    format: dict[str, Any] | None = None  # text, or a grammar its input follows
+
+
+# a custom tool's call as the model writes it: its free text in one string
+CUSTOM_PARAMETERS = {
+    "type": "object",
+    "properties": {"input": {"type": "string"}},
+    "required": ["input"],
+}
 
 
 class NamedFunction(Body):
@@ -224,6 +292,14 @@ class NamedToolChoice(Body):
     @classmethod
     def of(cls, name: str) -> NamedToolChoice:
         return cls(type="function", function=NamedFunction(name=name))
+
+    @model_validator(mode="before")
+    @classmethod
+    def custom_as_function(cls, data: Any) -> Any:
+        """A custom tool named (`{type: custom, custom: {name}}`), as its function."""
+        if isinstance(data, dict) and data.get("type") == "custom":
+            return {"type": "function", "function": data.get("custom")}
+        return data
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
@@ -388,6 +464,24 @@ class ChatRequest(GenerationBody):
             if effort == "none":  # as llama-server's: no thinking, where the template can
                 kwargs.setdefault("enable_thinking", False)
         return kwargs
+
+    def custom_names(self) -> frozenset[str]:
+        """The custom tools' names: their calls go out as custom calls."""
+        return frozenset(t.function.name for t in self.tools or [] if t._custom)
+
+    @model_validator(mode="before")
+    @classmethod
+    def allowed_tools_only(cls, data: Any) -> Any:
+        """`tool_choice: {type: allowed_tools, allowed_tools: {mode, tools}}`: the tools
+        it lists, under its mode (auto or required), as OpenAI reads it."""
+        choice = data.get("tool_choice") if isinstance(data, dict) else None
+        if not (isinstance(choice, dict) and choice.get("type") == "allowed_tools"):
+            return data
+        allowed = choice.get("allowed_tools")
+        allowed = allowed if isinstance(allowed, dict) else {}
+        names = {tool_name(t) for t in allowed.get("tools") or []} - {None}
+        tools = [t for t in data.get("tools") or [] if tool_name(t) in names]
+        return data | {"tools": tools or None, "tool_choice": allowed.get("mode", "auto")}
 
     @property
     def answers_functions(self) -> bool:

@@ -204,7 +204,8 @@ def test_a_custom_tools_call_carries_its_input_as_written(sdk: openai.OpenAI):
     """Codex's apply_patch is a custom tool: the model sees a function of one string with
     the grammar in its description; its call goes out as a custom_tool_call whose input
     is that string, streamed decoded as the model writes it, and its output goes back."""
-    from localspec.server.responses import CUSTOM_PARAMETERS, ResponsesRequest
+    from localspec.server.responses import ResponsesRequest
+    from localspec.server.schemas import CUSTOM_PARAMETERS
 
     tools = [APPLY_PATCH, WEATHER, *HOSTED]
     response = sdk.responses.create(model="x", input="patch", tools=tools)
@@ -247,7 +248,7 @@ def test_a_custom_tools_call_carries_its_input_as_written(sdk: openai.OpenAI):
 
 
 def test_a_custom_calls_input_is_decoded_wherever_its_arguments_are_cut():
-    from localspec.server.responses_out import custom_input, input_so_far
+    from localspec.server.custom_calls import custom_input, input_so_far
 
     for ensure_ascii in (True, False):
         arguments = json.dumps({"input": PATCH}, ensure_ascii=ensure_ascii)

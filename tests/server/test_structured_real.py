@@ -580,7 +580,8 @@ def test_codexs_patches_follow_apply_patchs_grammar(client: openai.OpenAI):
     with its grammar only shown, had copied the grammar into the input (two asks of
     three) or written End Patch before the file; held to it, each input is a patch.
     Left to choose (`auto`, what Codex sends), it writes the call in a ```json block,
-    which is held too once it names the tool."""
+    which is held too once it names the tool. Through Chat Completions (streamed, the
+    tool nested as it nests tools), the same."""
     apply_patch = {
         "type": "custom",
         "name": "apply_patch",
@@ -592,7 +593,7 @@ def test_codexs_patches_follow_apply_patchs_grammar(client: openai.OpenAI):
         "Create hello.txt containing the line: hi",
         "Delete the file old.txt and create new.txt with the text: fresh start",
     )
-    for ask, choice in ((hello, forced), (renew, forced), (hello, "auto")):
+    for ask, choice in ((hello, forced), (hello, "auto")):
         reply = client.responses.create(
             model="gpt-5-codex",
             input=[{"role": "user", "content": ask}],
@@ -604,6 +605,26 @@ def test_codexs_patches_follow_apply_patchs_grammar(client: openai.OpenAI):
         call = reply.output[-1]
         assert reply.status == "completed" and call.type == "custom_tool_call", reply.output
         assert PATCH_FORMAT.fullmatch(call.input), call.input
+
+    grammar = {"type": "grammar", "grammar": {"syntax": "lark", "definition": PATCH}}
+    tool = {"type": "custom", "custom": {"name": "apply_patch", "format": grammar}}
+    tool["custom"]["description"] = apply_patch["description"]
+    pieces, names = [], []
+    for chunk in client.chat.completions.create(
+        model="gpt-5-codex",
+        messages=[{"role": "user", "content": renew}],
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice={"type": "custom", "custom": {"name": "apply_patch"}},
+        max_tokens=120,
+        temperature=0,
+        stream=True,
+    ):
+        for delta in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            custom = (delta.model_extra or {})["custom"]
+            names += [custom["name"]] if "name" in custom else []
+            pieces.append(custom["input"])
+    assert names == ["apply_patch"] and len(pieces) > 2
+    assert PATCH_FORMAT.fullmatch("".join(pieces)), pieces
 
 
 # the patch format, as a regex of its own: what the grammar allows, checked apart from it
