@@ -525,16 +525,22 @@ GEMMA_VALUES = "\n".join(
 
 def gemma_call_grammar(tools: list[Tool]) -> str:
     """GBNF of one Gemma 4 call of any of `tools`: its name, then an arguments object
-    of the function's keys (their values as Gemma writes any value)."""
+    of the function's keys (their values as Gemma writes any value); a custom tool's
+    one string as its grammar allows, between Gemma's string marks."""
     calls, rules = [], []
+    inputs = held_inputs(tools, json_string=False)
     for i, tool in enumerate(tools):
         keys = list(((tool.function.parameters or {}).get("properties") or {}).keys())
         key = " | ".join(json.dumps(k) for k in keys) or "[a-zA-Z_] [a-zA-Z0-9_]*"
         name = json.dumps(tool.function.name + "{")
-        rules += [
-            f'call-{i} ::= {name} (arg-{i} ("," arg-{i})*)? "}}"',
-            f'arg-{i} ::= ({key}) ":" value',
-        ]
+        if i in inputs:
+            opened, closed = json.dumps(f"input:{QUOTE}"), json.dumps(QUOTE + "}")
+            rules += [f"call-{i} ::= {name} {opened} input-{i}-root {closed}", inputs[i].strip()]
+        else:
+            rules += [
+                f'call-{i} ::= {name} (arg-{i} ("," arg-{i})*)? "}}"',
+                f'arg-{i} ::= ({key}) ":" value',
+            ]
         calls.append(f"call-{i}")
     root = f'root ::= "<|tool_call>call:" ({" | ".join(calls)}) "{GEMMA_CLOSE}"'
     return "\n".join([root, *rules, GEMMA_VALUES])

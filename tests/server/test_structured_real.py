@@ -551,12 +551,14 @@ PATCH_CALLS = {
         "<|channel|>commentary to=functions.apply_patch <|constrain|>json<|message|>"
         + json.dumps({"input": text})
     ),
+    chat.GEMMA4: lambda text: f'<|tool_call>call:apply_patch{{input:<|"|>{text}<|"|>}}<tool_call|>',
 }
 
 
 def test_a_custom_tools_grammar_holds_its_input_in_each_format(session) -> None:
     """Codex's apply_patch: a forced call's input follows the tool's Lark grammar, in a
-    JSON string (Qwen2.5's, Llama 3.x's, gpt-oss's calls) or as is (Qwen3.5's XML), on
+    JSON string (Qwen2.5's, Llama 3.x's, gpt-oss's calls) or as is (Qwen3.5's XML,
+    between Gemma 4's string marks), on
     the real vocabulary: every patch goes through, nothing else does."""
     from localspec.server.chat import CALL_STYLE, tool_grammar
     from localspec.server.responses import ToolIn
