@@ -99,7 +99,7 @@ class Answer:
             "index": 0,
             "message": message,
             "finish_reason": self.finish_reason(done, bool(calls)),
-            "logprobs": self.chat_logprobs(events),
+            "logprobs": self.chat_logprobs(events, done.text),
         }
         return self.envelope("chat.completion", [choice]) | self.figures(done)
 
@@ -108,7 +108,7 @@ class Answer:
             "index": 0,
             "text": done.text,
             "finish_reason": self.finish_reason(done, False),
-            "logprobs": self.completion_logprobs(events),
+            "logprobs": self.completion_logprobs(events, done.text),
         }
         return self.envelope("text_completion", [choice]) | self.figures(done)
 
@@ -213,9 +213,16 @@ class Answer:
     ) -> AsyncIterator[dict[str, Any]]:
         """llama-server's streamed /infill: {content, stop: false} pieces, then the whole
         response with empty content and stop: true."""
+        scored: list[Event] = []
         async for event in self.events():
+            if isinstance(event, Piece) and self.logprobs:
+                scored.append(event)
             if isinstance(event, Piece) and event.text:
-                yield {"index": 0, "content": event.text, "stop": False, "id_slot": 0}
+                chunk = {"index": 0, "content": event.text, "stop": False, "id_slot": 0}
+                if self.logprobs:
+                    chunk["completion_probabilities"] = self.token_logprobs(scored)
+                    scored = []
+                yield chunk
             elif isinstance(event, Finished):
                 yield {**build([], event), "content": ""}
 
@@ -254,8 +261,19 @@ class Answer:
         return self.envelope("text_completion", [choice])
 
     # --- log-probabilities, as OpenAI shapes them ---------------------------------------
-    def scored(self, events: list[Event]) -> list[Piece]:
-        return [e for e in events if isinstance(e, Piece) and e.logprob is not None]
+    def scored(self, events: list[Event], shown: str | None = None) -> list[Piece]:
+        """The pieces with log-probabilities; where `shown` is the whole answer's text,
+        none after it (a stop string's tokens, left out as llama-server leaves them, and
+        as a stream never shows them)."""
+        pieces = [e for e in events if isinstance(e, Piece) and e.logprob is not None]
+        if shown is None:
+            return pieces
+        at, end = 0, len(shown.encode())
+        for i, piece in enumerate(pieces):
+            if at >= end:
+                return pieces[:i]
+            at += len(self.token_bytes(piece.token))
+        return pieces
 
     def token_entry(self, token: int, logprob: float) -> dict[str, Any]:
         raw = self.token_bytes(token)
@@ -263,22 +281,29 @@ class Answer:
         # "id" as llama-server gives it: which token, where bytes leave it open
         return {"id": token, "token": text, "logprob": logprob, "bytes": list(raw)}
 
-    def chat_logprobs(self, events: list[Event]) -> dict[str, Any] | None:
+    def chat_logprobs(self, events: list[Event], shown: str | None = None) -> dict[str, Any] | None:
         """{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}"""
         if not self.logprobs:
             return None
-        content = [
-            self.token_entry(p.token, p.logprob or 0.0)
-            | {"top_logprobs": [self.token_entry(t, lp) for t, lp in p.top_logprobs]}
-            for p in self.scored(events)
-        ]
+        content = self.token_logprobs(events, shown)
         return {"content": content} if content else None
 
-    def completion_logprobs(self, events: list[Event]) -> dict[str, Any] | None:
+    def token_logprobs(self, events: list[Event], shown: str | None = None) -> list[dict[str, Any]]:
+        """Each token's {id, token, logprob, bytes, top_logprobs: [...]} (also what
+        llama-server's /completion gives as `completion_probabilities`)."""
+        return [
+            self.token_entry(p.token, p.logprob or 0.0)
+            | {"top_logprobs": [self.token_entry(t, lp) for t, lp in p.top_logprobs]}
+            for p in self.scored(events, shown)
+        ]
+
+    def completion_logprobs(
+        self, events: list[Event], shown: str | None = None
+    ) -> dict[str, Any] | None:
         """The legacy shape: tokens, token_logprobs, top_logprobs ({token: logprob})."""
         if not self.logprobs:
             return None
-        pieces = self.scored(events)
+        pieces = self.scored(events, shown)
         tokens = [self.token_entry(p.token, 0.0)["token"] for p in pieces]
         offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
         return {

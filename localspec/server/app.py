@@ -492,7 +492,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         """llama-server's response body (`content`, `timings`, ...), or its stream."""
         job, prepared = answered.job, answered.prepared
 
-        def build(_events: list[Event], done: Finished) -> dict[str, Any]:
+        def build(events: list[Event], done: Finished) -> dict[str, Any]:
             whole = infill_body(
                 done,
                 options.model_id,
@@ -503,6 +503,8 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
                 body.return_tokens,
                 answered.unopened.inside if answered.unopened else 0,
             )
+            if answered.logprobs and events:  # streamed, each piece had its own
+                whole["completion_probabilities"] = answered.token_logprobs(events, done.text)
             return pick_fields(whole, body.response_fields)
 
         if body.stream:

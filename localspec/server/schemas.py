@@ -33,6 +33,7 @@ T = TypeVar("T", bound=BaseModel)
 LLAMA_SERVER_DEFAULTS = SamplingParams(temperature=0.8)
 MAX_STOPS = 64  # OpenAI allows 4; Continue sends 14 for Qwen-Coder, and users add theirs
 MAX_CHOICES = 16  # answers to one request (n, times a batch's prompts): each takes a slot
+MAX_PROBS = 100  # n_probs: the likeliest tokens each of /completion's tokens lists
 # llama.cpp's other samplers, by the values that turn each off (what llama.vscode's chat
 # sends): taken so, refused otherwise, as the speculative sampler does not apply them
 SAMPLERS_OFF: dict[str, Callable[[float], bool]] = {
@@ -585,6 +586,19 @@ class LlamaCompletionRequest(GenerationBody):
     json_schema: dict[str, Any] | None = None
     response_fields: list[str] | None = None  # only these ("timings/prompt_n": a path)
     return_tokens: bool = False
+    # each token's log-probability and its n_probs likeliest (`completion_probabilities`)
+    n_probs: int = Field(0, ge=0, le=MAX_PROBS)
+    post_sampling_probs: bool = False
+
+    def logprob_count(self) -> int | None:
+        if self.post_sampling_probs and self.n_probs:
+            raise ApiError(
+                400,
+                "post_sampling_probs is not supported: n_probs alone gives the target's "
+                "log-probabilities before sampling",
+                "post_sampling_probs",
+            )
+        return self.n_probs or None
 
     @property
     def response_format(self) -> dict[str, Any] | None:

@@ -273,6 +273,18 @@ def test_llama_servers_own_completion_endpoint(client: TestClient):
     body = client.post("/completion", json=worded, headers=AUTH).json()
     assert body["content"] == "Hello " and body["stop_type"] == "word"
     assert body["stopping_word"] == "from"  # the one that ended it, as llama-server says
+    # n_probs: each shown token's log-probability, none for the stop string's, streamed
+    # or not; OpenAI's logprobs alike
+    probed = worded | {"n_probs": 2}
+    probs = client.post("/completion", json=probed, headers=AUTH).json()["completion_probabilities"]
+    assert [p["token"] for p in probs] == list("Hello ")
+    assert all(len(p["top_logprobs"]) == 2 and p["logprob"] <= 0 for p in probs)
+    with client.stream("POST", "/completion", json=probed | {"stream": True}, headers=AUTH) as r:
+        lines = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line]
+    assert [p for c in lines for p in c.get("completion_probabilities", [])] == probs
+    v1 = {"prompt": "<|assistant|>", "temperature": 0, "stop": ["from"], "logprobs": 1}
+    logprobs = client.post("/v1/completions", json=v1, headers=AUTH).json()["choices"][0]
+    assert logprobs["logprobs"]["tokens"] == list("Hello ")
     for bad, param in (({"prompt": [1, 999]}, "prompt"), ({"prompt": "x", "mirostat": 2}, None)):
         assert_error(client.post("/completion", json=bad, headers=AUTH), 400, param)
 

@@ -322,7 +322,7 @@ def test_a_tool_call_round_trips(client: openai.OpenAI):
 
 def test_plain_completions(client: openai.OpenAI, server):
     answer = client.completions.create(
-        model=MODEL, prompt="def add(a, b):\n", max_tokens=8, temperature=0
+        model=MODEL, prompt="def add(a, b):\n", max_tokens=8, temperature=0, logprobs=3
     )
     assert answer.choices[0].text and answer.usage.completion_tokens <= 8
     # Continue's `llama.cpp` provider: llama-server's /completion, streamed, its fields
@@ -335,6 +335,7 @@ def test_plain_completions(client: openai.OpenAI, server):
         "top_p": 0.95,
         "min_p": 0.05,
         "temperature": 0,
+        "n_probs": 3,
     }
     headers = {"Authorization": f"Bearer {KEY}"}
     completion = f"{server[0]}/completion"  # httpx waits 5 s by default: a busy machine needs more
@@ -343,6 +344,21 @@ def test_plain_completions(client: openai.OpenAI, server):
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert "".join(e["content"] for e in events) == answer.choices[0].text.split("\n\n")[0]
     assert events[-1]["stop"] and events[-1]["tokens_predicted"] <= 8
+    # n_probs: each token's log-probability and its 3 likeliest, as /v1/completions gives them
+    probs = [p for e in events for p in e.get("completion_probabilities", [])]
+    want = answer.choices[0].logprobs
+    assert probs and [p["token"] for p in probs] == want.tokens[: len(probs)]  # type: ignore[union-attr]
+    for p, logprob in zip(probs, want.token_logprobs, strict=False):  # type: ignore[union-attr]
+        assert abs(p["logprob"] - logprob) < 0.05 and len(p["top_logprobs"]) == 3
+    whole = continue_body | {"stream": False}  # the stop string's tokens left out, as streamed
+    whole_probs = httpx.post(completion, json=whole, headers=headers, timeout=300).json()
+    assert [p["token"] for p in whole_probs["completion_probabilities"]] == [
+        p["token"] for p in probs
+    ]
+    refused = continue_body | {"stream": False, "post_sampling_probs": True}
+    refused_reply = httpx.post(completion, json=refused, headers=headers)
+    assert refused_reply.status_code == 400
+    assert refused_reply.json()["error"]["param"] == "post_sampling_probs"
     # token counting as llama-server's clients do it: the prompt's tokens, and back
     url, prompt = server[0], continue_body["prompt"]
     ids = httpx.post(f"{url}/tokenize", json={"content": prompt}, headers=headers).json()
