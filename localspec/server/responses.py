@@ -169,7 +169,9 @@ class ResponsesRequest(Body):
         tools = [
             t for t in data.get("tools") or [] if isinstance(t, dict) and t.get("name") in names
         ]
-        return data | {"tools": tools or None, "tool_choice": choice.get("mode", "auto")}
+        if not tools:
+            raise ApiError(400, "allowed_tools names none of the request's tools", "tool_choice")
+        return data | {"tools": tools, "tool_choice": choice.get("mode", "auto")}
 
     def chat(self) -> ChatRequest:
         """The same request as a chat completion."""

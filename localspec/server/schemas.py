@@ -254,7 +254,12 @@ class Tool(Body):
         """Chat Completions' custom tool (`{type: custom, custom: {name, description,
         format}}`), as the function it is to the model."""
         if isinstance(data, dict) and data.get("type") == "custom":
-            custom = CustomDef.model_validate(data.get("custom"))
+            try:
+                custom = CustomDef.model_validate(data.get("custom"))
+            except ValidationError:
+                raise ValueError(
+                    "a custom tool is {type: custom, custom: {name, description, format}}"
+                ) from None
             return cls.custom(custom.name, custom.description, custom.format)
         return cast(Tool, handler(data))
 
@@ -299,7 +304,10 @@ class NamedToolChoice(Body):
     def custom_as_function(cls, data: Any) -> Any:
         """A custom tool named (`{type: custom, custom: {name}}`), as its function."""
         if isinstance(data, dict) and data.get("type") == "custom":
-            return {"type": "function", "function": data.get("custom")}
+            custom = data.get("custom")
+            if not (isinstance(custom, dict) and isinstance(custom.get("name"), str)):
+                raise ValueError("a custom tool is named as {type: custom, custom: {name}}")
+            return {"type": "function", "function": custom}
         return data
 
 
@@ -482,7 +490,9 @@ class ChatRequest(GenerationBody):
         allowed = allowed if isinstance(allowed, dict) else {}
         names = {tool_name(t) for t in allowed.get("tools") or []} - {None}
         tools = [t for t in data.get("tools") or [] if tool_name(t) in names]
-        return data | {"tools": tools or None, "tool_choice": allowed.get("mode", "auto")}
+        if not tools:
+            raise ApiError(400, "allowed_tools names none of the request's tools", "tool_choice")
+        return data | {"tools": tools, "tool_choice": allowed.get("mode", "auto")}
 
     @property
     def answers_functions(self) -> bool:

@@ -140,3 +140,22 @@ def test_a_custom_call_written_otherwise_goes_whole_at_its_end_after_a_function_
 
 def asked() -> list[dict[str, Any]]:
     return [{"role": "user", "content": "patch"}]
+
+
+def test_custom_tools_sent_wrong_get_a_400_that_says_their_shape(sdk: openai.OpenAI):
+    tools: Any = [PATCH_TOOL, WEATHER_TOOL]
+    unnamed = {"type": "custom", "custom": {"description": "no name"}}
+    none_allowed = {"mode": "required", "tools": [{"type": "function", "function": {"name": "g"}}]}
+    for fields, param, says in (
+        ({"tools": [unnamed]}, "tools.0", "{type: custom, custom: {name, description, format}}"),
+        ({"tool_choice": {"type": "custom", "custom": {}}}, "tool_choice", "custom: {name}"),
+        (
+            {"tool_choice": {"type": "allowed_tools", "allowed_tools": none_allowed}},
+            "tool_choice",
+            "names none of the request's tools",
+        ),
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.chat.completions.create(model="x", messages=asked(), **{"tools": tools} | fields)
+        error = refused.value.body
+        assert isinstance(error, dict) and error["param"] == param and says in error["message"]
