@@ -131,6 +131,7 @@ class ToolIn(Body):
 class ToolChoiceIn(Body):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
+    disable_parallel_tool_use: bool = False  # one call at most
 
 
 class ThinkingIn(Body):
@@ -196,6 +197,9 @@ class MessagesRequest(Body):
                 "top_k": self.top_k,
                 "tools": self.chat_tools(),
                 "tool_choice": self.chat_tool_choice(),
+                "parallel_tool_calls": not (
+                    self.tool_choice and self.tool_choice.disable_parallel_tool_use
+                ),
                 "chat_template_kwargs": kwargs,
                 "reasoning_effort": effort,  # gpt-oss's
                 "reasoning_budget_tokens": budget,

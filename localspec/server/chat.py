@@ -229,9 +229,10 @@ class LazyCalls(NamedTuple):
     reach: int = 0
 
 
-def lazy_tool_grammar(tools: list[Tool], fmt: str) -> LazyCalls | None:
+def lazy_tool_grammar(tools: list[Tool], fmt: str, several: bool = True) -> LazyCalls | None:
     """GBNF of the calls an answer makes once it opens one (`tool_choice` "auto", as
-    llama-server's lazy grammar: localspec.decoding.lazy), several in a row, and the mark
+    llama-server's lazy grammar: localspec.decoding.lazy), several in a row (or one, then
+    the answer ends: `parallel_tool_calls` false), and the mark
     that opens one; None for a format whose calls open with no mark of their own (Llama
     3.x's bare JSON, gpt-oss's messages). Qwen's tags may hold spaces as they please.
     Qwen's calls in the other wrappers its parser reads (`calls.WrappedCall`: a ```json
@@ -240,10 +241,11 @@ def lazy_tool_grammar(tools: list[Tool], fmt: str) -> LazyCalls | None:
     if fmt not in (HERMES, XML, GEMMA4):
         return None
     spaces = "[ \\t\\n]{0,4}"
+    root = f"root ::= lazy-call ({spaces} lazy-call)*" if several else "root ::= lazy-call"
     if fmt in (XML, GEMMA4):
         one = re.sub(r"^root ::=", "lazy-call ::=", tool_grammar(tools, fmt), count=1, flags=re.M)
         mark = OPEN if fmt == XML else GEMMA_OPEN.split("call:")[0]
-        return LazyCalls(f"root ::= lazy-call ({spaces} lazy-call)*\n{one}", mark.encode())
+        return LazyCalls(f"{root}\n{one}", mark.encode())
     from localspec.server.calls import WRAP_TAGS
 
     gap = "[ \\t\\n]{0,8}"
@@ -257,7 +259,7 @@ def lazy_tool_grammar(tools: list[Tool], fmt: str) -> LazyCalls | None:
         re.escape(n) for n in names
     )
     trigger = re.compile(re.escape(OPEN.encode()) + b"|(?:" + opens + b")" + named)
-    gbnf = f"root ::= lazy-call ({spaces} lazy-call)*\nlazy-call ::= {one}\n{tagged_call(tools)}"
+    gbnf = f"{root}\nlazy-call ::= {one}\n{tagged_call(tools)}"
     return LazyCalls(gbnf, trigger, 64 + max(map(len, names), default=0))
 
 

@@ -212,7 +212,8 @@ def lazy_calls(
     if not (session.supports_tools and isinstance(target, LlamaModel)):
         return None
     try:
-        lazy = lazy_tool_grammar(body.tools, tool_format(target.chat_template()))
+        several = body.parallel_tool_calls is not False
+        lazy = lazy_tool_grammar(body.tools, tool_format(target.chat_template()), several)
         if lazy is None:
             return None
         calls = LlamaGrammar(target, lazy.gbnf, style=CALL_STYLE)

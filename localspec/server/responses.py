@@ -150,6 +150,7 @@ class ResponsesRequest(Body):
     top_p: float | None = Field(None, gt=0, le=1)
     tools: list[ToolIn] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolIn | None = None
+    parallel_tool_calls: bool | None = None  # Codex sends false: one call a turn
     text: TextConfig | None = None
     reasoning: ReasoningIn | None = None
     stream: bool = False
@@ -194,6 +195,7 @@ class ResponsesRequest(Body):
                 "top_p": self.top_p,
                 "tools": self.chat_tools(),
                 "tool_choice": self.chat_tool_choice(),
+                "parallel_tool_calls": self.parallel_tool_calls,
                 "response_format": self.chat_format(),
                 "reasoning_effort": effort,
             },

@@ -121,7 +121,7 @@ def response_body(
         "status": status,
         "model": model,
         "output": output,
-        "parallel_tool_calls": True,
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
         "tool_choice": "auto" if request.tool_choice is None else request.tool_choice,
         "tools": [t.model_dump(exclude_none=True) for t in request.tools or []],
         # as sampled: the API's defaults where neither the request nor `serve` set one

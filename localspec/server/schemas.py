@@ -432,6 +432,7 @@ class ChatRequest(GenerationBody):
     max_completion_tokens: TokenLimit | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # false: one call at most (OpenAI's default: true)
     # OpenAI's deprecated tools (older LangChain and scripts): read as tools, answered in
     # their own shape (message.function_call; answer.as_function_call)
     functions: list[FunctionDef] | None = None

@@ -1,6 +1,7 @@
 """OpenAI's custom tools (free text in, a grammar beside it) on Chat Completions, over the
 Responses API's toy model (fast), through the real `openai` SDK: the call as a custom
-call, streamed as its input is decoded, sent back; a custom tool named, allowed tools.
+call, streamed as its input is decoded, sent back; a custom tool named, allowed tools,
+one call at most.
 The Responses API's custom calls: test_responses.py; the real pair:
 test_structured_real.py."""
 
@@ -159,3 +160,23 @@ def test_custom_tools_sent_wrong_get_a_400_that_says_their_shape(sdk: openai.Ope
             sdk.chat.completions.create(model="x", messages=asked(), **{"tools": tools} | fields)
         error = refused.value.body
         assert isinstance(error, dict) and error["param"] == param and says in error["message"]
+
+
+def test_one_call_at_most_is_asked_as_each_api_asks_it():
+    """`parallel_tool_calls: false` (Chat Completions, the Responses API: Codex sends it),
+    Anthropic's `disable_parallel_tool_use`: the chat request's parallel_tool_calls, which
+    ends the lazy call grammar after one call (test_structured_real.py)."""
+    from localspec.server.anthropic import MessagesRequest
+
+    chat = ChatRequest.model_validate({"messages": asked(), "parallel_tool_calls": False})
+    assert chat.parallel_tool_calls is False
+    one = {"input": "patch", "tools": [WEATHER], "parallel_tool_calls": False}
+    assert ResponsesRequest.model_validate(one).chat().parallel_tool_calls is False
+    tool = {"name": "get_weather", "input_schema": {"type": "object"}}
+    messages = {"model": "x", "max_tokens": 8, "messages": asked(), "tools": [tool]}
+    for choice, parallel in (
+        ({"type": "auto", "disable_parallel_tool_use": True}, False),
+        (None, True),
+    ):
+        request = MessagesRequest.model_validate(messages | {"tool_choice": choice})
+        assert request.chat().parallel_tool_calls is parallel

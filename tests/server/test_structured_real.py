@@ -777,12 +777,12 @@ def test_a_lazy_call_grammar_holds_each_formats_calls_from_their_mark(session) -
     )
 
 
-def lazy_feeder(target, tools: list[Tool], fmt: str):
+def lazy_feeder(target, tools: list[Tool], fmt: str, several: bool = True):
     """A function of a text: the state of the lazy call grammar of `tools` in `fmt`
     after it, or None where it refuses a token of it."""
     from localspec.decoding.lazy import Triggered
 
-    lazy = chat.lazy_tool_grammar(tools, fmt)
+    lazy = chat.lazy_tool_grammar(tools, fmt, several)
     assert lazy is not None
     inner = LlamaGrammar(target, lazy.gbnf, style=chat.CALL_STYLE)
     grammar = Triggered(target, inner, lazy.trigger, reach=lazy.reach)
@@ -816,3 +816,21 @@ def test_a_call_in_a_wrapper_is_held_once_it_names_a_tool(session) -> None:
         assert fed(call.replace("{ARGS}", '{"a": 2}').replace('"arguments"', '"args"')) is None
     block = fed('For example:\n```json\n{"name": "Ada", "born": 1815}\n```\nThat is JSON.')
     assert block is not None and block.phase == "watching"
+
+
+def test_parallel_tool_calls_false_ends_the_answer_after_one_call(session) -> None:
+    """`parallel_tool_calls: false` (what Codex sends): once one call is complete, only
+    the answer's end may follow (else a second call may), in each format with a mark."""
+    target, end = session.target, session.target.special_ids[1]
+    one = {
+        chat.HERMES: ADD_CALLS[chat.HERMES]('{"a": 2}'),
+        chat.XML: ADD_CALLS[chat.XML]('{"a": 2}'),
+        chat.GEMMA4: ADD_CALLS[chat.GEMMA4]('{"a": 2}'),
+    }
+    for fmt, call in one.items():
+        alone = lazy_feeder(target, two_tools(), fmt, several=False)
+        done = alone("Adding:\n" + call)
+        assert done is not None and done.allows(end), fmt
+        assert alone("Adding:\n" + call + "\n" + call) is None, fmt
+        twice = lazy_feeder(target, two_tools(), fmt)("Adding:\n" + call + "\n" + call)
+        assert twice is not None and twice.allows(end), fmt
