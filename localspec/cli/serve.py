@@ -311,8 +311,8 @@ def serve(args: argparse.Namespace) -> int:
 
     from localspec.cli.run import warn
     from localspec.server.app import ServerOptions, create_app
+    from localspec.server.defaults import ReasoningDefaults, SamplingDefaults
     from localspec.server.guard import Guard
-    from localspec.server.schemas import ReasoningDefaults, SamplingDefaults
     from localspec.server.shutdown import Server
     from localspec.session import open_session
 

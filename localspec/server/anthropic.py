@@ -18,7 +18,7 @@ from pydantic import Field
 
 from localspec.decoding.events import Finished
 from localspec.server.blocks import Blocks, Fill, Open, Step
-from localspec.server.errors import ApiError
+from localspec.server.errors import ApiError, validated
 from localspec.server.schemas import (
     EFFORTS,
     Body,
@@ -31,7 +31,6 @@ from localspec.server.schemas import (
     ToolCallIn,
     ToolChoice,
     refuse_parts,
-    validated,
 )
 
 # Claude Code's first system block: its version and a stamp for Anthropic's billing that

@@ -48,8 +48,9 @@ from localspec.server.answer import (
     sse,
 )
 from localspec.server.custom_calls import as_custom_call_chunks, as_custom_calls
+from localspec.server.defaults import ReasoningDefaults, SamplingDefaults, T
 from localspec.server.embeddings import EmbeddingRequest, embeddings_body, token_lists
-from localspec.server.errors import ApiError, error_body
+from localspec.server.errors import ApiError, error_body, parse
 from localspec.server.guard import Guard, GuardMiddleware
 from localspec.server.infill import (
     InfillRequest,
@@ -66,15 +67,7 @@ from localspec.server.prepare import (
     read_body,
     render_chat,
 )
-from localspec.server.schemas import (
-    ChatRequest,
-    CompletionRequest,
-    LlamaCompletionRequest,
-    ReasoningDefaults,
-    SamplingDefaults,
-    T,
-    parse,
-)
+from localspec.server.schemas import ChatRequest, CompletionRequest, LlamaCompletionRequest
 from localspec.server.worker import Job, Worker
 from localspec.session import Session
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from localspec.server.errors import ApiError
+from localspec.server.errors import ApiError, validated
 from localspec.server.schemas import (
     Body,
     ChatMessageIn,
@@ -34,7 +34,6 @@ from localspec.server.schemas import (
     ToolCallIn,
     ToolChoice,
     refuse_parts,
-    validated,
 )
 
 

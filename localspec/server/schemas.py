@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
+from typing import Annotated, Any, ClassVar, Literal, cast
 
 from pydantic import (
     AfterValidator,
@@ -28,7 +27,6 @@ from pydantic_core import PydanticCustomError
 from localspec.decoding.sampling import SamplingParams
 from localspec.server.errors import ApiError
 
-T = TypeVar("T", bound=BaseModel)
 # llama-server's sampling where its own endpoints' requests say nothing (/completion, /infill)
 LLAMA_SERVER_DEFAULTS = SamplingParams(temperature=0.8)
 MAX_STOPS = 64  # OpenAI allows 4; Continue sends 14 for Qwen-Coder, and users add theirs
@@ -58,75 +56,6 @@ def no_limit_or_positive(n: int) -> int:
 TokenLimit = Annotated[int, AfterValidator(no_limit_or_positive)]
 # llama-server's -1 (its default, which clients made for it send): a random seed, as none
 Seed = Annotated[int | None, Field(ge=-1), AfterValidator(lambda s: None if s == -1 else s)]
-
-
-@dataclass(frozen=True)
-class SamplingDefaults:
-    """`serve --temperature/--top-p/--top-k/--min-p`: what a request that leaves one out
-    gets, in place of its API's own default (OpenAI's and Anthropic's temperature 1.0,
-    llama-server's 0.8). Agents send none, and at 1.0 a small model's tool calls and
-    JSON go astray; llama-server's `--temp` is the same knob."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-
-    @classmethod
-    def of_model(cls, metadata: Callable[[str], str | None]) -> SamplingDefaults:
-        """What a GGUF recommends (`general.sampling.*`, written from the model's
-        generation_config.json by llama.cpp's converter, read so by llama-server)."""
-
-        def number(key: str, kind: type[float] | type[int], lo: float, hi: float) -> Any:
-            try:
-                value = kind(metadata(f"general.sampling.{key}") or "")
-            except ValueError:
-                return None
-            return value if lo <= value <= hi else None  # a value out of range: none
-
-        return cls(
-            number("temp", float, 0, 2),
-            number("top_p", float, 1e-6, 1),
-            number("top_k", int, 0, 1 << 20),
-            number("min_p", float, 0, 0.999),
-        )
-
-    def over(self, other: SamplingDefaults) -> SamplingDefaults:
-        """These, and `other`'s where these say nothing."""
-        mine = asdict(self)
-        return SamplingDefaults(
-            **{k: v if mine[k] is None else mine[k] for k, v in asdict(other).items()}
-        )
-
-    def describe(self) -> str:
-        """'temperature 0.7, top_p 0.8' ('' for none)."""
-        return ", ".join(f"{k} {v:g}" for k, v in asdict(self).items() if v is not None)
-
-    def fill(self, body: T) -> T:
-        """`body` with what it leaves unset set to these."""
-        return filled(self, body)
-
-
-@dataclass(frozen=True)
-class ReasoningDefaults:
-    """`serve --reasoning-budget/--reasoning-budget-message` (llama-server's flags): a
-    thinking model's budget for the chat requests that set none."""
-
-    reasoning_budget_tokens: int | None = None
-    reasoning_budget_message: str | None = None
-
-    def fill(self, body: T) -> T:
-        return filled(self, body)
-
-
-def filled(defaults: Any, body: T) -> T:
-    """`body` with the fields it leaves unset (and has) set to `defaults`' (a dataclass)."""
-    unset = {
-        name: value
-        for name, value in asdict(defaults).items()
-        if value is not None and name in type(body).model_fields and getattr(body, name) is None
-    }
-    return body.model_copy(update=unset) if unset else body
 
 
 class Body(BaseModel):
@@ -621,55 +550,3 @@ class LlamaCompletionRequest(GenerationBody):
         super().refuse_unsupported()
         if self.choices != 1:
             raise ApiError(400, "n must be 1 here: /v1/completions answers n times", "n")
-
-
-def parse(kind: type[T], body: bytes) -> T:
-    """The request body as `kind`, or a 400 that names the first bad field."""
-    try:
-        return kind.model_validate_json(body)
-    except ValidationError as e:
-        raise refusal(e) from None
-
-
-def validated(kind: type[T], fields: dict[str, Any]) -> T:
-    """`fields` as `kind` (another API's request as a chat's), or the 400 of `parse`."""
-    try:
-        return kind.model_validate(fields)
-    except ValidationError as e:
-        raise refusal(e) from None
-
-
-def refusal(e: ValidationError) -> ApiError:
-    errors = e.errors(include_url=False)
-    if errors[0]["type"] == "json_invalid":
-        return ApiError(400, f"the body is not valid JSON: {errors[0]['msg']}")
-    loc, msg = first_failure(errors)
-    param = ".".join(str(part) for part in loc) or None
-    where = f"{param}: " if param else ""
-    return ApiError(400, f"{where}{msg}", param)
-
-
-def first_failure(errors: list[Any]) -> tuple[list[str | int], str]:
-    """Where the first bad field is and what it should be. Where a field takes one of
-    several shapes (`stop`: a string or a list), pydantic fails each, naming the shape in
-    the path ("stop.list[str].0"): the shape that failed deepest in, the one the client
-    meant, says where (stop.0: a string); where none went deeper, all say what it takes."""
-    loc = errors[0]["loc"]
-    at = next((i for i, part in enumerate(loc) if is_shape(part)), None)
-    if at is None:
-        return list(loc), errors[0]["msg"]
-    shapes = [x for x in errors if len(x["loc"]) > at and x["loc"][:at] == loc[:at]]
-    deepest = max(shapes, key=lambda x: len(x["loc"]))
-    if len(deepest["loc"]) > at + 1:
-        return [part for part in deepest["loc"] if not is_shape(part)], deepest["msg"]
-    wants = dict.fromkeys(x["msg"].removeprefix("Input should be ") for x in shapes)
-    return list(loc[:at]), "Input should be " + ", or ".join(wants)
-
-
-def is_shape(part: str | int) -> bool:
-    """A union member in a pydantic error's path ('str', 'list[str]', 'NamedToolChoice'),
-    not a field (our fields are snake_case) or an index."""
-    return isinstance(part, str) and ("[" in part or part[:1].isupper() or part in BUILTINS)
-
-
-BUILTINS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})

@@ -151,7 +151,7 @@ def test_serve_samples_as_the_gguf_recommends_and_caps_answers_as_told(tmp_path:
     llama-server reads them): the defaults of requests that set none, a flag over each;
     and `--max-tokens` caps an answer that asks no limit."""
     from localspec.backends.llama import LlamaModel, LoadOptions
-    from localspec.server.schemas import SamplingDefaults
+    from localspec.server.defaults import SamplingDefaults
 
     make = load_script("make_tiny_gguf")
     keys = {"general.sampling.temp": 0.25, "general.sampling.top_k": 20}

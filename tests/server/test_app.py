@@ -20,9 +20,9 @@ from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.events import Stats
 from localspec.server.app import ServerOptions, create_app
 from localspec.server.chat import ToolCallStream
+from localspec.server.defaults import SamplingDefaults
 from localspec.server.errors import ApiError
 from localspec.server.guard import Guard
-from localspec.server.schemas import SamplingDefaults
 from localspec.server.worker import Failed, Job, Worker
 from localspec.session import Session
 

@@ -15,7 +15,7 @@ from server.test_structured_real import PERSON
 from server.test_thinking_real import BUDGET, MESSAGES, session  # noqa: F401 (a fixture)
 
 from localspec.server.app import ServerOptions, create_app
-from localspec.server.schemas import ReasoningDefaults
+from localspec.server.defaults import ReasoningDefaults
 from localspec.session import Session
 
 pytestmark = pytest.mark.real

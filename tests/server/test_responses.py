@@ -115,7 +115,7 @@ def test_a_response_and_its_stream_agree(sdk: openai.OpenAI, client: TestClient)
 
 def test_a_response_says_the_temperature_it_was_sampled_with(sdk: openai.OpenAI):
     """The request's, else `serve --temperature`'s, else the API's 1.0 (Codex sends none)."""
-    from localspec.server.schemas import SamplingDefaults
+    from localspec.server.defaults import SamplingDefaults
 
     assert sdk.responses.create(model="m", input="hi", temperature=0.3).temperature == 0.3
     plain = sdk.responses.create(model="m", input="hi")
