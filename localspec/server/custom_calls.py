@@ -78,8 +78,8 @@ class OpenCall:
         return self.beyond(custom_input(self.written))
 
     def beyond(self, text: str) -> str:
-        """(None where the input is not an extension of what was sent: a call written
-        otherwise goes whole, at its end.)"""
+        """What of the input `text` was not sent yet, now sent ('' where it does not
+        extend what was: a call written otherwise goes whole, at its end)."""
         if not text.startswith(self.sent):
             return ""
         piece, self.sent = text[len(self.sent) :], text
