@@ -261,14 +261,15 @@ class Answer:
         return self.envelope("text_completion", [choice])
 
     # --- log-probabilities, as OpenAI shapes them ---------------------------------------
-    def scored(self, events: list[Event], shown: str | None = None) -> list[Piece]:
+    def scored(self, events: list[Event], shown: str | None = None, lead: int = 0) -> list[Piece]:
         """The pieces with log-probabilities; where `shown` is the whole answer's text,
         none after it (a stop string's tokens, left out as llama-server leaves them, and
-        as a stream never shows them)."""
+        as a stream never shows them); `lead`: bytes of the first piece's token before
+        the text (a middle's opening, which the client has)."""
         pieces = [e for e in events if isinstance(e, Piece) and e.logprob is not None]
         if shown is None:
             return pieces
-        at, end = 0, len(shown.encode())
+        at, end = -lead, len(shown.encode())
         for i, piece in enumerate(pieces):
             if at >= end:
                 return pieces[:i]
@@ -288,13 +289,15 @@ class Answer:
         content = self.token_logprobs(events, shown)
         return {"content": content} if content else None
 
-    def token_logprobs(self, events: list[Event], shown: str | None = None) -> list[dict[str, Any]]:
+    def token_logprobs(
+        self, events: list[Event], shown: str | None = None, lead: int = 0
+    ) -> list[dict[str, Any]]:
         """Each token's {id, token, logprob, bytes, top_logprobs: [...]} (also what
         llama-server's /completion gives as `completion_probabilities`)."""
         return [
             self.token_entry(p.token, p.logprob or 0.0)
             | {"top_logprobs": [self.token_entry(t, lp) for t, lp in p.top_logprobs]}
-            for p in self.scored(events, shown)
+            for p in self.scored(events, shown, lead)
         ]
 
     def completion_logprobs(

@@ -497,7 +497,8 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
                 answered.unopened.inside if answered.unopened else 0,
             )
             if answered.logprobs and events:  # streamed, each piece had its own
-                whole["completion_probabilities"] = answered.token_logprobs(events, done.text)
+                lead = answered.unopened.lead if answered.unopened else 0
+                whole["completion_probabilities"] = answered.token_logprobs(events, done.text, lead)
             return pick_fields(whole, body.response_fields)
 
         if body.stream:

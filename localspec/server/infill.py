@@ -31,7 +31,7 @@ from localspec.decoding.opening import Opening
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.text import Verdict
 from localspec.server.errors import ApiError
-from localspec.server.schemas import LLAMA_SERVER_DEFAULTS, Body, Seed
+from localspec.server.schemas import LLAMA_SERVER_DEFAULTS, Body, ProbsAsked, Seed
 
 INFILL_BATCH = 2048  # llama-server's default -b: its prefix and suffix budgets come from it
 REPO_NAME = "myproject\n"  # llama-server's names in the repository layout
@@ -44,7 +44,7 @@ class ExtraChunk(Body):
     filename: str = "tmp"
 
 
-class InfillRequest(Body):
+class InfillRequest(ProbsAsked):
     """llama-server's /infill body; fields it has that change nothing here (samplers,
     t_max_prompt_ms, id_slot, cache_prompt: the cache is always reused) are accepted."""
 
@@ -95,25 +95,33 @@ class InfillPrompt:
 @dataclass
 class Unopened:
     """The answer as the client gets it, without the opening it already has: a piece
-    inside the opening is dropped, one across its end keeps what follows it, and the
-    end's text and tokens lose it."""
+    whose token lies inside the opening is dropped, one across its end keeps the text
+    that follows it, and the end's text and tokens lose it."""
 
     opening: str
     token_bytes: Callable[[int], bytes]
     left: int = 0  # characters of the opening not yet passed
+    bytes_left: int = 0  # and its bytes not yet spelled by the answer's tokens
+    lead: int = 0  # the opening's bytes in the first token that is not wholly inside it
     inside: int = 0  # the answer's tokens that spell the opening (once it finished)
 
     def __post_init__(self) -> None:
-        self.left = len(self.opening)
+        self.left, self.bytes_left = len(self.opening), len(self.opening.encode())
 
     def piece(self, piece: Piece) -> Piece | None:
-        if self.left <= 0 or not piece.text:
-            return piece
-        if len(piece.text) <= self.left:
-            self.left -= len(piece.text)
-            return None
-        text, self.left = piece.text[self.left :], 0
-        return replace(piece, text=text)
+        spelled = self.bytes_left > 0 and piece.token >= 0
+        if spelled:  # (a token's text may come later, held back as it is not yet whole)
+            size = len(self.token_bytes(piece.token))
+            if size > self.bytes_left:
+                self.lead = self.bytes_left
+            self.bytes_left -= min(size, self.bytes_left)
+        text = piece.text
+        if self.left > 0 and text:
+            cut = min(len(text), self.left)
+            text, self.left = text[cut:], self.left - cut
+        if spelled and self.lead == 0 and not text:
+            return None  # wholly the opening's
+        return piece if text == piece.text else replace(piece, text=text)
 
     def finished(self, done: Finished) -> Finished:
         """The middle alone (nothing where the line rule dropped the opening's line)."""

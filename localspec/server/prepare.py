@@ -347,7 +347,7 @@ def prepare_infill(
     lines = InfillLines(
         body.input_suffix, body.n_indent, body.t_max_predict_ms / 1e3, written=at.written
     )
-    config = GenerationConfig(limit, body.sampling(), body.stops())
+    config = GenerationConfig(limit, body.sampling(), body.stops(), logprobs=body.logprob_count())
     return Prepared.infill(built, config, lines, session.target)
 
 

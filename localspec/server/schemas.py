@@ -515,18 +515,10 @@ class CompletionRequest(GenerationBody):
             raise ApiError(400, "best_of must be 1", "best_of")
 
 
-class LlamaCompletionRequest(GenerationBody):
-    """llama-server's own `POST /completion` (Continue's `llama.cpp` provider, scripts
-    written for llama-server): a raw prompt (text, or token ids), no token limit unless
-    asked, its sampling defaults (temperature 0.8), `grammar` or `json_schema`."""
+class ProbsAsked(Body):
+    """llama-server's n_probs (its /completion and /infill): each token's log-probability
+    and its n_probs likeliest, as `completion_probabilities`."""
 
-    DEFAULTS: ClassVar[SamplingParams] = LLAMA_SERVER_DEFAULTS
-    SCHEMA_PARAM: ClassVar[str] = "json_schema"
-    prompt: str | list[int]
-    json_schema: dict[str, Any] | None = None
-    response_fields: list[str] | None = None  # only these ("timings/prompt_n": a path)
-    return_tokens: bool = False
-    # each token's log-probability and its n_probs likeliest (`completion_probabilities`)
     n_probs: int = Field(0, ge=0, le=MAX_PROBS)
     post_sampling_probs: bool = False
 
@@ -539,6 +531,19 @@ class LlamaCompletionRequest(GenerationBody):
                 "post_sampling_probs",
             )
         return self.n_probs or None
+
+
+class LlamaCompletionRequest(ProbsAsked, GenerationBody):
+    """llama-server's own `POST /completion` (Continue's `llama.cpp` provider, scripts
+    written for llama-server): a raw prompt (text, or token ids), no token limit unless
+    asked, its sampling defaults (temperature 0.8), `grammar` or `json_schema`."""
+
+    DEFAULTS: ClassVar[SamplingParams] = LLAMA_SERVER_DEFAULTS
+    SCHEMA_PARAM: ClassVar[str] = "json_schema"
+    prompt: str | list[int]
+    json_schema: dict[str, Any] | None = None
+    response_fields: list[str] | None = None  # only these ("timings/prompt_n": a path)
+    return_tokens: bool = False
 
     @property
     def response_format(self) -> dict[str, Any] | None:

@@ -274,6 +274,13 @@ def test_a_streamed_middle_is_the_whole_one_without_the_typed_text(client: TestC
     line = whole["content"].split("\n")[0]
     assert line.startswith("rn") and streamed.split("\n")[0] == line, (streamed, whole)
     assert chunks[-1]["tokens_predicted"] >= 1
+    # llama-server's n_probs: the middle's tokens' log-probabilities, not the typed text's
+    probed = client.post("/infill", json=body | {"n_probs": 2}).json()
+    probs = probed["completion_probabilities"]
+    assert probs and all(len(p["top_logprobs"]) == 2 for p in probs)
+    spelled = "".join(p["token"] for p in probs)  # its first token may hold typed text
+    typed_part = len(spelled) - len(probed["content"])
+    assert spelled.endswith(probed["content"]) and typed_part < len("    retu"), probs
 
 
 def test_openai_suffix_and_a_client_templated_prompt(client: TestClient):
