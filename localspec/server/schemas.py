@@ -441,6 +441,7 @@ class ChatRequest(GenerationBody):
                 "function_call: not both"
             )
         self.tools = [Tool(type="function", function=f) for f in self.functions or []]
+        self.parallel_tool_calls = False  # its answer has room for one call
         choice = self.function_call
         self.tool_choice = (
             NamedToolChoice.of(choice.name) if isinstance(choice, NamedFunction) else choice

@@ -985,6 +985,7 @@ def test_the_deprecated_functions_api_is_answered_in_its_own_shape(llama: TestCl
 
     named = ChatRequest.model_validate({**ask, "function_call": {"name": "get_weather"}})
     assert named.tool_choice == NamedToolChoice.of("get_weather")  # forced, as tool_choice is
+    assert named.parallel_tool_calls is False  # its answer has room for one call
 
     history = [
         {"role": "user", "content": "Weather in Paris?"},
