@@ -380,13 +380,10 @@ class MessageStream:
         """`finish(called)`: the stop reason and stop sequence, once the chunks ended."""
         yield self.start()
         yield {"type": "ping"}
-        last: dict[str, Any] = {}
-        async for chunk in chunks:
-            last = chunk
-            for choice in chunk["choices"]:
-                for step in self.blocks.feed(choice["delta"]):
-                    for event in self.render(step):
-                        yield event
+        async for step in self.blocks.steps(chunks):
+            for event in self.render(step):
+                yield event
+        last = self.blocks.last
         for step in self.blocks.close():
             for event in self.render(step):
                 yield event

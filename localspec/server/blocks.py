@@ -4,6 +4,7 @@ another. Both APIs render the same three steps in their own events."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,6 +42,15 @@ class Blocks:
         self.open: Kind | None = None
         self.text = ""  # the open block's so far
         self.calls = 0  # tool calls opened
+        self.last: dict[str, Any] = {}  # the last chunk fed by `steps` (usage, figures)
+
+    async def steps(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[Step]:
+        """Each chunk's steps, in turn (`close()` ends the last block)."""
+        async for chunk in chunks:
+            self.last = chunk
+            for choice in chunk["choices"]:
+                for step in self.feed(choice["delta"]):
+                    yield step
 
     def feed(self, delta: dict[str, Any]) -> list[Step]:
         steps: list[Step] = []

@@ -535,7 +535,10 @@ def gemma_call_grammar(tools: list[Tool]) -> str:
         name = json.dumps(tool.function.name + "{")
         if i in inputs:
             opened, closed = json.dumps(f"input:{QUOTE}"), json.dumps(QUOTE + "}")
-            rules += [f"call-{i} ::= {name} {opened} input-{i}-root {closed}", inputs[i].strip()]
+            rules += [
+                f"call-{i} ::= {name} {opened} input-{i}-root {closed}",
+                inputs[i].rstrip("\n"),
+            ]
         else:
             rules += [
                 f'call-{i} ::= {name} (arg-{i} ("," arg-{i})*)? "}}"',

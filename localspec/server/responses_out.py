@@ -178,13 +178,10 @@ class ResponseStream:
         created = response_body(self.ids, self.model, self.request, [], None, None)
         yield self.event("response.created", response=created)
         yield self.event("response.in_progress", response=created)
-        last: dict[str, Any] = {}
-        async for chunk in chunks:
-            last = chunk
-            for choice in chunk["choices"]:
-                for step in self.blocks.feed(choice["delta"]):
-                    for event in self.render(step):
-                        yield event
+        async for step in self.blocks.steps(chunks):
+            for event in self.render(step):
+                yield event
+        last = self.blocks.last
         ended = done()
         self.closing = "incomplete" if ended is not None and ended.cut else "completed"
         for step in self.blocks.close():
