@@ -33,6 +33,7 @@ from localspec.thinking import CALL_CLOSE, CALL_OPEN, held_prefix
 
 OPEN, CLOSE = CALL_OPEN, CALL_CLOSE
 GEMMA_OPEN = "<|tool_call>call:"  # Gemma 4's call: the name, then its arguments object
+CALL_GAP = "[ \\t\\n]{0,4}"  # GBNF: what may come between two calls in a row
 
 
 def template_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
@@ -162,21 +163,32 @@ def call_schema(tools: list[Tool], fmt: str, inputs: Collection[int] = ()) -> di
     return {**schema, "$defs": homes} if homes else schema
 
 
-def tool_grammar(tools: list[Tool], fmt: str) -> str:
+def tool_grammar(tools: list[Tool], fmt: str, several: bool = False) -> str:
     """GBNF for an answer that is one call of any of `tools`, written as `fmt` writes it
-    (GrammarError for a function schema the converter cannot take)."""
+    (GrammarError for a function schema the converter cannot take); `several`: one or
+    more in a row, where the format writes several (`tool_choice` "required" with
+    `parallel_tool_calls`; Llama 3.x's and gpt-oss's answers hold one)."""
     from localspec.backends.llama_grammar import schema_grammar
 
     if fmt == XML:
-        return xml_call_grammar(tools)
-    if fmt in (GEMMA4, HARMONY):
+        one = xml_call_grammar(tools)
+    elif fmt in (GEMMA4, HARMONY):
         from localspec.server.calls import gemma_call_grammar, harmony_call_grammar
 
-        return gemma_call_grammar(tools) if fmt == GEMMA4 else harmony_call_grammar(tools)
-    if fmt == LLAMA3:
+        one = gemma_call_grammar(tools) if fmt == GEMMA4 else harmony_call_grammar(tools)
+    elif fmt == LLAMA3:
         inputs = held_inputs(tools, json_string=True)
         return with_inputs(schema_grammar(call_schema(tools, fmt, inputs)), inputs)
-    return f'root ::= "{OPEN}\\n" tool-call "\\n{CLOSE}"\n{tagged_call(tools)}'
+    else:
+        one = f'root ::= "{OPEN}\\n" tool-call "\\n{CLOSE}"\n{tagged_call(tools)}'
+    if not several or fmt == HARMONY:
+        return one
+    return f"root ::= one-call ({CALL_GAP} one-call)*\n{renamed_root(one, 'one-call')}"
+
+
+def renamed_root(gbnf: str, name: str) -> str:
+    """`gbnf` with its root rule called `name` (to go inside another root)."""
+    return re.sub(r"^root ::=", f"{name} ::=", gbnf, count=1, flags=re.M)
 
 
 def tagged_call(tools: list[Tool]) -> str:
@@ -240,10 +252,10 @@ def lazy_tool_grammar(tools: list[Tool], fmt: str, several: bool = True) -> Lazy
     object names a tool: before that, a block may be any JSON."""
     if fmt not in (HERMES, XML, GEMMA4):
         return None
-    spaces = "[ \\t\\n]{0,4}"
+    spaces = CALL_GAP
     root = f"root ::= lazy-call ({spaces} lazy-call)*" if several else "root ::= lazy-call"
     if fmt in (XML, GEMMA4):
-        one = re.sub(r"^root ::=", "lazy-call ::=", tool_grammar(tools, fmt), count=1, flags=re.M)
+        one = renamed_root(tool_grammar(tools, fmt), "lazy-call")
         mark = OPEN if fmt == XML else GEMMA_OPEN.split("call:")[0]
         return LazyCalls(f"{root}\n{one}", mark.encode())
     from localspec.server.calls import WRAP_TAGS

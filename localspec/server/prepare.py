@@ -458,7 +458,14 @@ def request_grammar(
                 400, "tool_choice and response_format/grammar name two grammars", "tool_choice"
             )
         try:
-            text = tool_grammar(forced, tool_format(session.target.chat_template()))
+            # "required" may be several calls where parallel calls are allowed (OpenAI's
+            # default); a named function is one call of it
+            several = (
+                isinstance(body, ChatRequest)
+                and body.tool_choice == "required"
+                and body.parallel_tool_calls is not False
+            )
+            text = tool_grammar(forced, tool_format(session.target.chat_template()), several)
         except GrammarError as e:
             raise ApiError(400, f"a tool's parameters: {e}", "tools") from None
         param, style = "tools", CALL_STYLE

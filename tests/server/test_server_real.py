@@ -305,6 +305,24 @@ def test_a_tool_call_round_trips(client: openai.OpenAI):
     assert len(calls) > 2 and json.loads(arguments) == {"city": "Paris"}
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
 
+    # "required" where parallel calls are allowed (OpenAI's default): a call per city,
+    # streamed by index; with them off, one
+    both = [{"role": "user", "content": "What is the weather in Paris and in Tokyo?"}]
+    _, chunks = streamed(client, both, tools=tools, tool_choice="required", max_tokens=60)
+    pieces: dict[int, str] = {}
+    for delta in (d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []):
+        pieces[delta.index] = pieces.get(delta.index, "") + (delta.function.arguments or "")
+    assert {i: json.loads(text) for i, text in pieces.items()} == {
+        0: {"city": "Paris"},
+        1: {"city": "Tokyo"},
+    }
+    alone = ask(
+        client, both, tools=tools, tool_choice="required", parallel_tool_calls=False, max_tokens=30
+    )
+    assert [json.loads(c.function.arguments) for c in alone.choices[0].message.tool_calls] == [
+        {"city": "Paris"}
+    ]
+
     # left to choose, the 1.5B writes its call as a ```json block, not in Qwen's tags
     chosen = ask(client, messages, tools=tools, max_tokens=40)
     assert chosen.choices[0].finish_reason == "tool_calls" and not chosen.choices[0].message.content

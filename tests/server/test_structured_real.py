@@ -834,3 +834,24 @@ def test_parallel_tool_calls_false_ends_the_answer_after_one_call(session) -> No
         assert alone("Adding:\n" + call + "\n" + call) is None, fmt
         twice = lazy_feeder(target, two_tools(), fmt)("Adding:\n" + call + "\n" + call)
         assert twice is not None and twice.allows(end), fmt
+
+
+def test_required_calls_are_one_or_several_as_parallel_calls_are_allowed(session) -> None:
+    """`tool_choice: "required"` holds the answer to calls: one or more in a row where
+    parallel calls are allowed (OpenAI's default), one where they are not, in each
+    format that writes several; Llama 3.x's and gpt-oss's answers hold one either way."""
+    from localspec.server.chat import CALL_STYLE, tool_grammar
+
+    target, tools = session.target, two_tools()
+    for fmt in (chat.HERMES, chat.XML, chat.GEMMA4, chat.LLAMA3, chat.HARMONY):
+        call = ADD_CALLS[fmt]('{"a": 2}')
+        one, several = (
+            LlamaGrammar(target, tool_grammar(tools, fmt, n), style=CALL_STYLE)
+            for n in (False, True)
+        )
+        assert goes_through(one, target, call) and goes_through(several, target, call), fmt
+        twice = call + "\n" + ADD_CALLS[fmt]('{"a": 3}')
+        assert not goes_through(one, target, twice), fmt
+        writes_several = fmt not in (chat.LLAMA3, chat.HARMONY)
+        assert goes_through(several, target, twice) == writes_several, fmt
+        assert not goes_through(several, target, call + "\nDone."), fmt  # calls only
