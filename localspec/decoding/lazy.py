@@ -15,6 +15,7 @@ it exactly, as any grammar (localspec.decoding.grammar).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -25,6 +26,19 @@ from localspec.decoding.grammar import Grammar, GrammarState, rendered
 from localspec.thinking import BlockReader
 
 Phase = Literal["before", "thinking", "watching", "held", "free"]
+# a pattern of unknown length is searched for in the answer's last this many bytes
+LONG_REACH = 1 << 16
+
+
+def trigger_pattern(
+    words: Sequence[bytes], patterns: Sequence[bytes], whole: Sequence[bytes]
+) -> re.Pattern[bytes]:
+    """llama.cpp's triggers as one pattern: words as written, patterns anywhere (the
+    grammar reads from the first group that matched, else from the match: `find`), and
+    patterns that the whole answer so far must match (re.error for a bad one)."""
+    anchored = [rb"\A(?:" + p.removeprefix(b"^").removesuffix(b"$") + rb")\Z" for p in whole]
+    parts = [*map(re.escape, words), *(b"(?:%s)" % p for p in patterns), *anchored]
+    return re.compile(b"|".join(parts) or rb"(?!)")  # none: only tokens trigger it
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,12 +54,16 @@ class Triggered:
     reasoning: tuple[bytes, bytes] | None = None  # (opening, end): the block not watched
     opened: bool = False  # the prompt opened the block
     reach: int = 0  # a pattern's longest match
+    tokens: frozenset[int] = frozenset()  # tokens that trigger it too (llama.cpp's, by id)
 
     def find(self, text: bytes) -> int:
-        """Where the first trigger in `text` begins (-1: none yet)."""
+        """Where the first trigger in `text` begins (-1: none yet): a pattern's first
+        group that matched something, else its match, as llama.cpp reads a trigger."""
         if isinstance(self.trigger, bytes):
             return text.find(self.trigger)
-        return m.start() if (m := self.trigger.search(text)) is not None else -1
+        if (m := self.trigger.search(text)) is None:
+            return -1
+        return next((m.start(i) for i in range(1, len(m.groups()) + 1) if m.group(i)), m.start())
 
     def kept(self) -> int:
         """How much of the answer's end may still begin a trigger."""
@@ -60,8 +78,8 @@ class Triggered:
     def within(self, other: Grammar) -> bool:
         return (
             isinstance(other, Triggered)
-            and (self.trigger, self.reasoning, self.opened)
-            == (other.trigger, other.reasoning, other.opened)
+            and (self.trigger, self.reasoning, self.opened, self.tokens)
+            == (other.trigger, other.reasoning, other.opened, other.tokens)
             and self.inner.within(other.inner)
         )
 
@@ -97,6 +115,9 @@ class TriggeredState:
         if self.reader is None:
             self.text += piece
         elif not self._past_reasoning(piece):
+            return
+        if token in self.rule.tokens:  # held from the token's first byte
+            self._hold_from(max(len(self.text) - len(piece), 0))
             return
         if (at := self.rule.find(self.text)) >= 0:
             self._hold_from(at)

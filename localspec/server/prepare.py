@@ -6,6 +6,7 @@ parameter. What comes out, `Prepared`, is what the worker decodes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,7 +25,7 @@ from localspec.backends.llama_grammar import (
 from localspec.decoding.budget import ThoughtBudget
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.grammar import Grammar
-from localspec.decoding.lazy import Triggered
+from localspec.decoding.lazy import LONG_REACH, Triggered, trigger_pattern
 from localspec.decoding.opening import Opening
 from localspec.decoding.sampling import BANNED
 from localspec.server.anchors import Anchors, Placed
@@ -62,6 +63,7 @@ from localspec.server.schemas import (
 from localspec.session import Session, TemplateKwargsError, shown_tokens, template_kwargs
 from localspec.thinking import HARMONY, Thinking, opens_thinking
 
+TRIGGERS = "grammar_triggers"
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -496,6 +498,35 @@ def request_grammar(
     try:
         if kind != "text" and isinstance(body, ChatRequest):  # a chat's JSON: fenced, or not
             return chat_grammar(session.target, text, thinking)
-        return LlamaGrammar(session.target, text, root, style=style, fresh_after=fresh)
+        grammar = LlamaGrammar(session.target, text, root, style=style, fresh_after=fresh)
     except GrammarError as e:
         raise ApiError(400, str(e), param) from None
+    return lazily(body, grammar, session.target) if param == "grammar" else grammar
+
+
+def lazily(body: GenerationBody, grammar: Grammar, model: Model) -> Grammar:
+    """llama-server's `grammar_lazy`: `grammar` holds from the first of the request's
+    `grammar_triggers` on; as asked where none are sent (llama-server's too)."""
+    if not body.grammar_lazy or body.grammar_triggers is None:
+        return grammar
+    tokens: set[int] = set()
+    kinds: tuple[list[bytes], list[bytes], list[bytes]] = ([], [], [])  # words, patterns, whole
+    for trigger in body.grammar_triggers:
+        if trigger.type == 0:
+            if trigger.token is None or not 0 <= trigger.token < model.n_vocab:
+                raise ApiError(400, "a token trigger needs a token id of the model's", TRIGGERS)
+            tokens.add(trigger.token)
+        else:
+            kinds[trigger.type - 1].append(trigger.value.encode())
+    if not (tokens or any(kinds)) or not all(kinds[0]):
+        raise ApiError(
+            400,
+            "grammar_lazy needs grammar_triggers: the words or patterns it holds from",
+            TRIGGERS,
+        )
+    try:
+        pattern = trigger_pattern(*kinds)
+    except re.error as e:
+        raise ApiError(400, f"grammar_triggers: {e}", TRIGGERS) from None
+    reach = LONG_REACH if kinds[1] or kinds[2] else max(map(len, kinds[0]), default=1)
+    return Triggered(model, grammar, pattern, reach=reach, tokens=frozenset(tokens))

@@ -255,6 +255,16 @@ class StreamOptions(Body):
     include_usage: bool = False
 
 
+class GrammarTrigger(Body):
+    """llama-server's trigger of a lazy grammar (`grammar_triggers`): type 0 a token (its
+    id), 1 a word, 2 a pattern (the grammar reads from its first group, else the match),
+    3 a pattern that the whole answer so far matches."""
+
+    type: Literal[0, 1, 2, 3]
+    value: str = ""
+    token: int | None = None
+
+
 class GenerationBody(Body):
     """What chat and plain completions share: the model, sampling, stops, streaming."""
 
@@ -281,6 +291,8 @@ class GenerationBody(Body):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     logit_bias: dict[str, float] | None = None
     grammar: str | None = None  # llama-server's: a GBNF grammar the answer follows
+    grammar_lazy: bool = False  # ... from the first of its triggers on
+    grammar_triggers: list[GrammarTrigger] | None = None
     ignore_eos: bool | None = None  # llama-server's: the answer runs to its token limit
     typical_p: float | None = None  # these: SAMPLERS_OFF
     dry_multiplier: float | None = None

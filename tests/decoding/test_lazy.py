@@ -15,7 +15,7 @@ from localspec.backends.toy import EOS, ToyModel
 from localspec.decoding.drafters import Drafter, DraftModel, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished
-from localspec.decoding.lazy import Triggered
+from localspec.decoding.lazy import LONG_REACH, Triggered, trigger_pattern
 from localspec.decoding.opening import Opening
 from localspec.decoding.sampling import SamplingParams
 from localspec.thinking import BlockReader
@@ -101,6 +101,28 @@ def test_the_reasoning_is_read_however_its_tokens_cut_it():
     reader = BlockReader(marks)
     assert reader.read(b"\n") is None and reader.read(b"<a") == b"\n<a"  # no block
     assert reader.phase == "none"
+
+
+def test_llama_cpps_triggers_words_patterns_whole_answers_and_tokens():
+    """llama-server's `grammar_triggers`: a word as written; a pattern anywhere, held
+    from its first group that matched (else the match); a pattern the whole answer so
+    far matches; a token by its id (not its text written by others)."""
+    model = Joined(scripted(b""), n_vocab=V)
+
+    def held(pattern: bytes, text: bytes | list[int], tokens: frozenset[int] = frozenset()):
+        rule = Triggered(model, Opening(model, CALL), pattern, reach=LONG_REACH, tokens=tokens)
+        return fed(rule.start(), text).phase
+
+    word = trigger_pattern([b"<call>"], [], [])
+    assert held(word, b"so <call>") == "held" and held(word, b"so <cal") == "watching"
+    grouped = trigger_pattern([], [rb"then:\s*(<call>)"], [])  # held from its group
+    assert held(grouped, b"then: <call>a") == "held"
+    assert held(trigger_pattern([], [rb"then: <call>"], []), b"then: <call>a") == "free"
+    whole = trigger_pattern([], [], [rb"^\s*(<call>.*)$"])  # the whole answer, not a part
+    assert held(whole, b"  <call>") == "held" and held(whole, b"x <call>") == "watching"
+    none = trigger_pattern([], [], [])  # only tokens trigger it
+    assert held(none, b"so <c", frozenset({ord("<")})) == "held"  # from the token on
+    assert held(none, [WHOLE], frozenset({ord("<")})) == "watching"  # `<` in another token
 
 
 @pytest.mark.parametrize("gamma", [2, 5])

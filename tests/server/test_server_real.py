@@ -390,6 +390,20 @@ def test_plain_completions(client: openai.OpenAI, server):
     assert isinstance(json.loads(shaped.json()["content"])["a"], int)
     bad = httpx.post(completion, json=ask | {"json_schema": {"type": "x"}}, headers=headers)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "json_schema"
+    # llama-server's lazy grammar: the answer free until a trigger, then held from it on
+    lazy = {
+        "prompt": "def answer():\n    x = 6 * 7\n",
+        "n_predict": 40,
+        "temperature": 0,
+        "grammar": 'root ::= "return 42\\n"',
+        "grammar_lazy": True,
+        "grammar_triggers": [{"type": 2, "value": "\\n\\s*(return)"}],
+    }
+    held = httpx.post(completion, json=lazy, headers=headers, timeout=300).json()
+    assert held["content"].endswith("\n    return 42\n") and held["stop_type"] == "eos"
+    for triggers in ([], [{"type": 2, "value": "(["}]):
+        bad = httpx.post(completion, json=lazy | {"grammar_triggers": triggers}, headers=headers)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "grammar_triggers"
     # OpenAI's response_format on /v1/completions: followed too, not dropped
     shaped_v1 = client.completions.create(
         model=MODEL,
