@@ -82,6 +82,7 @@ def common_prefix(a: Sequence[T], b: Sequence[T], start: int = 0) -> int:
     return lo
 
 
+LONG_READ = 32  # a read of this many tokens or more times the model's rate of reading
 MEMO_FROM = 1024  # shorter lists are compared outright: it costs less than the bookkeeping
 # a recurrent model's prompt of CHECKPOINT_FROM tokens or more gets a lasting checkpoint
 # CHECKPOINT_TAIL tokens before its end (llama-server's offset; see Model.evaluate)
@@ -334,6 +335,7 @@ class Model(ABC):
         # its time is the pass's, not a measure of this call's cost
         self.shared_pass = False
         self.restarts = 0  # cuts that failed, so that the cache started over
+        self.read_s = 0.0  # seconds a token of its last long read alone (a prompt's)
 
     def stop_if_cancelled(self, read: int) -> None:
         """Between the chunks of a long read: once its request is gone, stop after the
@@ -390,7 +392,10 @@ class Model(ABC):
             self.reset()  # the cache's state is unknown after a failed decode
             raise
         finally:
-            self.busy_s += self._busy_since(started)
+            took = self._busy_since(started)
+            self.busy_s += took
+        if len(new) >= LONG_READ and not self.shared_pass:
+            self.read_s = took / len(new)
         self.cached.extend(new)
         self.decoded += len(new)
         return logits

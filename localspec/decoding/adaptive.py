@@ -9,8 +9,8 @@ Measured online, per conversation:
   draft model's α back up toward its prior (on a GPU, where a change of pass size costs
   cold passes, probes do that), so a few early misses cannot keep drafts short, or the
   draft model off, for good (a retry that misses goes back to the α measured before the
-  raise); a source not yet used is judged at its prior
-  (the draft model also on T's prior line: its first try is dear);
+  raise); a source not yet used is judged at its prior (the draft model also on T's
+  prior line, its first try being dear, unless the costs say a good one pays: idle.py);
 - c, the draft model's cost per token (prior: its weight bytes relative to those a token
   of the target reads, a MoE's active experts only);
 - T(k), the target's time to verify a batch of k tokens, fitted as a line a + b(k-1)
@@ -23,12 +23,10 @@ the source and k with the best E/time, k = 0 (plain decoding) included, so specu
 that does not pay is switched off. A free source (n-grams, the suffix index, a
 prediction) is measured even when it is not drafted: what it proposed is set against the
 text the target goes on to write (a *shadow* draft: shadows.py), so its α stays current.
-The draft model, whose guesses cost a pass, is probed again once the time since its last
-use would have paid for the probe PROBE_SHARE times over, so probing costs at most that
-share; never where the costs say it could not pay even on text it drafts well. Hybrid
-drafting: a free match goes first; the draft model drafts when there is none, or extends
-one that ends short when that pays (a suffix run whose continuation grows unsure, the end
-of a prediction; an n-gram match is always γ long, as a copy of the text goes on).
+The draft model, whose guesses cost a pass, is probed (idle.py). Hybrid drafting: a free
+match goes first; the draft model drafts when there is none, or extends one that ends
+short when that pays (a suffix run whose continuation grows unsure, the end of a
+prediction; an n-gram match is always γ long, as a copy of the text goes on).
 
 Under a grammar, the forced tokens of jump-forward (engine.py) come first in the round's
 pass, as good as certain: a draft after f of them is judged against that round's rate,
@@ -72,6 +70,7 @@ from localspec.decoding.drafters import (
     MtpDrafter,
     NgramIndex,
     Outcome,
+    stop_thresholds,
 )
 from localspec.decoding.engine import Engine
 from localspec.decoding.estimates import (
@@ -80,6 +79,17 @@ from localspec.decoding.estimates import (
     VerifyCost,
 )
 from localspec.decoding.grammar import GrammarState, allowed_prefix, last_state
+from localspec.decoding.idle import (
+    FIRST_TRIES,
+    FIRST_TRY_AFTER,
+    FIRST_TRY_ROUNDS,
+    PROBE_SHARE,
+    RECOVER,
+    TIMING,
+    first_try_depth,
+    good_draft_gains,
+    last_follower,
+)
 from localspec.decoding.load import Load
 from localspec.decoding.prediction import Prediction
 from localspec.decoding.priors import (
@@ -99,16 +109,12 @@ from localspec.decoding.shadows import Shadow, Shadows
 from localspec.decoding.suffix import DEEP_RUN, SUFFIX_PRIOR, SuffixIndex, suffix_key
 from localspec.drafting import GAMMA_MAX
 
-PROBE_SHARE = 0.02  # at most this share of the time goes to probing an idle draft model
-GOOD_ALPHA = 0.9  # the draft model's α on text it drafts well (code): a probe looks for it
 CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
 EXPLORE_SEEN = 8  # a free source is tried deeper than timed once it was judged this often
 # ... and in a completion, whose middle is short (~20 tokens, the fim bench's median, in
 # rounds of ~3): a draft model that has not read a new prompt pays it within the answer,
 # or not at all (it reads ahead between requests instead: `read_ahead`)
 FIM_CATCHUP_ROUNDS = 6
-RECOVER = 0.02  # per token made without the draft model, its low α closes this share of
-# the gap to its prior
 
 
 @dataclass(frozen=True)
@@ -130,9 +136,12 @@ class AdaptiveDrafter:
         cost_ratio: float = 0.3,
         head: MtpDrafter | None = None,
         growth: Sequence[float] = (),
+        reader: Model | None = None,
     ) -> None:
         """`cost_ratio`: prior for c / T(1) until the draft model has been timed. `head`:
-        the target's MTP head, drafting in the draft model's place (and priced as one)."""
+        the target's MTP head, drafting in the draft model's place (and priced as one).
+        `reader`: the target, whose reads of a prompt price the draft model's until timed."""
+        self.reader = reader
         self.model: DraftModel | MtpDrafter | None = head
         if head is None and draft_model is not None:
             self.model = DraftModel(draft_model)
@@ -162,6 +171,8 @@ class AdaptiveDrafter:
         self._draft_s = 0.0
         self.alpha["lead"] = Acceptance.prior(SAMPLED_LEAD_PRIOR, PREDICTION_GAMMA_MAX)
         self._sampled = False  # this answer samples (its forced tokens are a bet)
+        self._answer_from = 0  # where this request's answer begins in its text
+        self.answered = 0  # tokens of this answer so far
 
     @property
     def busy_s(self) -> float:
@@ -221,6 +232,8 @@ class AdaptiveDrafter:
         if len(context) - forced != self._text_len:
             self.shadows.clear()  # another text (the next request): they would not apply
             self._fresh = self._completing and not self.revisits(context)
+            self._answer_from = len(context) - forced - 1  # (the prefill gave its first)
+        self.answered = len(context) - forced - self._answer_from
         self._sampled = not params.greedy
         if forced and self._sampled and (keep := self.lead_worth(forced)) < forced:
             self._last, self._draft_s = Choice("none", 0, 1.0), 0.0
@@ -254,6 +267,8 @@ class AdaptiveDrafter:
                 free.append(("suffix", run.run, tokens, choice))
         # the free source whose round pays best (a probe counts as plain decoding)
         self._free, self._match_n, match, choice = max(free, key=lambda f: f[3].gain or 1.0)
+        if choice.source == TIMING:  # a free guess, to time a 2-token pass
+            self._free, match = TIMING, [last_follower(context)]
         self._last = choice
         drafted = self._free if choice.ngram else None
         self.shadow(len(context), [(f[0], f[1], f[2]) for f in free if f[0] != drafted])
@@ -306,7 +321,7 @@ class AdaptiveDrafter:
         if outcome.forced and self._sampled:
             self.alpha["lead"].observe(outcome.forced, outcome.forced_accepted)
         n_ng = min(choice.ngram, outcome.drafted)
-        if n_ng:
+        if n_ng and choice.source != TIMING:
             self.alpha[self.free_key()].observe(n_ng, min(outcome.accepted, n_ng))
             if self._free == "prediction" and self.prediction is not None:
                 self.prediction.observe(n_ng, min(outcome.accepted, n_ng))
@@ -407,7 +422,41 @@ class AdaptiveDrafter:
                     for r, e in enumerate(dm.expected(depth - m), 1)
                 ]
                 best = better(best, f"{free}+draft", gains, m + 1, free_tokens=m)
-        return self._probe(lag) if best.k == 0 else best
+        if best.k:
+            return best
+        return (None if forced else self.first_try(lag, depth)) or self._probe(lag)
+
+    def first_try(self, lag: int, depth: int) -> Choice | None:
+        """The unseen draft model's first try (idle.py), or a round that times a 2-token
+        pass before it, or None: alone (not under load), not in a completion (whose
+        middle is short, and read ahead for), judged on the timed sizes with no optimism
+        (`VerifyCost.line_table`; on a GPU with the cold passes its changes of size cost)."""
+        timed = self.verify.seconds
+        if (
+            self.model is None
+            or self.alpha["draft"].seen[0] >= FIRST_TRIES
+            or self.slots() > 1
+            or self._completing
+            or self.answered < FIRST_TRY_AFTER
+            or 1 not in timed
+        ):
+            return None
+        tried = first_try_depth(self.verify.line_table(depth + 1), self.draft_cost, depth)
+        if tried is None:
+            return None
+        if len(timed) < 2:
+            return Choice(TIMING, 1, 0.0, ngram=1)
+        price = self.read_estimate(lag) + self.verify.switch_cost(1 + self.verify.cold_passes)
+        return Choice("draft", *tried) if price <= FIRST_TRY_ROUNDS * self.verify.one else None
+
+    def read_estimate(self, lag: int) -> float:
+        """Seconds for the draft model to read the `lag` tokens it has not seen: as timed,
+        else at its size's share (`cost_ratio`) of the target's time to read a token of a
+        prompt (on 2 cores of a Xeon 4.6 ms a token, where it took 4.8; the half step a
+        token that `catchup_cost` guesses is 2.6 times that)."""
+        if self.model is None or self.model.catchup_s or not (self.reader and self.reader.read_s):
+            return self.catchup_cost(lag)
+        return max(lag - 1, 0) * self.cost_ratio * self.reader.read_s
 
     def explore(
         self,
@@ -466,9 +515,6 @@ class AdaptiveDrafter:
             return [base] + [base + n * t[k - 2] for k in range(2, top + 1)]
         return [base + n * (t[n + k - 2] - base) for k in range(1, top + 1)]
 
-    def priced_batch(self, ks: np.ndarray) -> np.ndarray:
-        return np.array(self.priced(int(ks.max())))[ks - 1]
-
     def _probe(self, lag: int) -> Choice:
         """Speculation does not pay by the estimates; try the idle draft model once its
         idle time has paid for the probe, to notice when it pays again (a change of
@@ -488,47 +534,32 @@ class AdaptiveDrafter:
         some γ, on text it drafts well (α = GOOD_ALPHA, as on code). Where it would not
         (a small target on a few CPU cores: T(2) about 2 T(1)), a probe can only lose:
         each one reads up to a window of missed text, at up to PROBE_SHARE of the time."""
-        ks = np.arange(1, GAMMA_MAX + 1)
-        t = self.priced_batch(np.arange(1, GAMMA_MAX + 2))  # t[k] = T(k + 1)
-        tokens = (1 - GOOD_ALPHA ** (ks + 1)) / (1 - GOOD_ALPHA)  # Leviathan et al.'s E(k)
-        cost = ks * self.draft_cost + t[ks]
-        if not np.all(cost > 0):  # nothing timed yet: no sign that it pays
-            return False
-        return bool(np.max(tokens * t[0] / cost) > 1.0)
+        t = self.priced(GAMMA_MAX + 1)
+        return max(good_draft_gains(t, self.draft_cost, GAMMA_MAX)) > 1.0
 
     def p_min(self, choice: Choice) -> list[float]:
         """Draft-model early stop, per token the draft model drafts this round: the
-        confidence q it needs for drafting on from it to pay. Its own draft step is spent;
-        drafting on to depth m costs the verify slots it adds, T(m + 1) − T(here), and the
-        draft steps after it, and adds q (1 + α_next + α_next α_after + ...) tokens times
-        the chance that the draft gets this far. It pays when that beats the rate ρ the
-        round aims at (its expected gain, in tokens/s), for some m up to the planned depth.
-        So a token that alone would not pay its slot can still open a deep draft that
-        does, as on a CPU, where T(2) − T(1) can be ten times T(6) − T(2)."""
+        confidence it needs for drafting on from it to pay (`stop_thresholds`), at the
+        rate the round aims at (its expected gain, in tokens/s)."""
         n_model = choice.k - choice.ngram
-        a, c = (self.priced(1)[0] if self.timings().seconds else 0.0), self.draft_cost
+        a = self.priced(1)[0] if self.timings().seconds else 0.0
         if a <= 0:
             return [0.5] * n_model
-        t = self.priced_batch(np.arange(1, choice.k + 2))  # t[i] = T(i + 1)
-        alpha = np.array(self.alpha["draft"].alpha[:n_model])
-        rho = max(choice.gain, 1.0) / a
-        reach = 1.0  # the chance that every token before this one is accepted
+        reach = 1.0  # the chance that every token before the draft model's is accepted
         if choice.ngram:
             reach = self.alpha[self.free_key()].all_accepted(choice.ngram)
-        thresholds = []
-        for j in range(n_model):
-            before = choice.ngram + j  # drafted tokens ahead of this one
-            cost = t[before + 1 : choice.k + 1] - t[before] + np.arange(n_model - j) * c
-            adds = reach * (1 + np.concatenate(([0.0], np.cumsum(np.cumprod(alpha[j + 1 :])))))
-            thresholds.append(float(np.clip(np.min(rho * cost / adds), 0.05, 0.9)))
-            reach *= alpha[j]
-        return thresholds
+        t = np.array(self.priced(choice.k + 1)[: choice.k + 1])  # t[i] = T(i + 1)
+        alpha = self.alpha["draft"].alpha[:n_model]
+        rate = max(choice.gain, 1.0) / a
+        return stop_thresholds(t, alpha, self.draft_cost, rate, choice.ngram, reach)
 
     def explain(self, choice: Choice) -> str:
         """One line on why this round drafts what it drafts."""
         a, b = self.verify.a, self.verify.b
         if a == 0:
             return "plain decoding: timing the target first"
+        if choice.source == TIMING:
+            return "a free guess, to time a 2-token pass before the draft model's first try"
         head = f"{choice.source} γ={choice.k}" if choice.k else "plain decoding"
         gain = f" ≈ {choice.gain:.2f}× plain" if choice.gain else " (probe)"
         return (
@@ -589,7 +620,7 @@ def auto_engine(
     ratio = draft.read_bytes / target.read_bytes if draft and target.read_bytes else 0.3
     if head is not None:
         ratio = head.head.cost_ratio
-    drafter = AdaptiveDrafter(draft, cost_ratio=ratio, head=head, growth=growth)
+    drafter = AdaptiveDrafter(draft, cost_ratio=ratio, head=head, growth=growth, reader=target)
     model = getattr(target, "shared", target)  # a slot's: its model's
     drafter.verify.cold_passes = getattr(model, "cold_passes", 0)
     drafter.verify.after_each_change = True

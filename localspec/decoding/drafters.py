@@ -460,6 +460,30 @@ def p_min_at(p_min: float | Sequence[float], i: int) -> float:
     return p_min[min(i, len(p_min) - 1)]
 
 
+def stop_thresholds(
+    t: np.ndarray, alpha: Sequence[float], c: float, rate: float, ngram: int, reach: float
+) -> list[float]:
+    """The confidence each token a draft model drafts needs for drafting on from it to pay
+    (its p_min), in a round of len(t) - 1 tokens, the first `ngram` from a free match that
+    is all accepted with chance `reach`; t[i] = T(i + 1), α per draft-model position, c a
+    draft step. Its own step is spent; drafting on to depth m costs the verify slots it
+    adds, T(m + 1) − T(here), and the draft steps after it, and adds q (1 + α_next +
+    α_next α_after + ...) tokens times the chance that the draft gets this far. It pays
+    when that beats `rate` (tokens/s) for some m up to the round's depth. So a token that
+    alone would not pay its slot can still open a deep draft that does, as on a CPU,
+    where T(2) − T(1) can be ten times T(6) − T(2)."""
+    k, n_model = len(t) - 1, len(t) - 1 - ngram
+    a = np.array(alpha[:n_model])
+    thresholds = []
+    for j in range(n_model):
+        before = ngram + j  # drafted tokens ahead of this one
+        cost = t[before + 1 : k + 1] - t[before] + np.arange(n_model - j) * c
+        adds = reach * (1 + np.concatenate(([0.0], np.cumsum(np.cumprod(a[j + 1 :])))))
+        thresholds.append(float(np.clip(np.min(rate * cost / adds), 0.05, 0.9)))
+        reach *= a[j]
+    return thresholds
+
+
 def _ema(old: float, new: float, weight: float = 0.2) -> float:
     return new if old == 0 else old + weight * (new - old)
 

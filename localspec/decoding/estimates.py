@@ -221,6 +221,18 @@ class VerifyCost:
         b = min(self.b, CPU_SLOPE * self.a)
         return [self._at_least(k, self.a + b * (k - 1)) for k in range(1, top + 1)]
 
+    def line_table(self, top: int) -> list[float]:
+        """T(1..top) with no optimism: timed sizes as timed, the others on the fitted line,
+        none below a smaller size's (what the draft model's first try is judged on: it
+        pays for reading the text, so an untimed size is not priced low to get it timed)."""
+        table, floor = [], 0.0
+        for k in range(1, top + 1):
+            t = self.seconds.get(k)
+            t = max(self.a + self.b * (k - 1), floor) if t is None else t
+            floor = max(floor, t)
+            table.append(self._at_least(k, t))
+        return table
+
     def _at_least(self, k: int, t: float) -> float:
         """An untimed T(k) no lower than the experts it reads make it."""
         if k > len(self.growth):

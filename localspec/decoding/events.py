@@ -108,7 +108,7 @@ class Piece:
 
 @dataclass(frozen=True)
 class RoundEnd:
-    drafter: str  # who drafted this round: "draft", "ngram", "ngram+draft", "none"
+    drafter: str  # who drafted this round: "draft", "ngram", "ngram+draft", "none", ...
     gamma: int  # tokens the round meant to draft
     drafted: int
     accepted: int
