@@ -8,7 +8,7 @@ that share; never where the costs say it could not pay even on text it drafts we
 
 An unseen one is judged at its prior α (0.7), which on a CPU where it pays only on text
 it drafts well keeps it off, and a probe waits for more idle time than most answers run:
-on 2 cores of a Xeon a fixed γ of 3-4 beat `auto` by 4-21% on code with the Q4_K_M pair.
+on 2 cores of a Xeon a fixed γ of 3 beat `auto` on code by 9-17% with the Q4_K_M pair.
 So it gets a first try of FIRST_TRIES rounds once an answer has run FIRST_TRY_AFTER
 tokens (a short answer never pays for the draft model's read of the prompt), where the
 batch sizes timed so far, with no optimism for the others, say a draft right GOOD_ALPHA
