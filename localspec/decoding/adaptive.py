@@ -501,19 +501,11 @@ class AdaptiveDrafter:
         return self.verify if n == 1 or self.load is None else self.load.passes
 
     def priced(self, top: int, prior: bool = False) -> list[float]:
-        """T(1..top) as a round pays it: alone, the target's times; under the load of n
-        slots, a pass of the others' n - 1 tokens and this round's k, each token beyond
-        the first priced n times (the module docstring: T_n); with a cache per slot, the
-        k - 1 beyond the others' in a pass of their own that all n wait for."""
-        n = self.slots()
-        if n == 1 or self.load is None:
+        """T(1..top) as a round pays it: alone, the target's times; under load, as the
+        slots share each pass (`Load.priced`)."""
+        if self.slots() == 1 or self.load is None:
             return self.verify.prior_table(top) if prior else self.verify.table(top)
-        passes = self.load.passes
-        t = passes.prior_table(n + top) if prior else passes.table(n + top)
-        base = t[n - 1]  # T(n): every slot's token, this one's plain
-        if self.load.splits:  # its k - 1 extra tokens in a pass of their own, all waiting
-            return [base] + [base + n * t[k - 2] for k in range(2, top + 1)]
-        return [base + n * (t[n + k - 2] - base) for k in range(1, top + 1)]
+        return self.load.priced(top, prior)
 
     def _probe(self, lag: int) -> Choice:
         """Speculation does not pay by the estimates; try the idle draft model once its

@@ -34,6 +34,18 @@ class Load:
     # several, the tokens beyond the others' in a pass of their own (LlamaModel)
     splits: bool = False
 
+    def priced(self, top: int, prior: bool = False) -> list[float]:
+        """T(1..top) as a slot's round pays it under the load of n slots: a pass of the
+        others' n - 1 tokens and this round's k, each token beyond the first priced n
+        times (T_n); with a cache per slot, the k - 1 beyond the others' in a pass of
+        their own that all n wait for. `prior`: on the passes' prior line."""
+        n = self.slots()
+        t = self.passes.prior_table(n + top) if prior else self.passes.table(n + top)
+        base = t[n - 1]  # T(n): every slot's token, this one's plain
+        if self.splits:  # its k - 1 extra tokens in a pass of their own, all waiting
+            return [base] + [base + n * t[k - 2] for k in range(2, top + 1)]
+        return [base + n * (t[n + k - 2] - base) for k in range(1, top + 1)]
+
     def draft_step(self, fallback: float) -> float:
         """Seconds of one draft step of the slots drafting now (`fallback` until such
         a pass is timed)."""
