@@ -200,9 +200,9 @@ class VerifyCost:
         """T(1..n), n ≥ top (t[k - 1] = T(k)): its own average where timed (CPU costs rise
         in steps, not on a line), and between two timed sizes on the straight line from
         one to the other. The first untimed size above the timed ones is assumed as cheap
-        as the largest timed one (T never falls with k), so it gets tried and timed;
-        unless the timed sizes rise steeply per token (compute-bound), where the line is
-        the guess. Worked out once per change of the timings (a round asks for it
+        as the dearest timed one (on a line or in steps, T rises), so it gets tried and
+        timed; unless the timed sizes rise steeply per token (compute-bound), where the
+        line is the guess. Worked out once per change of the timings (a round asks for it
         several times)."""
         key = (tuple(self.seconds.items()), self.a, self.b)
         if key != self._key or len(self._cached) < top:
@@ -210,9 +210,9 @@ class VerifyCost:
         return self._cached
 
     def hopeful(self, k: int) -> float:
-        """The least an untimed T(k) above the timed sizes can be: the largest timed T (T
-        never falls with k), or what the experts it reads make it; the price at which
-        `AdaptiveDrafter.explore` weighs a deeper try."""
+        """What an untimed T(k) above the timed sizes is hoped to cost: the largest timed
+        T (T rises with k, a CPU's tiles aside), or what the experts it reads make it;
+        the price at which `AdaptiveDrafter.explore` weighs a deeper try."""
         return self._at_least(k, max(self.seconds.values()))
 
     def prior_table(self, top: int) -> list[float]:
