@@ -58,11 +58,11 @@ may add at the rate the round aims at (`p_min`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from localspec.backends.base import Model, followed_by, shared_prefix
+from localspec.decoding.choice import Choice, better
 from localspec.decoding.drafters import (
     UNBOUNDED,
     Draft,
@@ -115,14 +115,6 @@ EXPLORE_SEEN = 8  # a free source is tried deeper than timed once it was judged 
 # rounds of ~3): a draft model that has not read a new prompt pays it within the answer,
 # or not at all (it reads ahead between requests instead: `read_ahead`)
 FIM_CATCHUP_ROUNDS = 6
-
-
-@dataclass(frozen=True)
-class Choice:
-    source: str  # "none", "draft", or a free source ("ngram", "prediction", "suffix") [+draft]
-    k: int  # tokens to draft in all
-    gain: float  # expected tokens/s relative to plain decoding (0 for a probe)
-    ngram: int = 0  # of which from the free match (n-gram lookup or the prediction)
 
 
 class AdaptiveDrafter:
@@ -582,20 +574,6 @@ class AdaptiveDrafter:
             return f"{self._free} {self.alpha[self.free_key()].alpha[0]:.2f}"
         ns = [self._match_n] if self._match_n else sorted(NGRAM_PRIOR)
         return " ".join(f"{n}-gram {self.alpha[ngram_key(n)].alpha[0]:.2f}" for n in ns)
-
-
-def better(
-    best: Choice, source: str, gains: Sequence[float], first: int, free_tokens: int | None
-) -> Choice:
-    """`best`, or the option of `source` at the best of `gains` (gains[i] drafts first + i
-    tokens, of which `free_tokens` from the free match; None: all), if that beats it (a tie
-    keeps the earlier and shallower option). One Choice a family, not one an option:
-    choose runs every round, and on a GPU a round's Python is a share of its time."""
-    i = max(range(len(gains)), key=gains.__getitem__)  # the first of equal ones
-    if gains[i] <= best.gain:
-        return best
-    k = first + i
-    return Choice(source, k, gains[i], k if free_tokens is None else free_tokens)
 
 
 def auto_engine(

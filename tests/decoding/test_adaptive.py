@@ -11,10 +11,10 @@ from localspec.decoding.adaptive import (
     RECOVER,
     Acceptance,
     AdaptiveDrafter,
-    Choice,
     VerifyCost,
     auto_engine,
 )
+from localspec.decoding.choice import Choice
 from localspec.decoding.drafters import Outcome
 from localspec.decoding.events import RoundEnd
 from localspec.decoding.idle import FIRST_TRIES, FIRST_TRY_AFTER, TIMING, last_follower
