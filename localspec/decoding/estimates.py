@@ -200,9 +200,9 @@ class VerifyCost:
         """T(1..n), n ≥ top (t[k - 1] = T(k)): its own average where timed (CPU costs rise
         in steps, not on a line), and between two timed sizes on the straight line from
         one to the other. The first untimed size above the timed ones is assumed as cheap
-        as the largest timed one (T never falls with k), so it gets tried and timed;
-        unless the timed sizes rise steeply per token (compute-bound), where the line is
-        the guess. Worked out once per change of the timings (a round asks for it
+        as the dearest timed one (on a line or in steps, T rises), so it gets tried and
+        timed; unless the timed sizes rise steeply per token (compute-bound), where the
+        line is the guess. Worked out once per change of the timings (a round asks for it
         several times)."""
         key = (tuple(self.seconds.items()), self.a, self.b)
         if key != self._key or len(self._cached) < top:
@@ -210,9 +210,9 @@ class VerifyCost:
         return self._cached
 
     def hopeful(self, k: int) -> float:
-        """The least an untimed T(k) above the timed sizes can be: the largest timed T (T
-        never falls with k), or what the experts it reads make it; the price at which
-        `AdaptiveDrafter.explore` weighs a deeper try."""
+        """What an untimed T(k) above the timed sizes is hoped to cost: the largest timed
+        T (T rises with k, a CPU's tiles aside), or what the experts it reads make it;
+        the price at which `AdaptiveDrafter.explore` weighs a deeper try."""
         return self._at_least(k, max(self.seconds.values()))
 
     def prior_table(self, top: int) -> list[float]:
@@ -249,18 +249,19 @@ class VerifyCost:
         return (tk - tj) / (k - j) >= STEEP * self.one
 
     def _build(self, n: int) -> list[float]:
-        """T(1..n) as `table` describes it; a timed size above a larger one counts at
-        the larger's time (T never falls with k: it is the slower pass of the two that
-        was off, and a T(1) kept too high would make every draft look cheap)."""
+        """T(1..n) as `table` describes it. A T(1) timed above a larger size counts at
+        that size's time (a T(1) kept too high, as a cold pass leaves it, would make every
+        draft look cheap); the other timed sizes count as timed: a CPU's kernels work in
+        tiles (on 2 cores of a Xeon a 4-token pass took 114 ms, a 3-token one 144), and
+        a 3-token pass counted at 114 made a 2-token draft look as cheap as a 3-token one."""
         timed = sorted(self.seconds)
         top, steep = max(timed, default=0), self._steep()
-        least = list(accumulate(reversed([self.seconds[k] for k in timed]), min))[::-1]
-        envelope = dict(zip(timed, least, strict=True))  # T(k) ≤ every larger size's
         table, floor = [], None  # floor: the largest T(j) timed for j < k
         for k in range(1, n + 1):
             t = self.seconds.get(k)
             if t is not None:
-                t = envelope[k]
+                if k == 1:
+                    t = min(self.seconds.values())
                 floor = t if floor is None else max(floor, t)
             elif floor is not None and k < top:
                 # between timed sizes j < k < l: on the way from T(j) to T(l)

@@ -241,6 +241,21 @@ def test_a_sizes_first_pass_is_not_kept_and_no_size_costs_more_than_a_larger():
     assert d.choose(matched=0, gamma=8).k == 0
 
 
+def test_a_cpus_tiles_keep_a_smaller_pass_dearer_than_a_larger_one():
+    """2 cores of a Xeon, the Q4_K_M target: a 4-token pass took 114 ms, a 3-token one
+    144 (llama.cpp's kernels work in tiles). Counted at 114, the 3-token pass made a
+    2-token draft look as cheap as a 3-token one, and `auto` drafted 2 tokens (a 144 ms
+    pass) where the α it had measured said 3 (a 114 ms one)."""
+    xeon = [0.0789, 0.109, 0.144, 0.114, 0.146, 0.180, 0.208, 0.212, 0.283]
+    d = drafter_with(a=0.0789, b=0.0, c=0.0268, alpha=0.8)
+    d.verify.seconds.clear()
+    for k, t in enumerate(xeon, 1):
+        d.verify.observe(k, t)
+    assert d.verify.table(9)[:4] == pytest.approx(xeon[:4])
+    d.alpha["draft"] = Acceptance([0.77, 0.87, 0.58, 0.58, 0.58], [10] * 5)
+    assert d.choose(matched=0, gamma=8).k == 3
+
+
 def test_on_a_gpu_the_passes_after_each_change_of_size_are_cold_and_priced():
     """The same twin on an H200 (scripts/gpu_switch.py): 1-token passes 1.4 ms; after one
     2-token pass (4.7 ms) the next two 1-token passes took 4.1 and 3.2 ms (llama.cpp keeps
