@@ -48,7 +48,7 @@ from localspec.bench.suite import BenchPrompt, load_prompts
 from localspec.decoding.adaptive import AdaptiveDrafter
 from localspec.decoding.drafters import NgramIndex, NoDrafter, Outcome, p_min_at
 from localspec.decoding.engine import Engine
-from localspec.decoding.idle import TIMING, last_follower
+from localspec.decoding.idle import TIMING, free_guesses
 from localspec.decoding.sampling import top2
 from localspec.drafting import GAMMA_MAX
 from localspec.session import Session
@@ -207,7 +207,7 @@ def replay(rec: Recording, costs: Costs, policy: str) -> Replayed:
             choice = drafter.choose(len(match), gamma, len(context) - cached, drafter._match_n)
             drafter._last, k, n_ngram, p_min = choice, choice.k, choice.ngram, drafter.p_min(choice)
             if choice.source == TIMING:
-                match = [last_follower(context)]
+                match = free_guesses(context, choice.ngram)
             if not n_ngram:
                 drafter.shadow(len(context), [("ngram", drafter._match_n, match)])
         accepted = next((j for j in range(n_ngram) if match[j] != y[t + j]), n_ngram)

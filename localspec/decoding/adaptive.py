@@ -86,9 +86,10 @@ from localspec.decoding.idle import (
     PROBE_SHARE,
     RECOVER,
     TIMING,
+    TIMING_PASS,
     first_try_depth,
+    free_guesses,
     good_draft_gains,
-    last_follower,
 )
 from localspec.decoding.load import Load
 from localspec.decoding.prediction import Prediction
@@ -259,8 +260,8 @@ class AdaptiveDrafter:
                 free.append(("suffix", run.run, tokens, choice))
         # the free source whose round pays best (a probe counts as plain decoding)
         self._free, self._match_n, match, choice = max(free, key=lambda f: f[3].gain or 1.0)
-        if choice.source == TIMING:  # a free guess, to time a 2-token pass
-            self._free, match = TIMING, [last_follower(context)]
+        if choice.source == TIMING:  # free guesses, to time a pass of their size
+            self._free, match = TIMING, free_guesses(context, choice.ngram)
         self._last = choice
         drafted = self._free if choice.ngram else None
         self.shadow(len(context), [(f[0], f[1], f[2]) for f in free if f[0] != drafted])
@@ -419,8 +420,8 @@ class AdaptiveDrafter:
         return (None if forced else self.first_try(lag, depth)) or self._probe(lag)
 
     def first_try(self, lag: int, depth: int) -> Choice | None:
-        """The unseen draft model's first try (idle.py), or a round that times a 2-token
-        pass before it, or None: alone (not under load), not in a completion (whose
+        """The unseen draft model's first try (idle.py), or a round that times a pass of
+        TIMING_PASS tokens before it, or None: alone (not under load), not in a completion (whose
         middle is short, and read ahead for), judged on the timed sizes with no optimism
         (`VerifyCost.line_table`; on a GPU with the cold passes its changes of size cost)."""
         timed = self.verify.seconds
@@ -437,7 +438,8 @@ class AdaptiveDrafter:
         if tried is None:
             return None
         if len(timed) < 2:
-            return Choice(TIMING, 1, 0.0, ngram=1)
+            guesses = min(TIMING_PASS - 1, depth)
+            return Choice(TIMING, guesses, 0.0, ngram=guesses)
         price = self.read_estimate(lag) + self.verify.switch_cost(1 + self.verify.cold_passes)
         return Choice("draft", *tried) if price <= FIRST_TRY_ROUNDS * self.verify.one else None
 
@@ -543,7 +545,10 @@ class AdaptiveDrafter:
         if a == 0:
             return "plain decoding: timing the target first"
         if choice.source == TIMING:
-            return "a free guess, to time a 2-token pass before the draft model's first try"
+            return (
+                f"free guesses, to time a {choice.k + 1}-token pass before the draft model's "
+                "first try"
+            )
         head = f"{choice.source} γ={choice.k}" if choice.k else "plain decoding"
         gain = f" ≈ {choice.gain:.2f}× plain" if choice.gain else " (probe)"
         return (

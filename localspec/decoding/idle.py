@@ -14,9 +14,9 @@ tokens (a short answer never pays for the draft model's read of the prompt), whe
 batch sizes timed so far, with no optimism for the others, say a draft right GOOD_ALPHA
 of the time would beat plain decoding, and reading the text costs at most
 FIRST_TRY_ROUNDS plain rounds; the α it measures decides from there. Before that, where
-only one-token passes were timed, one round drafts a free guess (`last_follower`) to time
-a 2-token pass: where that costs two 1-token ones (2 cores of an EPYC), the draft model is
-never tried.
+only one-token passes were timed, one round drafts free guesses (`free_guesses`) to time
+a pass of TIMING_PASS tokens: where that costs 3.4 one-token ones (2 cores of an EPYC), the
+draft model is never tried.
 """
 
 from __future__ import annotations
@@ -33,7 +33,13 @@ FIRST_TRY_AFTER = 16  # an unseen draft model's first try waits for this many an
 FIRST_TRY_ROUNDS = 12
 FIRST_TRY_MARGIN = 1.05  # ... and would beat plain decoding by this much at GOOD_ALPHA
 FIRST_TRIES = 4  # rounds a first try lasts: one miss (1 in 8 at α 0.88) is no verdict
-TIMING = "timing"  # a round that drafts a free guess to time a 2-token pass
+TIMING = "timing"  # a round that drafts free guesses to time a pass of TIMING_PASS tokens
+# llama.cpp's repacked CPU kernels (Q4_0, Q4_K, IQ4_NL) take a pass's tokens four at a time
+# and each one left over alone: on 2 cores of a Xeon T(2) was 1.2-1.7 T(1) and T(4)
+# 1.4-1.8 T(1) (eleven bench runs of twelve), and the line through a timed 2-token pass,
+# 1.7-3.1 T(1) at k = 4, kept the first try off for good where it was steep. A 4-token
+# pass is what a 3-token draft costs, and on a GPU about what any small pass costs.
+TIMING_PASS = 4
 
 
 def good_draft_gains(t: Sequence[float], c: float, depth: int) -> list[float]:
@@ -54,6 +60,15 @@ def first_try_depth(t: Sequence[float], c: float, depth: int) -> tuple[int, floa
     gains = good_draft_gains(t, c, depth)
     k = max(range(depth), key=gains.__getitem__, default=-1)
     return (k + 1, gains[k]) if k >= 0 and gains[k] >= FIRST_TRY_MARGIN else None
+
+
+def free_guesses(context: Sequence[int], n: int) -> list[int]:
+    """n guesses of the next tokens at no cost, each the last one's `last_follower`."""
+    text, guesses = list(context), []
+    for _ in range(n):
+        guesses.append(last_follower(text))
+        text.append(guesses[-1])
+    return guesses
 
 
 def last_follower(context: Sequence[int]) -> int:
