@@ -204,12 +204,9 @@ def ask(
     schema: dict[str, Any],
     n: int,
     temperature: float = 0.0,
-    repeat: int = 0,
 ) -> Streamed:
     """One streamed request with the schema, greedy or sampled (the same sampler settings
-    and seed on every server). A greedy repeat carries a seed of its own: localspec
-    answers the same greedy request from its last answer (Engine.recall), where the
-    repeat is meant to time the work again."""
+    and seed on every server)."""
     body = {
         "model": "any",
         "messages": [{"role": "user", "content": prompt}],
@@ -221,8 +218,6 @@ def ask(
     }
     if temperature:
         body |= {"top_p": 1.0, "top_k": 40, "min_p": 0.05, "seed": zlib.crc32(prompt.encode())}
-    elif repeat:
-        body["seed"] = repeat
     started = time.perf_counter()
     first = last = None
     text, tokens = "", 0
@@ -279,32 +274,53 @@ def run_json(
     localspec's constrained plain decoding (sampled ones differ by design)."""
     shown = {"max_tokens": max_tokens, "temperature": temperature}
     report = JsonReport({k: str(v) for k, v in asdict(setup).items()} | shown)
-    with ExitStack() as stack, httpx.Client(timeout=600) as client:
-        bases = start_pair_servers(
-            stack,
-            setup,
-            logs,
-            lambda base: ask(client, base, "Say hi.", {"type": "object"}, 8),
-            progress,
-        )
-        names = list(bases)
+    with httpx.Client(timeout=600) as client:
         for r in range(repeats):
-            for i, (case, (prompt, schema)) in enumerate(CASES.items()):
-                k = (i + r) % len(names)
-                for mode in names[k:] + names[:k]:
-                    progress(f"{case}: {mode}")
-                    got = ask(client, bases[mode], prompt, schema, max_tokens, temperature, r)
-                    settle(client, bases[mode])  # not on the next server's time
-                    report.rows.append(
-                        to_row(client, bases["localspec-plain"], case, mode, got, schema)
-                    )
-        plain = {(r.case): r.text for r in report.rows if r.mode == "localspec-plain"}
-        for row in report.rows if not temperature else []:
-            if row.mode != "localspec-plain" and row.case in plain:
-                row.agrees = row.text == plain[row.case]
-        progress("asking again for the tokens of the answers that differ")
-        ask_tokens(client, bases, report, max_tokens)
+            # each repeat from servers started afresh: asked the same greedy question
+            # again, a server answers from what it kept of its last answer (localspec's
+            # recall, ngram-mod's n-grams), and the repeat would time that memory
+            with ExitStack() as stack:
+                bases = start_pair_servers(
+                    stack,
+                    setup,
+                    logs / f"repeat-{r + 1}" if repeats > 1 else logs,
+                    lambda base: ask(client, base, "Say hi.", {"type": "object"}, 8),
+                    progress,
+                )
+                ask_cases(client, bases, report, r, max_tokens, temperature, progress)
+                if r == repeats - 1 and not temperature:  # asked again while they are up
+                    mark_agreement(report)
+                    progress("asking again for the tokens of the answers that differ")
+                    ask_tokens(client, bases, report, max_tokens)
     return report
+
+
+def mark_agreement(report: JsonReport) -> None:
+    """Whether each greedy answer is localspec's constrained plain decoding's."""
+    plain = {row.case: row.text for row in report.rows if row.mode == "localspec-plain"}
+    for row in report.rows:
+        if row.mode != "localspec-plain" and row.case in plain:
+            row.agrees = row.text == plain[row.case]
+
+
+def ask_cases(
+    client: httpx.Client,
+    bases: dict[str, str],
+    report: JsonReport,
+    r: int,
+    max_tokens: int,
+    temperature: float,
+    progress: Callable[[str], None],
+) -> None:
+    """Repeat r: every case on every server, each case starting at another server."""
+    names = list(bases)
+    for i, (case, (prompt, schema)) in enumerate(CASES.items()):
+        k = (i + r) % len(names)
+        for mode in names[k:] + names[:k]:
+            progress(f"{case}: {mode}")
+            got = ask(client, bases[mode], prompt, schema, max_tokens, temperature)
+            settle(client, bases[mode])  # not on the next server's time
+            report.rows.append(to_row(client, bases["localspec-plain"], case, mode, got, schema))
 
 
 def token_ids(
