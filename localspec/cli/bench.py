@@ -136,7 +136,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--repeats",
         type=int,
         default=1,
-        help="runs of each prompt and mode; figures are medians (default 1)",
+        help="runs of each prompt and mode; figures are medians (default 1; --suite json: "
+        "each repeat from servers started afresh)",
     )
     b.add_argument(
         "--out",
