@@ -204,9 +204,12 @@ def ask(
     schema: dict[str, Any],
     n: int,
     temperature: float = 0.0,
+    repeat: int = 0,
 ) -> Streamed:
     """One streamed request with the schema, greedy or sampled (the same sampler settings
-    and seed on every server)."""
+    and seed on every server). A greedy repeat carries a seed of its own: localspec
+    answers the same greedy request from its last answer (Engine.recall), where asking
+    one server again is meant to time the work again."""
     body = {
         "model": "any",
         "messages": [{"role": "user", "content": prompt}],
@@ -218,6 +221,8 @@ def ask(
     }
     if temperature:
         body |= {"top_p": 1.0, "top_k": 40, "min_p": 0.05, "seed": zlib.crc32(prompt.encode())}
+    elif repeat:
+        body["seed"] = repeat
     started = time.perf_counter()
     first = last = None
     text, tokens = "", 0
@@ -318,7 +323,7 @@ def ask_cases(
         k = (i + r) % len(names)
         for mode in names[k:] + names[:k]:
             progress(f"{case}: {mode}")
-            got = ask(client, bases[mode], prompt, schema, max_tokens, temperature)
+            got = ask(client, bases[mode], prompt, schema, max_tokens, temperature, r)
             settle(client, bases[mode])  # not on the next server's time
             report.rows.append(to_row(client, bases["localspec-plain"], case, mode, got, schema))
 

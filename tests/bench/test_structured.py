@@ -211,7 +211,7 @@ def test_each_repeat_asks_servers_started_afresh(monkeypatch, tmp_path):
         stack.callback(events.append, ("stop", n))
         return {mode: f"http://{mode}/{n}" for mode in MODES}
 
-    def ask(client, base, prompt, schema, n, temperature=0.0):
+    def ask(client, base, prompt, schema, n, temperature=0.0, repeat=0):
         events.append(("ask", base.rsplit("/", 1)[1]))
         return structured.Streamed(8, 0.1, 1.0, "{}")
 
