@@ -282,8 +282,8 @@ def run_json(
     with httpx.Client(timeout=600) as client:
         for r in range(repeats):
             # each repeat from servers started afresh: asked the same greedy question
-            # again, a server answers from what it kept of its last answer (localspec's
-            # recall, ngram-mod's n-grams), and the repeat would time that memory
+            # again, a server drafts from what it kept of its last answer (localspec's
+            # suffix index, ngram-mod's n-gram pool), and the repeat would time that memory
             with ExitStack() as stack:
                 bases = start_pair_servers(
                     stack,
