@@ -421,9 +421,9 @@ class AdaptiveDrafter:
 
     def first_try(self, lag: int, depth: int) -> Choice | None:
         """The unseen draft model's first try (idle.py), or a round that times a pass of
-        TIMING_PASS tokens before it, or None: alone (not under load), not in a completion (whose
-        middle is short, and read ahead for), judged on the timed sizes with no optimism
-        (`VerifyCost.line_table`; on a GPU with the cold passes its changes of size cost)."""
+        TIMING_PASS tokens before it, or None: alone (not under load), not in a completion
+        (whose middle is short, and read ahead for), judged on the timed sizes with no
+        optimism (`VerifyCost.line_table`; on a GPU with the cold passes a change costs)."""
         timed = self.verify.seconds
         if (
             self.model is None
@@ -545,10 +545,7 @@ class AdaptiveDrafter:
         if a == 0:
             return "plain decoding: timing the target first"
         if choice.source == TIMING:
-            return (
-                f"free guesses, to time a {choice.k + 1}-token pass before the draft model's "
-                "first try"
-            )
+            return f"free guesses, to time a {choice.k + 1}-token pass before a first try"
         head = f"{choice.source} γ={choice.k}" if choice.k else "plain decoding"
         gain = f" ≈ {choice.gain:.2f}× plain" if choice.gain else " (probe)"
         return (
