@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Four slots (--clients) of serve's `Worker` in-process, on real threads: tok/s of one
+"""Four slots (--slots; --clients prompts at once) of serve's `Worker` in-process: tok/s of one
 batch of fresh chat prompts, with a cache per slot or one shared (`kv_unified`), plainly
 or with `--gamma auto` or a fixed γ; the share of the wall time spent in llama.cpp's
 passes; and what a round cost as it ran (draft passes before each target pass).
@@ -105,7 +105,8 @@ def main() -> None:
         "--bench-round", type=int, help="the bench's chat prompts 4R..4R+3, not our four"
     )
     p.add_argument("--specbench", type=int, help="Spec-Bench's first turns 4R..4R+3")
-    p.add_argument("--clients", type=int, default=4, help="slots, and prompts at once")
+    p.add_argument("--clients", type=int, default=4, help="prompts at once")
+    p.add_argument("--slots", type=int, help="slots (default: --clients)")
     p.add_argument(
         "--warm",
         choices=["four", "one"],
@@ -114,17 +115,18 @@ def main() -> None:
         "answer alone (serve_bench's warm-up)",
     )
     args = p.parse_args()
+    slots = args.slots or args.clients
     load = LoadOptions(
         n_ctx=args.ctx,
         n_threads=args.threads,
-        n_seq=args.clients,
+        n_seq=slots,
         kv_unified=args.cache == "shared",
     )
     plain = args.mode == "plain"
     gamma: int | str = 0 if plain else args.mode if args.mode == "auto" else int(args.mode)
     config = SessionConfig(args.target, "none" if plain else args.draft, gamma, load, load)
     session = open_session(config)
-    worker = Worker(session, max_queue=8, parallel=args.clients)
+    worker = Worker(session, max_queue=8, parallel=slots)
     worker.start()
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()

@@ -5,6 +5,8 @@ while their ids run on without a gap and each brings as many tokens (`split_equa
 slots 0, 1 and 3 are read as 0 and 1, then 3, and a pass costs two passes' time. Four
 clients' answers end at different times, so gaps are common. A short gap is filled for
 the pass (`Layout.fillers`); one that lasts is closed by moving caches (`Layout.moves`).
+And where a pass of one more slot's tokens costs less (a CPU's kernels take tokens four
+at a time), an idle slot brings them too (`Layout.padding`).
 
 `Layout` decides over plain data (which llama.cpp sequence holds which slot's cache, the
 passes' timings); `LlamaModel` carries its decisions out.
@@ -15,6 +17,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+# every this many padding decisions, the choice not taken is timed again (one sample of a
+# size, taken while the host was slow, would otherwise decide for good)
+PAD_RETIME = 256
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class Layout:
     ubatch_s: dict[int, float] = field(default_factory=dict)
     gap_cost: float = 0.0  # what the passes since the gap opened lost to it
     move_s_per_byte: float = 1e-9  # what moving a cache costs: learnt, first guessed
+    pad_decisions: int = 0  # passes `padding` has decided on (see PAD_RETIME)
 
     def __post_init__(self) -> None:
         self.where = self.where or list(range(self.n_seq))
@@ -158,6 +165,34 @@ class Layout:
             return []
         fillers = [Part(s, [0] * k, seq_len(s), 0) for s in map(self.where.index, gaps)]
         return [] if any(f.pos + k > n_ctx for f in fillers) else fillers
+
+    def padding(self, parts: list[Part], seq_len: Callable[[int], int], n_ctx: int) -> list[Part]:
+        """For a pass of n ≥ 2 slots' k tokens each in one micro-batch (in this order), an
+        idle slot next to theirs bringing k tokens at the end of its cache (no logits),
+        dropped again after the pass, where a pass of n + 1 slots' tokens costs less:
+        llama.cpp's repacked CPU kernels (Q4_0, Q4_K) take a pass's tokens four at a
+        time and each one left over alone (Q4_K_M 1.5B, a cache each, 2 cores of a Xeon:
+        three slots' tokens in 140 ms, four in 116; F16: 204 and 212). As the passes
+        were timed; the larger size is tried once before it is."""
+        if self.recurrent or not 2 <= len(parts) < self.n_seq or not self.one_ubatch(parts):
+            return []
+        k = len(parts[0].tokens)
+        tokens = k * len(parts)
+        if tokens + k > self.n_batch or tokens not in self.ubatch_s:
+            return []
+        padded = self.ubatch_s.get(tokens + k)
+        pad = padded is None or padded < self.ubatch_s[tokens]
+        self.pad_decisions += 1
+        if self.pad_decisions % PAD_RETIME == 0:
+            pad = not pad
+        held = [self.where[p.seq] for p in parts]
+        if self.unified:
+            beside = min(s for s in range(self.n_seq) if s not in held)
+        else:  # one micro-batch: their ids run on, and one lies outside the run
+            beside = held[-1] + 1 if held[-1] + 1 < self.n_seq else held[0] - 1
+        slot = self.where.index(beside)
+        filler = Part(slot, [0] * k, seq_len(slot), 0)
+        return [filler] if pad and filler.pos + k <= n_ctx else []
 
     def moves(self, parts: list[Part], size: Callable[[int], int]) -> Moves | None:
         """A gap that lasts (slot 1's answer ended while 0, 2 and 3 go on) is closed by

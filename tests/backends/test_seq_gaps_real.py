@@ -1,7 +1,8 @@
 """Serve's slots with a cache each, on the real target: a pass over sequences 0, 1 and 3
 fills sequence 2 with a token for the pass (llama.cpp reads sequences with a gap between
 their ids in two micro-batches) and drops it after, leaving sequence 2 as it was; a gap
-that lasts is closed by moving the caches, each sequence going on as before. The
+that lasts is closed by moving the caches, each sequence going on as before; and an idle
+slot pads a pass of the three others the same way. The
 decisions alone: tests/backends/test_seq_layout.py."""
 
 from __future__ import annotations
@@ -121,3 +122,21 @@ def test_a_lasting_gap_is_closed_by_moving_caches(model: LlamaModel):
     assert model.layout.one_ubatch(model.layout.order(parts))
     assert model.layout.gap_cost == 0.0
     assert_each_goes_on_as_read_afresh(model, prompts, lengths, gap, parts, rows)
+
+
+def test_an_idle_slot_that_pads_a_pass_is_left_as_it_was(model: LlamaModel):
+    prompts = [model.tokenize(t) for t in TEXTS]
+    for seq, tokens in enumerate(prompts):
+        read(model, seq, tokens[:-1])
+    lengths = [model.seq_len(s) for s in range(4)]
+    idle = model.layout.where.index(3)  # the slot in llama.cpp's sequence 3
+    active = [s for s in range(4) if s != idle]
+    model.layout.ubatch_s.clear()
+    model.layout.ubatch_s.update({3: 1.0, 4: 0.5})  # four slots' tokens cost less: padded
+
+    parts = [Part(s, [prompts[s][-1]], lengths[s], 1) for s in active]
+    rows = model.decode_parts(parts)
+
+    assert model.layout.ubatch_s[3] == 1.0 and model.layout.ubatch_s[4] != 0.5  # a pass of 4
+    assert_each_goes_on_as_read_afresh(model, prompts, lengths, idle, parts, rows)
+    model.layout.ubatch_s.clear()

@@ -1,12 +1,13 @@
 """The layout's decisions over plain data (no model): which pass a gap splits, when a
-filler pays, what a pass is estimated to cost, and when a lasting gap is worth moving
-caches for. tests/backends/test_seq_gaps_real.py carries them out on the real target."""
+filler pays, when an idle slot pads a pass, what a pass is estimated to cost, and when a
+lasting gap is worth moving caches for. tests/backends/test_seq_gaps_real.py carries them
+out on the real target."""
 
 from __future__ import annotations
 
 import pytest
 
-from localspec.backends.seq_layout import Layout, Part, id_runs
+from localspec.backends.seq_layout import PAD_RETIME, Layout, Part, id_runs
 
 N_CTX = 512
 
@@ -87,3 +88,41 @@ def test_a_gap_is_moved_once_it_has_lost_what_moving_costs():
     assert lay.gap_cost == 0.0 and lay.move_s_per_byte == pytest.approx(0.5e-3 + 0.5e-5)
     lay.count_gap_cost(one((0, 1, 3)), 0.05)  # a pass without a gap: the count starts again
     assert lay.gap_cost == 0.0
+
+
+# a cache each, 2 cores of a Xeon: Q4_K_M's kernels take tokens four at a time, F16's not
+Q4_PASSES = {3: 0.140, 4: 0.116}
+F16_PASSES = {3: 0.204, 4: 0.212}
+
+
+def test_an_idle_slot_pads_a_pass_where_one_more_slots_tokens_cost_less():
+    assert layout(ubatch_s=Q4_PASSES).padding(one((0, 1, 2)), lengths, N_CTX) == [
+        Part(3, [0], 40, 0)
+    ]
+    assert layout(ubatch_s={6: 0.3, 8: 0.25}).padding(one((1, 2, 3), 2), lengths, N_CTX) == [
+        Part(0, [0, 0], 10, 0)  # the run's other side
+    ]
+    assert layout(ubatch_s=F16_PASSES).padding(one((0, 1, 2)), lengths, N_CTX) == []
+    assert len(layout(ubatch_s={3: 0.14}).padding(one((0, 1, 2)), lengths, N_CTX)) == 1  # tried
+    assert layout().padding(one((0, 1, 2)), lengths, N_CTX) == []  # its own size untimed
+    moved = layout(ubatch_s=Q4_PASSES, where=[0, 3, 1, 2])  # slot 1's cache in sequence 3
+    assert moved.padding(moved.order(one((0, 2, 3))), lengths, N_CTX) == [Part(1, [0], 20, 0)]
+    shared = Layout(4, unified=True, recurrent=False, n_batch=512, ubatch_s=Q4_PASSES)
+    assert shared.padding(one((0, 2, 3)), lengths, N_CTX) == [Part(1, [0], 20, 0)]
+
+
+def test_no_padding_alone_with_every_slot_busy_past_a_full_cache_or_batch_or_a_recurrent_state():
+    assert layout(ubatch_s={1: 0.2, 2: 0.1}).padding(one((0,)), lengths, N_CTX) == []
+    assert layout(ubatch_s={4: 0.2, 5: 0.1}).padding(one((0, 1, 2, 3)), lengths, N_CTX) == []
+    assert layout(ubatch_s=Q4_PASSES).padding(one((0, 1, 3)), lengths, N_CTX) == []  # a gap
+    assert layout(ubatch_s=Q4_PASSES).padding(one((0, 1, 2)), lambda s: N_CTX, N_CTX) == []
+    small = Layout(4, unified=False, recurrent=False, n_batch=3, ubatch_s=Q4_PASSES)
+    assert small.padding(one((0, 1, 2)), lengths, N_CTX) == []
+    state = Layout(4, unified=False, recurrent=True, n_batch=512, ubatch_s=Q4_PASSES)
+    assert state.padding(one((0, 1, 2)), lengths, N_CTX) == []
+
+
+def test_the_choice_not_taken_is_timed_again_now_and_then():
+    lay = layout(ubatch_s=F16_PASSES)
+    padded = [bool(lay.padding(one((0, 1, 2)), lengths, N_CTX)) for _ in range(2 * PAD_RETIME)]
+    assert [i + 1 for i, p in enumerate(padded) if p] == [PAD_RETIME, 2 * PAD_RETIME]
