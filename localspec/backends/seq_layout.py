@@ -174,9 +174,12 @@ class Layout:
         time and each one left over alone (Q4_K_M 1.5B, a cache each, 2 cores of a Xeon:
         three slots' tokens in 140 ms, four in 116; F16: 204 and 212). As the passes
         were timed; the larger size is tried once before it is."""
-        if self.recurrent or not 2 <= len(parts) < self.n_seq or not self.one_ubatch(parts):
+        counts = {len(p.tokens) for p in parts}  # equal: one cache's pass may have others
+        if self.recurrent or not 2 <= len(parts) < self.n_seq or len(counts) > 1:
             return []
-        k = len(parts[0].tokens)
+        if not self.one_ubatch(parts):  # a gap (its fillers' case) or ids out of order
+            return []
+        k = counts.pop()
         tokens = k * len(parts)
         if tokens + k > self.n_batch or tokens not in self.ubatch_s:
             return []
@@ -185,6 +188,8 @@ class Layout:
         self.pad_decisions += 1
         if self.pad_decisions % PAD_RETIME == 0:
             pad = not pad
+        if not pad:
+            return []
         held = [self.where[p.seq] for p in parts]
         if self.unified:
             beside = min(s for s in range(self.n_seq) if s not in held)
@@ -192,7 +197,7 @@ class Layout:
             beside = held[-1] + 1 if held[-1] + 1 < self.n_seq else held[0] - 1
         slot = self.where.index(beside)
         filler = Part(slot, [0] * k, seq_len(slot), 0)
-        return [filler] if pad and filler.pos + k <= n_ctx else []
+        return [filler] if filler.pos + k <= n_ctx else []
 
     def moves(self, parts: list[Part], size: Callable[[int], int]) -> Moves | None:
         """A gap that lasts (slot 1's answer ended while 0, 2 and 3 go on) is closed by

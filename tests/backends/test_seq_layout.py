@@ -118,6 +118,8 @@ def test_no_padding_alone_with_every_slot_busy_past_a_full_cache_or_batch_or_a_r
     assert layout(ubatch_s=Q4_PASSES).padding(one((0, 1, 2)), lambda s: N_CTX, N_CTX) == []
     small = Layout(4, unified=False, recurrent=False, n_batch=3, ubatch_s=Q4_PASSES)
     assert small.padding(one((0, 1, 2)), lengths, N_CTX) == []
+    shared = Layout(4, unified=True, recurrent=False, n_batch=512, ubatch_s={2: 0.2, 3: 0.1})
+    assert shared.padding([*one((0,)), *one((1,), 4)], lengths, N_CTX) == []  # unequal counts
     state = Layout(4, unified=False, recurrent=True, n_batch=512, ubatch_s=Q4_PASSES)
     assert state.padding(one((0, 1, 2)), lengths, N_CTX) == []
 
