@@ -43,6 +43,15 @@ def read(model: LlamaModel, seq: int, tokens: list[int]) -> np.ndarray:
     return model.decode_parts([Part(seq, tokens, 0, 1)])[0]
 
 
+def read_all_but_last(model: LlamaModel) -> tuple[list[list[int]], list[int]]:
+    """Each text but its last token read into its own sequence: the texts' tokens, and
+    the caches' lengths."""
+    prompts = [model.tokenize(t) for t in TEXTS]
+    for seq, tokens in enumerate(prompts):
+        read(model, seq, tokens[:-1])
+    return prompts, [model.seq_len(s) for s in range(4)]
+
+
 def assert_each_goes_on_as_read_afresh(
     model: LlamaModel,
     prompts: list[list[int]],
@@ -66,10 +75,7 @@ def assert_each_goes_on_as_read_afresh(
 def test_a_pass_with_a_gap_leaves_the_gap_as_it_was_and_answers_as_without_it(
     model: LlamaModel,
 ):
-    prompts = [model.tokenize(t) for t in TEXTS]
-    for seq, tokens in enumerate(prompts):
-        read(model, seq, tokens[:-1])
-    lengths = [model.seq_len(s) for s in range(4)]
+    prompts, lengths = read_all_but_last(model)
     gap = 2
     model.layout.ubatch_s.clear()  # untimed: filled
     assert model.layout.fillers([Part(s, [1], 0, 1) for s in (0, 1, 3)], model.seq_len, 512) == [
@@ -106,10 +112,7 @@ def test_a_gap_counts_its_cost_until_a_pass_runs_without_one(model: LlamaModel):
 
 
 def test_a_lasting_gap_is_closed_by_moving_caches(model: LlamaModel):
-    prompts = [model.tokenize(t) for t in TEXTS]
-    for seq, tokens in enumerate(prompts):
-        read(model, seq, tokens[:-1])
-    lengths = [model.seq_len(s) for s in range(4)]
+    prompts, lengths = read_all_but_last(model)
     gap = model.layout.where.index(2)  # the slot in llama.cpp's sequence 2
     active = [s for s in range(4) if s != gap]
     model.layout.gap_cost = 1.0  # the gap has lost a second already
@@ -125,10 +128,7 @@ def test_a_lasting_gap_is_closed_by_moving_caches(model: LlamaModel):
 
 
 def test_an_idle_slot_that_pads_a_pass_is_left_as_it_was(model: LlamaModel):
-    prompts = [model.tokenize(t) for t in TEXTS]
-    for seq, tokens in enumerate(prompts):
-        read(model, seq, tokens[:-1])
-    lengths = [model.seq_len(s) for s in range(4)]
+    prompts, lengths = read_all_but_last(model)
     idle = model.layout.where.index(3)  # the slot in llama.cpp's sequence 3
     active = [s for s in range(4) if s != idle]
     model.layout.ubatch_s.clear()
