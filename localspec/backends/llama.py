@@ -217,16 +217,13 @@ class LlamaModel(Model):
         """One pass over several sequences' tokens (at most n_batch in all); each part's
         logits rows, copied where the pass had several (the next pass overwrites them).
         The parts go in by llama.cpp sequence, and a gap between those is closed where it
-        lasts or filled for the pass, or an idle slot's tokens pad it where that costs
-        less (seq_layout.py)."""
+        lasts, else filled or padded for the pass (seq_layout.py)."""
         for part in parts:
             if part.pos + len(part.tokens) > self.n_ctx:
                 raise ContextFull(f"context of {self.n_ctx} tokens is full")
         self._close_gaps(parts)
         ordered = self.layout.order(parts)
-        fillers = self.layout.fillers(ordered, self.seq_len, self.n_ctx) or self.layout.padding(
-            ordered, self.seq_len, self.n_ctx
-        )
+        fillers = self.layout.fill(ordered, self.seq_len, self.n_ctx)
         try:
             took = self._run(self.layout.order(ordered + fillers))
         finally:

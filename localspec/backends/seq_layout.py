@@ -166,6 +166,11 @@ class Layout:
         fillers = [Part(s, [0] * k, seq_len(s), 0) for s in map(self.where.index, gaps)]
         return [] if any(f.pos + k > n_ctx for f in fillers) else fillers
 
+    def fill(self, parts: list[Part], seq_len: Callable[[int], int], n_ctx: int) -> list[Part]:
+        """The tokens other slots bring for a pass over `parts` (in this order), dropped
+        after it: a gap's fillers, else an idle slot's padding, else none."""
+        return self.fillers(parts, seq_len, n_ctx) or self.padding(parts, seq_len, n_ctx)
+
     def padding(self, parts: list[Part], seq_len: Callable[[int], int], n_ctx: int) -> list[Part]:
         """For a pass of n ≥ 2 slots' k tokens each in one micro-batch (in this order), an
         idle slot next to theirs bringing k tokens at the end of its cache (no logits),
@@ -174,10 +179,11 @@ class Layout:
         time and each one left over alone (Q4_K_M 1.5B, a cache each, 2 cores of a Xeon:
         three slots' tokens in 140 ms, four in 116; F16: 204 and 212). As the passes
         were timed; the larger size is tried once before it is."""
-        counts = {len(p.tokens) for p in parts}  # equal: one cache's pass may have others
+        counts = {len(p.tokens) for p in parts}  # equal (one cache's pass may have others)
+        # and one micro-batch (not a gap, the fillers' case, nor ids out of order)
         if self.recurrent or not 2 <= len(parts) < self.n_seq or len(counts) > 1:
             return []
-        if not self.one_ubatch(parts):  # a gap (its fillers' case) or ids out of order
+        if not self.one_ubatch(parts):
             return []
         k = counts.pop()
         tokens = k * len(parts)

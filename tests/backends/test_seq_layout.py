@@ -115,6 +115,7 @@ def test_no_padding_alone_with_every_slot_busy_past_a_full_cache_or_batch_or_a_r
     assert layout(ubatch_s={1: 0.2, 2: 0.1}).padding(one((0,)), lengths, N_CTX) == []
     assert layout(ubatch_s={4: 0.2, 5: 0.1}).padding(one((0, 1, 2, 3)), lengths, N_CTX) == []
     assert layout(ubatch_s=Q4_PASSES).padding(one((0, 1, 3)), lengths, N_CTX) == []  # a gap
+    assert len(layout(ubatch_s=Q4_PASSES).fill(one((0, 1, 3)), lengths, N_CTX)) == 1  # filled
     assert layout(ubatch_s=Q4_PASSES).padding(one((0, 1, 2)), lambda s: N_CTX, N_CTX) == []
     small = Layout(4, unified=False, recurrent=False, n_batch=3, ubatch_s=Q4_PASSES)
     assert small.padding(one((0, 1, 2)), lengths, N_CTX) == []
