@@ -45,10 +45,13 @@ with α per run length, drafted as deep along a long run.
 
 Under load (serve's slots, whose rounds share each pass: batching.py), each token a
 round adds delays the n slots decoding beside it, so a free source's token is priced n
-times: T_n(k) = T(n) + n (T(n + k − 1) − T(n)), T the shared passes' times. The draft
-model's steps are one pass for every slot drafting, which all wait for: the slots draft
-to one depth, the best for all of them (load.py, `common_depth`). γ falls as slots fill
-and comes back as they empty; with one slot (n = 1) nothing changes.
+times: T_n(k) = T(n) + n (T(n + k − 1) − T(n)), T the shared passes' times. A miss then
+costs many times what a hit gains, so the n-grams and the suffix index, whose α was
+learned on other texts, are judged at the low end of what it vouches for
+(`Acceptance.doubted`; a prediction's α is this request's own). The draft model's steps
+are one pass for every slot drafting, which all wait for: the slots draft to one depth,
+the best for all of them (load.py, `common_depth`). γ falls as slots fill and comes back
+as they empty; with one slot (n = 1) nothing changes.
 
 The draft model stops early (p_min, per position) at a token too unsure to pay for what
 drafting on from it costs: its verify slot and the steps after it, against the tokens it
@@ -380,12 +383,12 @@ class AdaptiveDrafter:
         )
         fixed = catchup + (self.model.round_s if self.model is not None else 0.0)
         best = Choice("none", 0, 1.0)
-        # Plain Python over at most 16 depths: this runs a few times a round, and numpy's
-        # per-call cost on so few values is most of a GPU round's Python.
+        # Plain Python over ≤16 depths: numpy's per-call cost is most of a GPU round's Python.
         # A source not yet seen is judged at its prior, at every depth: on a CPU a 2-token
         # pass can cost most of a 6-token one, so a 1-token try is the dearest way to learn.
         if ng and m:
-            expected = ng.expected(m)
+            doubt = self.slots() > 1 and free != "prediction"  # (the module docstring)
+            expected = ng.doubted(m) if doubt else ng.expected(m)
             gains = [(1 + per * e) * a / t[k] for k, e in enumerate(expected, 1)]
             best = better(best, free, gains, 1, free_tokens=None)
             best = self.explore(best, free, ng, expected, gains, forced, a)
@@ -408,10 +411,9 @@ class AdaptiveDrafter:
             best = better(best, "draft", gains, 1, free_tokens=0)
             if ng and m < depth:
                 # the whole n-gram match, then the draft model goes on after it
-                ng_expected = ng.expected(m)[-1]
-                reach = ng.all_accepted(m)
+                held, reach = expected[-1], ng.all_accepted(m)
                 gains = [
-                    (1 + per * (ng_expected + reach * e)) * a / (fixed + (r + 1) * c + batch[m + r])
+                    (1 + per * (held + reach * e)) * a / (fixed + (r + 1) * c + batch[m + r])
                     for r, e in enumerate(dm.expected(depth - m), 1)
                 ]
                 best = better(best, f"{free}+draft", gains, m + 1, free_tokens=m)
@@ -489,8 +491,7 @@ class AdaptiveDrafter:
         return 1 if self.load is None else self.load.slots()
 
     def timings(self) -> VerifyCost:
-        """The target's pass times this round is judged on: its own while it decodes
-        alone, the shared passes' under load."""
+        """The target's pass times a round is judged on: its own alone, else the shared's."""
         n = self.slots()
         return self.verify if n == 1 or self.load is None else self.load.passes
 

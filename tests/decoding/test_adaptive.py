@@ -884,3 +884,37 @@ def test_with_a_cache_per_slot_a_round_pays_for_the_pass_its_extra_tokens_get():
     sure.alpha[prediction_key(8)] = Acceptance([0.98] * 16, [10] * 16)
     choice = sure.choose(matched=12, gamma=12, n=8, free="prediction")
     assert choice.source == "prediction" and choice.k >= 8
+
+
+def test_under_load_a_copy_measured_sure_is_not_bet_on_as_a_sure_thing():
+    """Shadows of a copied text hit round after round and take the suffix index's α to
+    0.999, and the copy ends all the same. Alone a deep draft costs ~4 plain rounds and
+    pays at ~3 of 15 tokens kept; four slots with a cache per slot all wait for its pass
+    (the Q4_K_M target on 2 cores: 4 slots' tokens in 117 ms, with one slot's 15 more in
+    571), so it pays only at ~11 of 15: bet on α's low end, it is not drafted (traced, such
+    drafts kept 3, 0 and 1 of 15, 10 and 5). Two slots' passes still bet on part of it; a
+    prediction, whose α is this request's own, at full weight; alone nothing changes."""
+    from localspec.decoding.estimates import EVIDENCE, wilson_low
+    from localspec.decoding.priors import prediction_key
+
+    passes = VerifyCost()
+    for k, ms in {1: 72, 2: 120, 3: 112, 4: 117, 7: 255, 9: 297, 14: 490, 19: 571}.items():
+        passes.observe(k, ms / 1000)
+    copied = Acceptance([0.999] * 16, [38] * 16)
+    assert copied.doubted(15)[-1] < 0.6 * copied.expected(15)[-1]
+    assert copied.doubted(1)[0] < wilson_low(1.0, EVIDENCE) < 0.93  # however many hits
+
+    def drafter(slots: int, free: str = "suffix") -> AdaptiveDrafter:
+        d = drafter_with(a=0.072, b=0.025, c=0.04, alpha=0.3)
+        d.alpha[prediction_key(16) if free == "prediction" else "suffix16"] = copied
+        if slots > 1:
+            d.load = Load(lambda: slots, passes, splits=True)
+        return d
+
+    def choice(slots: int, free: str = "suffix") -> Choice:
+        return drafter(slots, free).choose(matched=15, gamma=16, n=16, free=free)
+
+    assert choice(4).source == "none"
+    assert choice(2).source == "suffix" and choice(2).k >= 4
+    assert choice(1).source == "suffix" and choice(1).k == 15
+    assert choice(2, "prediction").gain > choice(2).gain
