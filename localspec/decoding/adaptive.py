@@ -44,14 +44,14 @@ context's tail, in this conversation or an earlier one, and what most often foll
 with α per run length, drafted as deep along a long run.
 
 Under load (serve's slots, whose rounds share each pass: batching.py), each token a
-round adds delays the n slots decoding beside it, so a free source's token is priced n
-times: T_n(k) = T(n) + n (T(n + k − 1) − T(n)), T the shared passes' times. A miss then
-costs many times what a hit gains, so the n-grams and the suffix index, whose α was
-learned on other texts, are judged at the low end of what it vouches for
+round adds delays the n slots beside it, so a free source's token is priced n times:
+T_n(k) = T(n) + n (T(n + k − 1) − T(n)), T the shared passes' times. A miss costs many
+times what a hit gains, so an n-gram or suffix draft (α learned on other texts) counts
+on no position surer than the ~12 observations α stands for can vouch for
 (`Acceptance.doubted`; a prediction's α is this request's own). The draft model's steps
 are one pass for every slot drafting, which all wait for: the slots draft to one depth,
-the best for all of them (load.py, `common_depth`). γ falls as slots fill and comes back
-as they empty; with one slot (n = 1) nothing changes.
+the best for all (load.py, `common_depth`). γ falls as slots fill and comes back as they
+empty; with one slot (n = 1) nothing changes.
 
 The draft model stops early (p_min, per position) at a token too unsure to pay for what
 drafting on from it costs: its verify slot and the steps after it, against the tokens it
@@ -190,8 +190,7 @@ class AdaptiveDrafter:
         return step * n / self.load.sharers()
 
     def draft_step(self) -> float:
-        """Seconds of one draft-model step: as timed alone (its prior until then); under
-        load, a shared pass's with every drafting slot's token (Load.draft_step)."""
+        """Seconds of a draft step: as timed alone (else its prior), or a shared pass's."""
         assert self.model is not None
         c = self.model.step_s or self.cost_ratio * self.timings().a
         return c if self.load is None or self.slots() == 1 else self.load.draft_step(c)

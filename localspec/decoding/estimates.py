@@ -18,9 +18,11 @@ PREDICTION_GAMMA_MAX = 16  # a prediction that keeps matching is drafted this de
 TABLE_SIZE = PREDICTION_GAMMA_MAX + 1  # the largest batch a round verifies
 EMA_WEIGHT = 0.15
 PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
-# the observations a moving average vouches for: its variance is that of a mean of
-# (2 - w) / w of them, however many it has seen
+# the observations a moving average vouches for (its variance is that of a mean of
+# (2 - w) / w of them, however many it has seen), and as many hits in a row do not rule
+# out a miss in as many: under load no draft position is counted surer than this
 EVIDENCE = 2 / EMA_WEIGHT - 1
+SUREST = 1 - 1 / EVIDENCE
 RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
 STEEP = 0.5  # T(k) rising by this share of T(1) per token: compute-bound, not in steps
@@ -92,25 +94,13 @@ class Acceptance:
         return list(accumulate(accumulate(self.alpha[:k], operator.mul)))
 
     def doubted(self, k: int) -> list[float]:
-        """E(j) - 1 for j = 1..k, each α_i at the low end of what its observations vouch
-        for (Wilson's bound, one standard error, over at most EVIDENCE of them): for a bet
-        whose miss costs many times its hit. Shadows of a copied text hit round after
-        round and take α to 0.999, and the copy ends all the same."""
-        low = [
-            wilson_low(a, min(self.seen[i] + PRIOR_COUNT, EVIDENCE))
-            for i, a in enumerate(self.alpha[:k])
-        ]
-        return list(accumulate(accumulate(low, operator.mul)))
+        """E(j) - 1 for j = 1..k with no α_i above SUREST: for a bet whose miss costs many
+        times its hit. Shadows of a copied text hit round after round and take α to
+        0.999, and the copy ends all the same."""
+        return list(accumulate(accumulate((min(a, SUREST) for a in self.alpha[:k]), operator.mul)))
 
     def all_accepted(self, k: int) -> float:
         return math.prod(self.alpha[:k])
-
-
-def wilson_low(p: float, n: float) -> float:
-    """The lower end of Wilson's score interval (one standard error) for a share `p` of
-    `n` trials."""
-    centre, spread = p + 1 / (2 * n), math.sqrt(p * (1 - p) / n + 1 / (4 * n * n))
-    return (centre - spread) / (1 + 1 / n)
 
 
 def moved(old: float | None, new: float) -> float:
