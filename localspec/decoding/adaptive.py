@@ -48,7 +48,7 @@ round adds delays the n slots beside it, so a free source's token is priced n ti
 T_n(k) = T(n) + n (T(n + k − 1) − T(n)), T the shared passes' times. A miss costs many
 times what a hit gains, so an n-gram or suffix draft (α learned on other texts) counts
 on no position surer than the ~12 observations α stands for can vouch for
-(`Acceptance.doubted`; a prediction's α is this request's own). The draft model's steps
+(SUREST in estimates.py; a prediction's α is this request's own). The draft model's steps
 are one pass for every slot drafting, which all wait for: the slots draft to one depth,
 the best for all (load.py, `common_depth`). γ falls as slots fill and comes back as they
 empty; with one slot (n = 1) nothing changes.
@@ -78,6 +78,7 @@ from localspec.decoding.drafters import (
 from localspec.decoding.engine import Engine
 from localspec.decoding.estimates import (
     PREDICTION_GAMMA_MAX,
+    SUREST,
     Acceptance,
     VerifyCost,
 )
@@ -386,8 +387,8 @@ class AdaptiveDrafter:
         # A source not yet seen is judged at its prior, at every depth: on a CPU a 2-token
         # pass can cost most of a 6-token one, so a 1-token try is the dearest way to learn.
         if ng and m:
-            doubt = self.slots() > 1 and free != "prediction"  # (the module docstring)
-            expected = ng.doubted(m) if doubt else ng.expected(m)
+            surest = SUREST if self.slots() > 1 and free != "prediction" else 1.0  # (docstring)
+            expected = ng.expected(m, surest)
             gains = [(1 + per * e) * a / t[k] for k, e in enumerate(expected, 1)]
             best = better(best, free, gains, 1, free_tokens=None)
             best = self.explore(best, free, ng, expected, gains, forced, a)
@@ -410,7 +411,7 @@ class AdaptiveDrafter:
             best = better(best, "draft", gains, 1, free_tokens=0)
             if ng and m < depth:
                 # the whole n-gram match, then the draft model goes on after it
-                held, reach = expected[-1], ng.all_accepted(m)
+                held, reach = expected[-1], ng.all_accepted(m, surest)
                 gains = [
                     (1 + per * (held + reach * e)) * a / (fixed + (r + 1) * c + batch[m + r])
                     for r, e in enumerate(dm.expected(depth - m), 1)

@@ -18,11 +18,11 @@ PREDICTION_GAMMA_MAX = 16  # a prediction that keeps matching is drafted this de
 TABLE_SIZE = PREDICTION_GAMMA_MAX + 1  # the largest batch a round verifies
 EMA_WEIGHT = 0.15
 PRIOR_COUNT = 2  # the prior α weighs as much as this many observations
-# the observations a moving average vouches for (its variance is that of a mean of
-# (2 - w) / w of them, however many it has seen), and as many hits in a row do not rule
-# out a miss in as many: under load no draft position is counted surer than this
-EVIDENCE = 2 / EMA_WEIGHT - 1
-SUREST = 1 - 1 / EVIDENCE
+# A moving average vouches for (2 - w) / w observations (its variance is that of a mean
+# of as many, however many it has seen), and as many hits in a row do not rule out a
+# miss in as many: where a miss costs many times a hit (under load), no draft position
+# counts as surer than this
+SUREST = 1 - 1 / (2 / EMA_WEIGHT - 1)
 RELAX = 0.05  # per round, an untested position's α closes this share of its gap below α_{i-1}
 CPU_SLOPE = 0.3  # prior b/a until two batch sizes have been timed
 STEEP = 0.5  # T(k) rising by this share of T(1) per token: compute-bound, not in steps
@@ -88,19 +88,19 @@ class Acceptance:
                 # acceptance given the earlier tokens right rarely falls with depth.
                 self.alpha[i] += RELAX * (self.alpha[i - 1] - self.alpha[i])
 
-    def expected(self, k: int) -> list[float]:
-        """E(j) - 1 for j = 1..k: the expected accepted tokens when drafting j. (Sums of
-        products of at most 16 values: plain Python, as numpy costs more on so few.)"""
-        return list(accumulate(accumulate(self.alpha[:k], operator.mul)))
+    def expected(self, k: int, surest: float = 1.0) -> list[float]:
+        """E(j) - 1 for j = 1..k: the expected accepted tokens when drafting j, no α_i
+        counted above `surest` (SUREST: shadows of a copied text hit round after round and
+        take α to 0.999, and the copy ends all the same). (Sums of products of at most 16
+        values: plain Python, as numpy costs more on so few.)"""
+        return list(accumulate(accumulate(self.upto(k, surest), operator.mul)))
 
-    def doubted(self, k: int) -> list[float]:
-        """E(j) - 1 for j = 1..k with no α_i above SUREST: for a bet whose miss costs many
-        times its hit. Shadows of a copied text hit round after round and take α to
-        0.999, and the copy ends all the same."""
-        return list(accumulate(accumulate((min(a, SUREST) for a in self.alpha[:k]), operator.mul)))
+    def all_accepted(self, k: int, surest: float = 1.0) -> float:
+        return math.prod(self.upto(k, surest))
 
-    def all_accepted(self, k: int) -> float:
-        return math.prod(self.alpha[:k])
+    def upto(self, k: int, surest: float) -> list[float]:
+        """α_1..α_k, none above `surest`."""
+        return self.alpha[:k] if surest >= 1.0 else [min(a, surest) for a in self.alpha[:k]]
 
 
 def moved(old: float | None, new: float) -> float:
