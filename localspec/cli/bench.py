@@ -160,6 +160,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument("--no-chart", action="store_true", help="skip the PNG")
     b.add_argument(
+        "--no-costs",
+        action="store_true",
+        help="skip timing the target's passes and the draft's step before the runs "
+        "(the report's 'What speculation has to work with': 50-odd passes, slow "
+        "over --rpc or with a large model)",
+    )
+    b.add_argument(
         "--render",
         type=Path,
         metavar="BENCH_JSON",
@@ -340,7 +347,7 @@ def bench(
             draft,
             prompts,
             modes,
-            BenchConfig(max_tokens=args.max_tokens, repeats=args.repeats),
+            BenchConfig(max_tokens=args.max_tokens, repeats=args.repeats, costs=not args.no_costs),
             progress=ProgressLine(sys.stderr),
             peer=peer,
             threads=args.threads or default_threads(),

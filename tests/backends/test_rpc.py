@@ -342,7 +342,7 @@ def test_the_bench_runs_over_rpc_through_the_latency_relay(real_paths, own_serve
             "--draft-quant", "keep", "--threads", "2", "--ctx", "2048",
             "--rpc", endpoints, "--rpc-rtt-ms", "2",
             "--only", "code-lru-cache", "--modes", "baseline,auto", "-n", "24",
-            "--no-chart", "--out", str(tmp_path),
+            "--no-chart", "--no-costs", "--out", str(tmp_path),
         ],
         capture_output=True,
         text=True,
