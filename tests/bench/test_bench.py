@@ -489,7 +489,8 @@ def test_command_errors_are_one_line(tmp_path, args, words):
 def test_real_pair_short_bench(real_models, tmp_path):
     target, draft = real_models
     prompts = suite.select_prompts(suite.load_prompts(), "code-binary-search,edit-fix-bug")
-    # no warm-up or T(k): test_rpc.py's bench runs both on the real target
+    # no warm-up or T(k): test_rpc.py's bench warms up the real target, and test_twins.py
+    # times passes on llama.cpp (the table itself: the toy tests below)
     fast = BenchConfig(max_tokens=16, warmup=False, costs=False)
     report = runner.run_bench(target, draft, prompts, modes.parse_modes("draft"), fast, threads=2)
     for r in report.results:
