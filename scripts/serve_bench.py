@@ -24,7 +24,8 @@ round N of the bench's prompts (`--specbench`: Spec-Bench's, one a category), ag
 context per slot); the servers take turns, a different one first each round. Per round:
 the aggregate tok/s (all tokens over the round's wall time) and each client's TTFT and
 tok/s. "An editor beside a chat" (`--suite editor`): a 32-token code completion's
-latency while a chat answer streams, over its latency alone, on the same servers (with
+latency while a chat answer streams, over its latency alone (the servers started afresh
+for the completions beside a chat: none drafts one from its own answer alone; with
 `--paste-chars N`, beside a chat request carrying an N-character code paste, sent a
 second before it, while the server reads the paste: an agent sending a file). Two
 conversations taking turns (`--suite alternate`): each turn's TTFT, the second turns'
@@ -461,7 +462,15 @@ def clients_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
     return rows
 
 
-CHAT_BESIDE = "Write a very long story about a lighthouse keeper and a storm."
+# the chat beside each completion: a new one each time, as the completion is
+CHATS_BESIDE = (
+    "Write a very long story about a lighthouse keeper and a storm.",
+    "Write a very long story about a baker who opens a shop on the moon.",
+    "Write a very long story about two rival chess clubs in a small town.",
+    "Write a very long story about a robot that learns to garden.",
+    "Write a very long story about a ferry crossing in thick fog.",
+    "Write a very long story about a violin found in an attic.",
+)
 PASTE_AFTER_S = 1.0  # --paste-chars: the completion comes this long after the paste
 COMPLETIONS = (
     'def fibonacci(n):\n    """The n-th Fibonacci number."""\n',
@@ -493,6 +502,10 @@ def paste(seed: int, chars: int) -> str:
     return f"# paste {seed}\n{code}\n\nWhat does this module do?"
 
 
+def chat_beside(seed: int) -> str:
+    return CHATS_BESIDE[seed % len(CHATS_BESIDE)]
+
+
 def beside_a_chat(
     base: str, prompt: str, max_tokens: int, seed: int = 1, paste_chars: int = 0
 ) -> float:
@@ -502,7 +515,7 @@ def beside_a_chat(
     PASTE_AFTER_S after it, while the server reads it."""
     streaming, stop = threading.Event(), threading.Event()
     opened: list[Any] = []
-    content = paste(seed, paste_chars) if paste_chars else CHAT_BESIDE
+    content = paste(seed, paste_chars) if paste_chars else chat_beside(seed)
 
     def chat() -> None:
         client = openai.OpenAI(base_url=base, api_key="bench", max_retries=0, timeout=600)
@@ -543,25 +556,34 @@ def beside_a_chat(
 
 
 def editor_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
+    """Each completion alone, then (servers started afresh) each beside a chat: a server
+    that had answered the same completion would draft it from its own last answer (a
+    slot's suffix index), where an editor asks for a new one."""
     commands, ports = many_servers(args, max(2, args.clients))
-    rows: list[dict] = []
-    with servers(commands, ports, logs, "editor") as bases:
-        for i, prompt in enumerate(COMPLETIONS[: args.prompts]):
+    chosen = list(enumerate(COMPLETIONS[: args.prompts]))
+    alone: dict[tuple[int, str], float] = {}
+    with servers(commands, ports, logs, "editor-alone") as bases:
+        for i, prompt in chosen:
             for name in turns(list(bases), i):
-                alone = complete_one(bases[name], prompt, args.completion_tokens)
+                alone[i, name] = complete_one(bases[name], prompt, args.completion_tokens)
                 settle(bases[name])
+    rows: list[dict] = []
+    with servers(commands, ports, logs, "editor-beside") as bases:
+        for i, prompt in chosen:
+            for name in turns(list(bases), i):
                 during = beside_a_chat(
                     bases[name], prompt, args.completion_tokens, i + 1, args.paste_chars
                 )
                 settle(bases[name])
+                before = alone[i, name]
                 rows.append(
                     {
                         "suite": "editor",
                         "prompt": f"completion-{i}",
                         "server": name,
-                        "alone_s": alone,
+                        "alone_s": before,
                         "during_s": during,
-                        "slowdown": during / alone,
+                        "slowdown": during / before,
                         "beside": (
                             f"a {args.paste_chars}-char paste being read"
                             if args.paste_chars
@@ -573,8 +595,8 @@ def editor_suite(args: argparse.Namespace, logs: Path) -> list[dict]:
                     }
                 )
                 print(
-                    f"editor completion-{i} {name:12} alone {alone:.2f}s beside a chat "
-                    f"{during:.2f}s ({during / alone:.2f}x)",
+                    f"editor completion-{i} {name:12} alone {before:.2f}s beside a chat "
+                    f"{during:.2f}s ({during / before:.2f}x)",
                     flush=True,
                 )
     return rows

@@ -96,9 +96,9 @@ class Call:
             return "idle"
         return "round" if len(self.tokens) <= ROUND_TOKENS else "prompt"
 
-    def want(self, index: int) -> Want:
+    def want(self, index: int, beside_short: bool = False) -> Want:
         need = len(self.tokens) - self.done
-        return Want(index, need, self.n_logits, self.short, self.arrived)
+        return Want(index, need, self.n_logits, self.short, self.arrived, beside_short)
 
     def part(self, n: int) -> Part:
         start = self.done
@@ -166,6 +166,8 @@ class Batcher:
         self._beside_turn = False  # a step of its model ran since its last pass
         self._beside_token_s: dict[int, float] = {}  # per model: a token's time in its passes
         self._last_pass_s: dict[int, float] = {}  # per model
+        # per model: the slots whose long rounds went beside a short one's in its last pass
+        self._beside_short: dict[int, set[int]] = {}
         self._thread = threading.Thread(target=self._run, name="localspec-passes", daemon=True)
         self._thread.start()
         self.log = StepLog()
@@ -326,10 +328,13 @@ class Batcher:
         the time of the rounds among them alone (the batcher's fit of round passes; before
         any, as many prompt tokens')."""
         k = sum(w.need for w in wants if w.is_round)
+        short = sum(w.need for w in wants if w.is_round and w.short)
         token_s = self._prompt_token_s.get(id(model), 0.0)
         rounds = self.passes(model)
-        rounds_s = rounds.table(k)[k - 1] if k and rounds.seconds else k * token_s
-        return Pace(token_s, rounds_s)
+        if not (k and rounds.seconds):
+            return Pace(token_s, k * token_s)
+        table = rounds.table(k)
+        return Pace(token_s, table[k - 1], table[short - 1] if short else 0.0)
 
     @contextmanager
     def _unlocked(self) -> Iterator[None]:
@@ -344,9 +349,14 @@ class Batcher:
             self._cv.notify_all()
 
     def _pass(self, model: Decoder, calls: list[Call]) -> None:
-        wants = [c.want(i) for i, c in enumerate(calls)]
+        last = self._beside_short.get(id(model), set())
+        wants = [c.want(i, c.seq in last) for i, c in enumerate(calls)]
         shares = plan_step(wants, model.n_batch, self.pace(model, wants))
         chosen = [(calls[i], n) for i, n in shares.items()]
+        rounds = [wants[i] for i in shares if wants[i].is_round]
+        beside = any(w.short for w in rounds)
+        went = {calls[w.slot].seq for w in rounds if beside and not w.short}
+        self._beside_short[id(model)] = went
         parts = [call.part(n) for call, n in chosen]
         started = time.perf_counter()
         try:

@@ -5,7 +5,11 @@ A slot's pending model call is a `Want`: a round (its last token and its draft, 
 tokens) or a prompt still to read. Each step fills one pass per model: whole rounds
 first, short requests (an editor's completion) before long ones, then prompt chunks in
 arrival order with what is left, so a long paste slows the others' rounds but never
-holds them back. A pass cannot be interrupted, so prompt chunks are sized by time (as
+holds them back. Where long requests' rounds make a short request's pass much dearer
+(on a CPU a pass of two tokens costs 1.4-1.8 of one), they sit out every other step
+beside it: an editor's completion then comes 1.15-1.3x sooner while a chat streams,
+and the chat goes on at about 0.6 of its speed for the second or two it lasts.
+A pass cannot be interrupted, so prompt chunks are sized by time (as
 Sarathi-Serve sizes them): a request that comes while prompts are read waits about
 PROMPT_PASS_S at most for the pass in flight, and beside a short request a paste's
 chunk takes no longer than the rest of the pass. A new request goes to the idle slot
@@ -16,7 +20,7 @@ whose cache shares the longest prefix with its prompt, where that is most of it
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from localspec.backends.base import common_prefix
 
@@ -31,6 +35,17 @@ BUSY_CHUNK = 128  # prompts' tokens in a step that also carries long requests' r
 PROMPT_PASS_S = 0.5
 ALONE_MIN_CHUNK = 64
 MIN_CHUNK = 1  # beside a short request: a paste goes on, if slowly
+# Long requests' rounds sit out every other step beside a short request's round where
+# they make its pass this much dearer or more. Sitting out one step in two, at r = T(all
+# rounds) / T(the short ones'), gives the short request 2r / (1 + r) its speed, the long
+# ones r / (1 + r) of theirs and all tokens together 3r / (2 + 2r): at r 1.4 (a 2-token
+# pass on two cores of a Xeon), 1.17x, 0.58x and 0.88x; at 1.75 (two AVX2 cores), 1.27x,
+# 0.64x and 0.95x. An editor waits on its completion, while a chat's reader hardly sees 9
+# tokens a second become 5 for a second or two. On a GPU (r near 1) nothing would gain.
+# The bar sits low because T(1) as timed runs high: a one-token pass after passes of
+# another size took 0.11-0.14 s on that Xeon against 0.075-0.08 in a row, so r as timed
+# read 1.0-1.6 (median 1.18) where passes in a row gave 1.4
+GIVE_WAY = 1.15
 # An idle slot's draft model reads ahead in chunks, and a request that comes meanwhile
 # waits for the chunk in flight: each chunk is sized to take about this long (on two
 # CPU cores 16 tokens of a 0.5B draft; on a GPU hundreds), between these bounds
@@ -47,6 +62,9 @@ class Want:
     n_logits: int  # rows of logits the call returns: its last tokens must come together
     short: bool = False  # a short request: served before the others when the pass is full
     arrived: int = 0  # order of arrival
+    # a long request's round whose slot's last pass carried a short request's round too:
+    # it may sit out this step (GIVE_WAY)
+    beside_short: bool = False
 
     @property
     def is_round(self) -> bool:
@@ -59,6 +77,7 @@ class Pace:
 
     prompt_token_s: float = 0.0  # seconds a prompt token adds to a pass of prompts
     rounds_s: float = 0.0  # this step's rounds' pass, without prompt tokens
+    short_rounds_s: float = 0.0  # ... of its short requests' rounds alone (0: untimed)
 
 
 def prompt_chunk(pace: Pace, rounds: bool, short: bool, short_prompts: int, budget: int) -> int:
@@ -86,7 +105,12 @@ def plan_step(wants: Sequence[Want], budget: int, pace: Pace = Pace()) -> dict[i
     """Tokens each slot reads in this step's pass, at most `budget` in all: rounds whole
     (or they wait), short requests' first, then short requests' prompts with what is left
     (an editor waits on them), then long requests' prompts in arrival order, sharing one
-    chunk (`prompt_chunk`)."""
+    chunk (`prompt_chunk`). Long requests' rounds that went beside a short request's round
+    in the last step sit this one out where they make its pass dear (`give_way`)."""
+    if give_way(wants, pace):
+        wants = [w for w in wants if not (w.is_round and not w.short and w.beside_short)]
+        if not any(w.is_round and not w.short for w in wants):
+            pace = replace(pace, rounds_s=pace.short_rounds_s)
     ahead = sorted(
         (w for w in wants if w.is_round or w.short),
         key=lambda w: (not w.is_round, not w.short, w.arrived),
@@ -113,6 +137,13 @@ def plan_step(wants: Sequence[Want], budget: int, pace: Pace = Pace()) -> dict[i
         first = (ahead + behind)[0]
         shares[first.slot] = min(first.need, budget)
     return shares
+
+
+def give_way(wants: Sequence[Want], pace: Pace) -> bool:
+    """Whether long requests' rounds make this step's pass GIVE_WAY times as dear as a
+    pass of its short requests' rounds alone, as timed (untimed: they do not)."""
+    short = any(w.is_round and w.short for w in wants)
+    return short and pace.short_rounds_s > 0 and GIVE_WAY * pace.short_rounds_s <= pace.rounds_s
 
 
 def beside_chunk(token_s: float, step_s: float | None, budget: int) -> int:

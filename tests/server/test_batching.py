@@ -174,3 +174,47 @@ def test_work_beside_the_slots_waits_for_their_whole_round_not_each_draft_step()
         if kind == "beside" and i > 0:
             assert kinds[i - 1] == "target", log
     assert kinds.count("beside") == 3 and kinds.count("target") == 6, log
+
+
+class TokenTimedModel(SlowModel):
+    """Passes that take 10 ms a token: two slots' tokens cost twice one's (a CPU's r)."""
+
+    def decode_parts(self, parts: list[Part]) -> list[np.ndarray]:
+        time.sleep(0.01 * sum(len(p.tokens) for p in parts))
+        self.passes.append({p.seq: len(p.tokens) for p in parts})
+        return [np.zeros((p.n_logits, 4), np.float32) for p in parts]
+
+
+def test_a_chats_rounds_go_every_other_step_while_a_completion_decodes():
+    """A chat streams (slot 0) and an editor's completion comes (slot 1), on a model where
+    the chat's token makes each pass twice as dear: the completion goes every step, the
+    chat every other one, and every step again once the completion is done."""
+    batcher, model = Batcher(), TokenTimedModel()
+    stand_in: Any = model
+    done = threading.Event()
+
+    def chat() -> None:
+        with batcher.active():
+            while not done.is_set():
+                batcher.call(stand_in, 0, [1], 0, 1)
+
+    streaming = threading.Thread(target=chat)
+    streaming.start()
+    try:
+        while len(model.passes) < 5:  # a one-token pass timed
+            time.sleep(0.001)
+        with batcher.active():
+            for _ in range(12):
+                batcher.call(stand_in, 1, [1], 0, 1, short=True)
+        after = len(model.passes)
+        while len(model.passes) < after + 4:
+            time.sleep(0.001)
+    finally:
+        done.set()
+        streaming.join(timeout=10)
+        batcher.stop()
+    during = [p for p in model.passes if 1 in p]
+    assert len(during) == 12
+    late = during[2:]  # once a pass of both was timed
+    assert all(set(a) != set(b) for a, b in itertools.pairwise(late)), during
+    assert all(p == {0: 1} for p in model.passes[after : after + 4])  # the chat alone again

@@ -6,6 +6,7 @@ from __future__ import annotations
 from localspec.server.scheduling import (
     ALONE_MIN_CHUNK,
     BUSY_CHUNK,
+    GIVE_WAY,
     MIN_CHUNK,
     PROMPT_PASS_S,
     READ_AHEAD_CHUNKS,
@@ -74,6 +75,27 @@ def test_a_short_requests_own_prompt_is_read_whole_and_a_paste_as_long_beside_it
     assert plan_step(wants, budget=512, pace=CPU) == {1: 30, 0: 30}
     wants = [Want(0, 5000, 1, arrived=0), Want(1, 900, 1, short=True, arrived=1)]
     assert plan_step(wants, budget=512, pace=CPU) == {1: 512}
+
+
+def test_long_rounds_sit_out_every_other_step_beside_a_short_one_where_they_make_it_dear():
+    """A chat streams while an editor's completion decodes: on a CPU, where the chat's
+    token makes the completion's pass ~1.4x as dear, the chat's round goes every other
+    step; on a GPU, where it costs nothing, every step."""
+    cpu = Pace(prompt_token_s=0.007, rounds_s=0.105, short_rounds_s=0.075)
+    gpu = Pace(prompt_token_s=0.00006, rounds_s=0.0152, short_rounds_s=0.015)
+    chat, completion = Want(0, 1, 1, arrived=0), Want(1, 1, 1, short=True, arrived=1)
+    went = Want(0, 1, 1, arrived=0, beside_short=True)  # the chat went in the last step
+    assert plan_step([chat, completion], 512, cpu) == {0: 1, 1: 1}
+    assert plan_step([went, completion], 512, cpu) == {1: 1}  # it sits this one out
+    assert plan_step([went, completion], 512, gpu) == {0: 1, 1: 1}
+    # untimed: it goes; alone (no short round beside it), it always goes
+    assert plan_step([went, completion], 512, Pace(0.007, 0.105)) == {0: 1, 1: 1}
+    assert plan_step([went], 512, cpu) == {0: 1}
+    # at the bar, it gives way; a long prompt's chunk beside the short round then takes
+    # as long as the short round's pass alone
+    bar = Pace(prompt_token_s=0.01, rounds_s=GIVE_WAY * 0.1, short_rounds_s=0.1)
+    paste = Want(2, 5000, 1, arrived=2)
+    assert plan_step([went, completion, paste], 512, bar) == {1: 1, 2: 10}
 
 
 def test_work_beside_the_slots_takes_as_long_as_their_step_or_as_a_prompt_alone():
