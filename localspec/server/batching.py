@@ -349,8 +349,8 @@ class Batcher:
             self._cv.notify_all()
 
     def _pass(self, model: Decoder, calls: list[Call]) -> None:
-        gave = self._beside_short.get(id(model), set())
-        wants = [c.want(i, c.seq in gave) for i, c in enumerate(calls)]
+        went_beside = self._beside_short.get(id(model), set())
+        wants = [c.want(i, c.seq in went_beside) for i, c in enumerate(calls)]
         shares = plan_step(wants, model.n_batch, self.pace(model, wants))
         chosen = [(calls[i], n) for i, n in shares.items()]
         rounds = [wants[i] for i in shares if wants[i].is_round]
