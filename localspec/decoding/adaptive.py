@@ -368,8 +368,9 @@ class AdaptiveDrafter:
         expected tokens added to those forced + 1 (gains are over that round's rate)."""
         if gamma == 0 or not self.timings().seconds:
             return Choice("none", 0, 1.0)  # time one plain round first: T(1)
-        if self.slots() == 1 and not self.verify.warm:
-            return Choice("none", 0, 1.0)  # on a GPU, until T(1) is timed warm
+        # on a GPU, until T(1) is timed warm; beside a short request, on dear passes
+        if (self.slots() == 1 and not self.verify.warm) or (self.load and self.load.yields()):
+            return Choice("none", 0, 1.0)
         c = self.draft_cost
         m, depth = min(matched, gamma), min(gamma, GAMMA_MAX)
         t = self.priced(max(m, depth) + 1 + forced)[forced:]  # t[k - 1] = T(forced + k)

@@ -33,6 +33,9 @@ class Load:
     # a cache per slot: llama.cpp reads a pass whose slots bring unequal token counts in
     # several, the tokens beyond the others' in a pass of their own (LlamaModel)
     splits: bool = False
+    # whether this slot's long request gives way to a short one (an editor's completion)
+    # decoding beside it (server/scheduling.py, GIVE_WAY): it drafts nothing meanwhile
+    yields: Callable[[], bool] = lambda: False
 
     def priced(self, top: int, prior: bool = False) -> list[float]:
         """T(1..top) as a slot's round pays it under the load of n slots: a pass of the

@@ -140,10 +140,18 @@ def plan_step(wants: Sequence[Want], budget: int, pace: Pace = Pace()) -> dict[i
 
 
 def give_way(wants: Sequence[Want], pace: Pace) -> bool:
-    """Whether long requests' rounds make this step's pass GIVE_WAY times as dear as a
-    pass of its short requests' rounds alone, as timed (untimed: they do not)."""
+    """Whether long requests' rounds make this step's pass dear beside its short
+    requests' rounds (`dearer`)."""
     short = any(w.is_round and w.short for w in wants)
-    return short and pace.short_rounds_s > 0 and GIVE_WAY * pace.short_rounds_s <= pace.rounds_s
+    return short and dearer(pace.rounds_s, pace.short_rounds_s)
+
+
+def dearer(all_s: float, short_s: float) -> bool:
+    """Whether a pass of every slot's round, timed at `all_s`, is GIVE_WAY times as dear
+    as one of the short requests' rounds alone (0: untimed, it is not). Then long rounds
+    sit out every other step, and draft nothing meanwhile (AdaptiveDrafter: drafted,
+    their tokens would make the short one's passes dearer still)."""
+    return short_s > 0 and GIVE_WAY * short_s <= all_s
 
 
 def beside_chunk(token_s: float, step_s: float | None, budget: int) -> int:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import queue
@@ -51,6 +52,7 @@ from localspec.backends.llama import LlamaModel
 from localspec.backends.mtp import MtpHead
 from localspec.decoding.adaptive import AdaptiveDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
+from localspec.decoding.estimates import VerifyCost
 from localspec.decoding.events import Event, Finished, Piece, RoundEnd, Stats
 from localspec.decoding.load import Load
 from localspec.decoding.prediction import Prediction, PredictionDrafter, prediction_usage
@@ -59,7 +61,13 @@ from localspec.server.batching import Batcher, SlotHead, SlotModel
 from localspec.server.errors import ApiError
 from localspec.server.metrics import Metrics
 from localspec.server.prompt_cache import HeadCache, Holder, PromptCache, Saved
-from localspec.server.scheduling import SHORT_TOKENS, pick_slot, plan_swap, read_ahead_chunk
+from localspec.server.scheduling import (
+    SHORT_TOKENS,
+    dearer,
+    pick_slot,
+    plan_swap,
+    read_ahead_chunk,
+)
 from localspec.session import Session
 
 log = logging.getLogger("localspec.server")
@@ -219,9 +227,24 @@ class Worker:
                     expects,
                     None if drafter is None else self.batcher.passes(drafter),
                     splits=not target.kv_unified,
+                    yields=functools.partial(self._yields, i, self.batcher.passes(target)),
                 )
             slots.append(self._with_head(Slot(i, engine, views, list(views))))
         return slots
+
+    def _yields(self, index: int, passes: VerifyCost) -> bool:
+        """Whether slot `index`'s long request gives way to short ones decoding beside it:
+        where every slot's round makes the target's pass (timed in `passes`) GIVE_WAY
+        times as dear as the short ones' alone (`scheduling.dearer`)."""
+        jobs = [s.job for s in self.slots]
+        mine, short = jobs[index], sum(1 for j in jobs if j is not None and j.short)
+        if mine is None or mine.short or not short:
+            return False
+        n = sum(1 for j in jobs if j is not None)
+        if not passes.seconds:
+            return False
+        t = passes.table(n)
+        return dearer(t[n - 1], t[short - 1])
 
     def _with_head(self, slot: Slot) -> Slot:
         """`slot`, its part of a target's own MTP head's cache among what it holds."""

@@ -919,3 +919,19 @@ def test_under_load_a_copy_measured_sure_is_not_bet_on_as_a_sure_thing():
     assert sure.source == "prediction" and 1.0 < sure.gain < 1.05
     assert choice(2).source == "suffix" and choice(2).k >= 4
     assert choice(1).source == "suffix" and choice(1).k == 15
+
+
+def test_a_long_request_drafts_nothing_while_it_gives_way_to_a_short_one():
+    """A chat beside an editor's completion, on passes where the chat's tokens make the
+    completion's dear (the worker's `_yields`, scheduling.dearer): the chat drafts
+    nothing, not even a sure copy; once the completion is done, it drafts again."""
+    passes = VerifyCost()
+    for k, ms in {1: 75, 2: 105, 3: 112, 4: 115}.items():
+        passes.observe(k, ms / 1000)
+    beside = [True]
+    d = drafter_with(a=0.075, b=0.01, c=0.04, alpha=0.3)
+    d.alpha["suffix16"] = measured(0.95)
+    d.load = Load(lambda: 2, passes, yields=lambda: beside[0])
+    assert d.choose(matched=8, gamma=8, n=16, free="suffix").source == "none"
+    beside[0] = False
+    assert d.choose(matched=8, gamma=8, n=16, free="suffix").source == "suffix"

@@ -15,6 +15,7 @@ from localspec.server.scheduling import (
     Swap,
     Want,
     beside_chunk,
+    dearer,
     pick_slot,
     plan_step,
     read_ahead_chunk,
@@ -96,6 +97,9 @@ def test_long_rounds_sit_out_every_other_step_beside_a_short_one_where_they_make
     bar = Pace(prompt_token_s=0.01, rounds_s=GIVE_WAY * 0.1, short_rounds_s=0.1)
     paste = Want(2, 5000, 1, arrived=2)
     assert plan_step([went, completion, paste], 512, bar) == {1: 1, 2: 10}
+    # the same rule keeps the long requests from drafting meanwhile (the worker's _yields)
+    assert dearer(cpu.rounds_s, cpu.short_rounds_s)
+    assert not dearer(gpu.rounds_s, gpu.short_rounds_s) and not dearer(0.105, 0.0)
 
 
 def test_work_beside_the_slots_takes_as_long_as_their_step_or_as_a_prompt_alone():
