@@ -237,7 +237,9 @@ class Worker:
         where every slot's round makes the target's pass (timed in `passes`) GIVE_WAY
         times as dear as the short ones' alone (`scheduling.dearer`)."""
         jobs = [s.job for s in self.slots]
-        mine, short = jobs[index], sum(1 for j in jobs if j is not None and j.short)
+        # a short request decoding (its first piece sent): while it reads its prompt,
+        # every round goes every step (plan_step), so the others may draft as ever
+        mine, short = jobs[index], sum(1 for j in jobs if j and j.short and j.read.is_set())
         if mine is None or mine.short or not short:
             return False
         n = sum(1 for j in jobs if j is not None)

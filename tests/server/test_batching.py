@@ -218,3 +218,28 @@ def test_a_chats_rounds_go_every_other_step_while_a_completion_decodes():
     late = during[2:]  # once a pass of both was timed
     assert all(set(a) != set(b) for a, b in itertools.pairwise(late)), during
     assert all(p == {0: 1} for p in model.passes[after : after + 4])  # the chat alone again
+
+
+def test_a_long_request_yields_to_a_short_one_decoding_not_to_one_reading_its_prompt():
+    """The worker's rule for `Load.yields`: a chat drafts nothing while an editor's
+    completion decodes beside it on dear passes; not while the completion reads its
+    prompt (every round goes every step then), nor where passes are cheap (a GPU)."""
+    from types import SimpleNamespace
+
+    from localspec.decoding.estimates import VerifyCost
+    from localspec.server.worker import Worker
+
+    cpu, gpu = VerifyCost(), VerifyCost()
+    for k, (c, g) in {1: (0.075, 0.015), 2: (0.105, 0.0152)}.items():
+        cpu.observe(k, c)
+        gpu.observe(k, g)
+    chat = SimpleNamespace(short=False, read=threading.Event())
+    completion = SimpleNamespace(short=True, read=threading.Event())
+    slots = [SimpleNamespace(job=chat), SimpleNamespace(job=completion)]
+    worker: Any = SimpleNamespace(slots=slots)
+    assert not Worker._yields(worker, 0, cpu)  # the completion reads its prompt
+    completion.read.set()
+    assert Worker._yields(worker, 0, cpu)
+    assert not Worker._yields(worker, 1, cpu)  # the short one itself drafts as it may
+    assert not Worker._yields(worker, 0, gpu)
+    assert not Worker._yields(worker, 0, VerifyCost())  # untimed
