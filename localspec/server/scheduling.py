@@ -7,7 +7,7 @@ first, short requests (an editor's completion) before long ones, then prompt chu
 arrival order with what is left, so a long paste slows the others' rounds but never
 holds them back. Where long requests' rounds make a short request's pass much dearer
 (on a CPU a pass of two tokens costs 1.4-1.8 of one), they sit out every other step
-beside it: an editor's completion then comes 1.15-1.3x sooner while a chat streams,
+beside it: an editor's completion then comes 1.1-1.2x sooner while a chat streams,
 and the chat goes on at about 0.6 of its speed for the second or two it lasts.
 A pass cannot be interrupted, so prompt chunks are sized by time (as
 Sarathi-Serve sizes them): a request that comes while prompts are read waits about
