@@ -379,9 +379,8 @@ class AdaptiveDrafter:
         a = t[0]
         per = 1 / (forced + 1)  # a drafted token's share of the round's tokens, as a rate
         ng = self.alpha[self.key(free, n)] if matched else None
-        catchup = self.catchup_cost(lag) / (
-            FIM_CATCHUP_ROUNDS if self._completing else CATCHUP_ROUNDS
-        )
+        catchup_rounds = FIM_CATCHUP_ROUNDS if self._completing else CATCHUP_ROUNDS
+        catchup = self.catchup_cost(lag) / catchup_rounds
         fixed = catchup + (self.model.round_s if self.model is not None else 0.0)
         best = Choice("none", 0, 1.0)
         # Plain Python over ≤16 depths: numpy's per-call cost is most of a GPU round's Python.

@@ -240,11 +240,9 @@ class Worker:
         # a short request decoding (its first piece sent): while it reads its prompt,
         # every round goes every step (plan_step), so the others may draft as ever
         mine, short = jobs[index], sum(1 for j in jobs if j and j.short and j.read.is_set())
-        if mine is None or mine.short or not short:
+        if mine is None or mine.short or not short or not passes.seconds:
             return False
         n = sum(1 for j in jobs if j is not None)
-        if not passes.seconds:
-            return False
         t = passes.table(n)
         return dearer(t[n - 1], t[short - 1])
 
