@@ -96,9 +96,9 @@ class Call:
             return "idle"
         return "round" if len(self.tokens) <= ROUND_TOKENS else "prompt"
 
-    def want(self, index: int, beside_short: bool = False) -> Want:
+    def want(self, index: int) -> Want:
         need = len(self.tokens) - self.done
-        return Want(index, need, self.n_logits, self.short, self.arrived, beside_short)
+        return Want(index, need, self.n_logits, self.short, self.arrived)
 
     def part(self, n: int) -> Part:
         start = self.done
@@ -166,8 +166,8 @@ class Batcher:
         self._beside_turn = False  # a step of its model ran since its last pass
         self._beside_token_s: dict[int, float] = {}  # per model: a token's time in its passes
         self._last_pass_s: dict[int, float] = {}  # per model
-        # per model: the slots whose long rounds went beside a short one's in its last pass
-        self._beside_short: dict[int, set[int]] = {}
+        # per model: its passes in a row so far that carried a short request's round
+        self._short_steps: dict[int, int] = {}
         self._thread = threading.Thread(target=self._run, name="localspec-passes", daemon=True)
         self._thread.start()
         self.log = StepLog()
@@ -349,14 +349,12 @@ class Batcher:
             self._cv.notify_all()
 
     def _pass(self, model: Decoder, calls: list[Call]) -> None:
-        went_beside = self._beside_short.get(id(model), set())
-        wants = [c.want(i, c.seq in went_beside) for i, c in enumerate(calls)]
-        shares = plan_step(wants, model.n_batch, self.pace(model, wants))
+        wants = [c.want(i) for i, c in enumerate(calls)]
+        short_steps = self._short_steps.get(id(model), 0)
+        shares = plan_step(wants, model.n_batch, self.pace(model, wants), short_steps)
         chosen = [(calls[i], n) for i, n in shares.items()]
-        rounds = [wants[i] for i in shares if wants[i].is_round]
-        beside = any(w.short for w in rounds)
-        went = {calls[w.slot].seq for w in rounds if beside and not w.short}
-        self._beside_short[id(model)] = went
+        short = any(w.is_round and w.short for w in wants)
+        self._short_steps[id(model)] = short_steps + 1 if short else 0
         parts = [call.part(n) for call, n in chosen]
         started = time.perf_counter()
         try:

@@ -6,9 +6,10 @@ tokens) or a prompt still to read. Each step fills one pass per model: whole rou
 first, short requests (an editor's completion) before long ones, then prompt chunks in
 arrival order with what is left, so a long paste slows the others' rounds but never
 holds them back. Where long requests' rounds make a short request's pass much dearer
-(on a CPU a pass of two tokens costs 1.4-1.8 of one), they sit out every other step
-beside it: an editor's completion then comes 1.1-1.2x sooner while a chat streams,
-and the chat goes on at about 0.6 of its speed for the second or two it lasts.
+(on a CPU a pass of two tokens costs 1.4-1.9 of one), they sit out steps beside it,
+as many as keep its passes within GIVE_WAY of their time alone: an editor's completion
+then decodes nearly as fast as alone while a chat streams, and the chat goes on at a
+third or so of its speed for the second or two the completion lasts.
 A pass cannot be interrupted, so prompt chunks are sized by time (as
 Sarathi-Serve sizes them): a request that comes while prompts are read waits about
 PROMPT_PASS_S at most for the pass in flight, and beside a short request a paste's
@@ -19,6 +20,7 @@ whose cache shares the longest prefix with its prompt, where that is most of it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -35,17 +37,18 @@ BUSY_CHUNK = 128  # prompts' tokens in a step that also carries long requests' r
 PROMPT_PASS_S = 0.5
 ALONE_MIN_CHUNK = 64
 MIN_CHUNK = 1  # beside a short request: a paste goes on, if slowly
-# Long requests' rounds sit out every other step beside a short request's round where
-# they make its pass this much dearer or more. Sitting out one step in two, at r = T(all
-# rounds) / T(the short ones'), gives the short request 2r / (1 + r) its speed, the long
-# ones r / (1 + r) of theirs and all tokens together 3r / (2 + 2r): at r 1.4 (a 2-token
-# pass on two cores of a Xeon), 1.17x, 0.58x and 0.88x; at 1.75 (two AVX2 cores), 1.27x,
-# 0.64x and 0.95x. An editor waits on its completion, while a chat's reader hardly sees 9
-# tokens a second become 5 for a second or two. On a GPU (r near 1) nothing would gain.
-# The bar sits low because T(1) as timed runs high: a one-token pass after passes of
-# another size took 0.11-0.14 s on that Xeon against 0.075-0.08 in a row, so r as timed
-# read 1.0-1.6 (median 1.18) where passes in a row gave 1.4
+# Long requests' rounds sit out steps beside a short request's round, as many as keep its
+# passes within GIVE_WAY of their time alone on average (`steps_out`), at most MOST_OUT
+# for each step they go. Going one step in n + 1, at r = T(all rounds) / T(the short
+# ones'), the short request's passes take 1 + (r - 1) / (n + 1) of their time alone, and
+# the long ones go r / (r + n) as fast as in a pass each step: at r 1.4 (a 2-token pass
+# on two cores of a Xeon, a small cache) n is 2, 1.13x and 0.41x; at r 1.9 (the same
+# beside a unified cache of 3,000 tokens) n is 3, 1.23x and 0.39x. An editor waits on
+# its completion, while a chat's reader sees 13 tokens a second become 5 for a second or
+# two. On a GPU (r near 1) every round goes every step. Never all steps: a client that
+# sends short requests back to back would hold a chat still.
 GIVE_WAY = 1.15
+MOST_OUT = 3
 # An idle slot's draft model reads ahead in chunks, and a request that comes meanwhile
 # waits for the chunk in flight: each chunk is sized to take about this long (on two
 # CPU cores 16 tokens of a 0.5B draft; on a GPU hundreds), between these bounds
@@ -62,9 +65,6 @@ class Want:
     n_logits: int  # rows of logits the call returns: its last tokens must come together
     short: bool = False  # a short request: served before the others when the pass is full
     arrived: int = 0  # order of arrival
-    # a long request's round whose slot's last pass carried a short request's round too:
-    # it may sit out this step (GIVE_WAY)
-    beside_short: bool = False
 
     @property
     def is_round(self) -> bool:
@@ -101,14 +101,17 @@ def prompt_chunk(pace: Pace, rounds: bool, short: bool, short_prompts: int, budg
     return min(budget, max(least, round(seconds / pace.prompt_token_s)))
 
 
-def plan_step(wants: Sequence[Want], budget: int, pace: Pace = Pace()) -> dict[int, int]:
+def plan_step(
+    wants: Sequence[Want], budget: int, pace: Pace = Pace(), short_steps: int = 0
+) -> dict[int, int]:
     """Tokens each slot reads in this step's pass, at most `budget` in all: rounds whole
     (or they wait), short requests' first, then short requests' prompts with what is left
     (an editor waits on them), then long requests' prompts in arrival order, sharing one
-    chunk (`prompt_chunk`). Long requests' rounds that went beside a short request's round
-    in the last step sit this one out where they make its pass dear (`give_way`)."""
-    if give_way(wants, pace):
-        wants = [w for w in wants if not (w.is_round and not w.short and w.beside_short)]
+    chunk (`prompt_chunk`). Long requests' rounds sit this step out where they make a
+    short request's pass dear (`give_way`; `short_steps`: the steps in a row before this
+    one that carried a short request's round)."""
+    if give_way(wants, pace, short_steps):
+        wants = [w for w in wants if not (w.is_round and not w.short)]
         if not any(w.is_round and not w.short for w in wants):
             pace = replace(pace, rounds_s=pace.short_rounds_s)
     ahead = sorted(
@@ -139,19 +142,28 @@ def plan_step(wants: Sequence[Want], budget: int, pace: Pace = Pace()) -> dict[i
     return shares
 
 
-def give_way(wants: Sequence[Want], pace: Pace) -> bool:
-    """Whether long requests' rounds make this step's pass dear beside its short
-    requests' rounds (`dearer`)."""
+def give_way(wants: Sequence[Want], pace: Pace, short_steps: int = 0) -> bool:
+    """Whether long requests' rounds sit this step out beside its short requests' rounds:
+    they go the first step and then one in `steps_out` + 1."""
     short = any(w.is_round and w.short for w in wants)
-    return short and dearer(pace.rounds_s, pace.short_rounds_s)
+    return short and short_steps % (steps_out(pace.rounds_s, pace.short_rounds_s) + 1) > 0
+
+
+def steps_out(all_s: float, short_s: float) -> int:
+    """Steps long requests' rounds sit out for each they go beside a short request's,
+    where a pass of every slot's round is timed at `all_s` and one of the short
+    requests' rounds alone at `short_s` (0: untimed, none): the fewest that keep the
+    short request's passes within GIVE_WAY of their time alone, at most MOST_OUT."""
+    if short_s <= 0 or all_s <= GIVE_WAY * short_s:
+        return 0
+    return min(MOST_OUT, math.ceil((all_s / short_s - 1) / (GIVE_WAY - 1) - 1e-9) - 1)
 
 
 def dearer(all_s: float, short_s: float) -> bool:
-    """Whether a pass of every slot's round, timed at `all_s`, is GIVE_WAY times as dear
-    as one of the short requests' rounds alone (0: untimed, it is not). Then long rounds
-    sit out every other step, and draft nothing meanwhile (AdaptiveDrafter: drafted,
-    their tokens would make the short one's passes dearer still)."""
-    return short_s > 0 and GIVE_WAY * short_s <= all_s
+    """Whether long requests' rounds give way to short ones (`steps_out`). Then they
+    draft nothing meanwhile too (AdaptiveDrafter: drafted, their tokens would make the
+    short one's passes dearer still)."""
+    return steps_out(all_s, short_s) > 0
 
 
 def beside_chunk(token_s: float, step_s: float | None, budget: int) -> int:

@@ -61,13 +61,7 @@ from localspec.server.batching import Batcher, SlotHead, SlotModel
 from localspec.server.errors import ApiError
 from localspec.server.metrics import Metrics
 from localspec.server.prompt_cache import HeadCache, Holder, PromptCache, Saved
-from localspec.server.scheduling import (
-    SHORT_TOKENS,
-    dearer,
-    pick_slot,
-    plan_swap,
-    read_ahead_chunk,
-)
+from localspec.server.scheduling import SHORT_TOKENS, dearer, pick_slot, plan_swap, read_ahead_chunk
 from localspec.session import Session
 
 log = logging.getLogger("localspec.server")
@@ -220,7 +214,7 @@ class Worker:
             )
             if isinstance(engine.drafter, AdaptiveDrafter):  # γ follows the load
                 engine.drafter.load = Load(
-                    self.batcher.load,
+                    functools.partial(self._sharing, i, self.batcher.passes(target)),
                     self.batcher.passes(target),
                     self._drafting,
                     i,
@@ -232,19 +226,29 @@ class Worker:
             slots.append(self._with_head(Slot(i, engine, views, list(views))))
         return slots
 
-    def _yields(self, index: int, passes: VerifyCost) -> bool:
-        """Whether slot `index`'s long request gives way to short ones decoding beside it:
-        where every slot's round makes the target's pass (timed in `passes`) GIVE_WAY
-        times as dear as the short ones' alone (`scheduling.dearer`)."""
-        jobs = [s.job for s in self.slots]
-        # a short request decoding (its first piece sent): while it reads its prompt,
-        # every round goes every step (plan_step), so the others may draft as ever
-        mine, short = jobs[index], sum(1 for j in jobs if j and j.short and j.read.is_set())
-        if mine is None or mine.short or not short or not passes.seconds:
-            return False
-        n = sum(1 for j in jobs if j is not None)
+    def _giving_way(self, passes: VerifyCost) -> int:
+        """Short requests decoding (their first piece sent) beside long ones that give way
+        to them, where all rounds make the target's pass (timed in `passes`) dear beside
+        theirs alone (`scheduling.dearer`); else 0."""
+        jobs = [s.job for s in self.slots if s.job is not None]
+        short, n = sum(1 for j in jobs if j.short and j.read.is_set()), len(jobs)
+        if not short or short == n or not passes.seconds:
+            return 0
         t = passes.table(n)
-        return dearer(t[n - 1], t[short - 1])
+        return short if dearer(t[n - 1], t[short - 1]) else 0
+
+    def _yields(self, index: int, passes: VerifyCost) -> bool:
+        """Whether slot `index`'s long request gives way, drafting nothing (Load.yields)."""
+        job = self.slots[index].job
+        return job is not None and not job.short and self._giving_way(passes) > 0
+
+    def _sharing(self, index: int, passes: VerifyCost) -> int:
+        """Slots whose rounds share slot `index`'s passes (Load.slots): all decoding, or
+        for a short request beside long ones that give way, the short ones (the others
+        join one step in a few): it drafts as alone."""
+        job = self.slots[index].job
+        short = self._giving_way(passes) if job is not None and job.short else 0
+        return short or self.batcher.load()
 
     def _with_head(self, slot: Slot) -> Slot:
         """`slot`, its part of a target's own MTP head's cache among what it holds."""

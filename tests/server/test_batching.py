@@ -4,6 +4,7 @@ test_slots_real.py."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 from localspec.backends.base import Cancelled
 from localspec.backends.seq_layout import Part
 from localspec.server.batching import Batcher
+from localspec.server.scheduling import MOST_OUT
 
 
 class SlowModel:
@@ -185,10 +187,11 @@ class TokenTimedModel(SlowModel):
         return [np.zeros((p.n_logits, 4), np.float32) for p in parts]
 
 
-def test_a_chats_rounds_go_every_other_step_while_a_completion_decodes():
+def test_a_chats_rounds_go_one_step_in_four_while_a_completion_decodes():
     """A chat streams (slot 0) and an editor's completion comes (slot 1), on a model where
     the chat's token makes each pass twice as dear: the completion goes every step, the
-    chat every other one, and every step again once the completion is done."""
+    chat one step in four (scheduling.MOST_OUT), and every step again once the
+    completion is done."""
     batcher, model = Batcher(), TokenTimedModel()
     stand_in: Any = model
     done = threading.Event()
@@ -215,15 +218,16 @@ def test_a_chats_rounds_go_every_other_step_while_a_completion_decodes():
         batcher.stop()
     during = [p for p in model.passes if 1 in p]
     assert len(during) == 12
-    late = during[2:]  # once a pass of both was timed
-    assert all(set(a) != set(b) for a, b in itertools.pairwise(late)), during
+    went = [i for i, p in enumerate(during) if 0 in p]
+    assert len(went) >= 3 and all(b - a == MOST_OUT + 1 for a, b in itertools.pairwise(went))
     assert all(p == {0: 1} for p in model.passes[after : after + 4])  # the chat alone again
 
 
 def test_a_long_request_yields_to_a_short_one_decoding_not_to_one_reading_its_prompt():
-    """The worker's rule for `Load.yields`: a chat drafts nothing while an editor's
-    completion decodes beside it on dear passes; not while the completion reads its
-    prompt (every round goes every step then), nor where passes are cheap (a GPU)."""
+    """The worker's rules for `Load.yields` and `Load.slots`: a chat drafts nothing while
+    an editor's completion decodes beside it on dear passes, and the completion prices
+    its drafts as alone (the chat sits out most steps); not while the completion reads
+    its prompt (every round goes every step then), nor where passes are cheap (a GPU)."""
     from types import SimpleNamespace
 
     from localspec.decoding.estimates import VerifyCost
@@ -236,10 +240,14 @@ def test_a_long_request_yields_to_a_short_one_decoding_not_to_one_reading_its_pr
     chat = SimpleNamespace(short=False, read=threading.Event())
     completion = SimpleNamespace(short=True, read=threading.Event())
     slots = [SimpleNamespace(job=chat), SimpleNamespace(job=completion)]
-    worker: Any = SimpleNamespace(slots=slots)
+    worker: Any = SimpleNamespace(slots=slots, batcher=SimpleNamespace(load=lambda: 2))
+    worker._giving_way = functools.partial(Worker._giving_way, worker)
     assert not Worker._yields(worker, 0, cpu)  # the completion reads its prompt
+    assert Worker._sharing(worker, 1, cpu) == 2
     completion.read.set()
     assert Worker._yields(worker, 0, cpu)
-    assert not Worker._yields(worker, 1, cpu)  # the short one itself drafts as it may
-    assert not Worker._yields(worker, 0, gpu)
+    assert not Worker._yields(worker, 1, cpu)  # the short one itself drafts as it may,
+    assert Worker._sharing(worker, 1, cpu) == 1  # priced as alone: the chat sits out
+    assert Worker._sharing(worker, 0, cpu) == 2
+    assert not Worker._yields(worker, 0, gpu) and Worker._sharing(worker, 1, gpu) == 2
     assert not Worker._yields(worker, 0, VerifyCost())  # untimed

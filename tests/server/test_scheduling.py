@@ -8,6 +8,7 @@ from localspec.server.scheduling import (
     BUSY_CHUNK,
     GIVE_WAY,
     MIN_CHUNK,
+    MOST_OUT,
     PROMPT_PASS_S,
     READ_AHEAD_CHUNKS,
     READ_AHEAD_S,
@@ -19,6 +20,7 @@ from localspec.server.scheduling import (
     pick_slot,
     plan_step,
     read_ahead_chunk,
+    steps_out,
 )
 
 
@@ -78,25 +80,32 @@ def test_a_short_requests_own_prompt_is_read_whole_and_a_paste_as_long_beside_it
     assert plan_step(wants, budget=512, pace=CPU) == {1: 512}
 
 
-def test_long_rounds_sit_out_every_other_step_beside_a_short_one_where_they_make_it_dear():
+def test_long_rounds_sit_out_as_many_steps_beside_a_short_one_as_keep_it_near_alone():
     """A chat streams while an editor's completion decodes: on a CPU, where the chat's
-    token makes the completion's pass ~1.4x as dear, the chat's round goes every other
-    step; on a GPU, where it costs nothing, every step."""
+    token makes the completion's pass 1.4x as dear, the chat's round goes one step in
+    three (the completion's passes then 1.13x as long as alone); at 1.9x, one in four,
+    the most it sits out; on a GPU, where it costs nothing, every step."""
     cpu = Pace(prompt_token_s=0.007, rounds_s=0.105, short_rounds_s=0.075)
+    dear = Pace(prompt_token_s=0.007, rounds_s=0.1425, short_rounds_s=0.075)
     gpu = Pace(prompt_token_s=0.00006, rounds_s=0.0152, short_rounds_s=0.015)
     chat, completion = Want(0, 1, 1, arrived=0), Want(1, 1, 1, short=True, arrived=1)
-    went = Want(0, 1, 1, arrived=0, beside_short=True)  # the chat went in the last step
-    assert plan_step([chat, completion], 512, cpu) == {0: 1, 1: 1}
-    assert plan_step([went, completion], 512, cpu) == {1: 1}  # it sits this one out
-    assert plan_step([went, completion], 512, gpu) == {0: 1, 1: 1}
+
+    def chat_went(pace: Pace) -> list[bool]:
+        return [0 in plan_step([chat, completion], 512, pace, n) for n in range(9)]
+
+    assert steps_out(cpu.rounds_s, cpu.short_rounds_s) == 2
+    assert chat_went(cpu) == [True, False, False] * 3
+    assert steps_out(dear.rounds_s, dear.short_rounds_s) == MOST_OUT == 3
+    assert chat_went(dear) == [True, False, False, False] * 2 + [True]
+    assert chat_went(gpu) == [True] * 9
+    # within GIVE_WAY of the short one's pass alone, no step out: a pass a step is best
+    assert steps_out(GIVE_WAY * 0.1, 0.1) == 0 and steps_out(1.16 * 0.1, 0.1) == 1
     # untimed: it goes; alone (no short round beside it), it always goes
-    assert plan_step([went, completion], 512, Pace(0.007, 0.105)) == {0: 1, 1: 1}
-    assert plan_step([went], 512, cpu) == {0: 1}
-    # at the bar, it gives way; a long prompt's chunk beside the short round then takes
-    # as long as the short round's pass alone
-    bar = Pace(prompt_token_s=0.01, rounds_s=GIVE_WAY * 0.1, short_rounds_s=0.1)
+    assert plan_step([chat, completion], 512, Pace(0.007, 0.105), 1) == {0: 1, 1: 1}
+    assert plan_step([chat], 512, cpu, 1) == {0: 1}
+    # a long prompt's chunk beside the short round alone takes as long as its pass
     paste = Want(2, 5000, 1, arrived=2)
-    assert plan_step([went, completion, paste], 512, bar) == {1: 1, 2: 10}
+    assert plan_step([chat, completion, paste], 512, cpu, 1) == {1: 1, 2: round(0.075 / 0.007)}
     # the same rule keeps the long requests from drafting meanwhile (the worker's _yields)
     assert dearer(cpu.rounds_s, cpu.short_rounds_s)
     assert not dearer(gpu.rounds_s, gpu.short_rounds_s) and not dearer(0.105, 0.0)
