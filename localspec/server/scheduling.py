@@ -9,7 +9,7 @@ holds them back. Where long requests' rounds make a short request's pass much de
 (on a CPU a pass of two tokens costs 1.4-1.9 of one), they sit out steps beside it,
 as many as keep its passes within GIVE_WAY of their time alone: an editor's completion
 then decodes nearly as fast as alone while a chat streams, and the chat goes on at a
-third or so of its speed for the second or two the completion lasts.
+quarter to a third of its speed for the second or two the completion lasts.
 A pass cannot be interrupted, so prompt chunks are sized by time (as
 Sarathi-Serve sizes them): a request that comes while prompts are read waits about
 PROMPT_PASS_S at most for the pass in flight, and beside a short request a paste's
@@ -44,7 +44,7 @@ MIN_CHUNK = 1  # beside a short request: a paste goes on, if slowly
 # the long ones go r / (r + n) as fast as in a pass each step: at r 1.4 (a 2-token pass
 # on two cores of a Xeon, a small cache) n is 2, 1.13x and 0.41x; at r 1.9 (the same
 # beside a unified cache of 3,000 tokens) n is 3, 1.23x and 0.39x. An editor waits on
-# its completion, while a chat's reader sees 13 tokens a second become 5 for a second or
+# its completion, while a chat's reader sees 13 tokens a second become 4 for a second or
 # two. On a GPU (r near 1) every round goes every step. Never all steps: a client that
 # sends short requests back to back would hold a chat still.
 GIVE_WAY = 1.15
