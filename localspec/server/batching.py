@@ -50,6 +50,7 @@ from localspec.server.scheduling import (
     Want,
     beside_chunk,
     plan_step,
+    split_pass_s,
 )
 
 
@@ -325,16 +326,20 @@ class Batcher:
 
     def pace(self, model: Decoder, wants: Sequence[Want]) -> Pace:
         """`model`'s passes as timed, for this step's `wants`: a prompt token's time, and
-        the time of the rounds among them alone (the batcher's fit of round passes; before
-        any, as many prompt tokens')."""
-        k = sum(w.need for w in wants if w.is_round)
-        short = sum(w.need for w in wants if w.is_round and w.short)
+        the time of the rounds among them alone (the batcher's fit of round passes, read in
+        micro-batches where each slot has a cache of its own; before any, as many prompt
+        tokens')."""
+        sizes = [w.need for w in wants if w.is_round]
+        short = [w.need for w in wants if w.is_round and w.short]
         token_s = self._prompt_token_s.get(id(model), 0.0)
-        rounds = self.passes(model)
+        rounds, k = self.passes(model), sum(sizes)
         if not (k and rounds.seconds):
             return Pace(token_s, k * token_s)
         table = rounds.table(k)
-        return Pace(token_s, table[k - 1], table[short - 1] if short else 0.0)
+        if getattr(model, "kv_unified", True):  # unequal rounds in one micro-batch
+            return Pace(token_s, table[k - 1], table[sum(short) - 1] if short else 0.0)
+        short_s = split_pass_s(short, table) if short else 0.0
+        return Pace(token_s, split_pass_s(sizes, table), short_s)
 
     @contextmanager
     def _unlocked(self) -> Iterator[None]:

@@ -42,8 +42,8 @@ MIN_CHUNK = 1  # beside a short request: a paste goes on, if slowly
 # for each step they go. Going one step in n + 1, at r = T(all rounds) / T(the short
 # ones'), the short request's passes take 1 + (r - 1) / (n + 1) of their time alone, and
 # the long ones go r / (r + n) as fast as in a pass each step: at r 1.4 (a 2-token pass
-# on two cores of a Xeon, a small cache) n is 2, 1.13x and 0.41x; at r 1.9 (the same
-# beside a unified cache of 3,000 tokens) n is 3, 1.23x and 0.39x. An editor waits on
+# on two cores of a Xeon) n is 2, 1.13x and 0.41x; at r 1.9 (the same in slots 0 and 2,
+# slot 1 filling the gap) n is 3, 1.23x and 0.39x. An editor waits on
 # its completion, while a chat's reader sees 13 tokens a second become 4 for a second or
 # two. On a GPU (r near 1) every round goes every step. Never all steps: a client that
 # sends short requests back to back would hold a chat still.
@@ -164,6 +164,19 @@ def dearer(all_s: float, short_s: float) -> bool:
     draft nothing meanwhile too (AdaptiveDrafter: drafted, their tokens would make the
     short one's passes dearer still)."""
     return steps_out(all_s, short_s) > 0
+
+
+def split_pass_s(sizes: Sequence[int], table: Sequence[float]) -> float:
+    """A pass's time for rounds of these sizes (tokens, one per slot) where each slot has a
+    cache of its own: llama.cpp reads them in micro-batches of an equal share of each slot
+    still reading (`split_equal`), so a chat's token beside a completion's 3-token round
+    costs T(2) + T(2), not T(4). `table`: T(1..) as timed."""
+    took, done = 0.0, 0
+    for i, size in enumerate(sorted(sizes)):
+        if size > done:
+            took += table[(len(sizes) - i) * (size - done) - 1]
+            done = size
+    return took
 
 
 def beside_chunk(token_s: float, step_s: float | None, budget: int) -> int:
