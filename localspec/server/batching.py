@@ -335,11 +335,10 @@ class Batcher:
         rounds, k = self.passes(model), sum(sizes)
         if not (k and rounds.seconds):
             return Pace(token_s, k * token_s)
+        if getattr(model, "kv_unified", True):  # one cache: unequal rounds in one micro-batch
+            sizes, short = [k], [sum(short)] if short else []
         table = rounds.table(k)
-        if getattr(model, "kv_unified", True):  # unequal rounds in one micro-batch
-            return Pace(token_s, table[k - 1], table[sum(short) - 1] if short else 0.0)
-        short_s = split_pass_s(short, table) if short else 0.0
-        return Pace(token_s, split_pass_s(sizes, table), short_s)
+        return Pace(token_s, split_pass_s(sizes, table), split_pass_s(short, table))
 
     @contextmanager
     def _unlocked(self) -> Iterator[None]:

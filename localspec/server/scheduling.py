@@ -170,7 +170,7 @@ def split_pass_s(sizes: Sequence[int], table: Sequence[float]) -> float:
     """A pass's time for rounds of these sizes (tokens, one per slot) where each slot has a
     cache of its own: llama.cpp reads them in micro-batches of an equal share of each slot
     still reading (`split_equal`), so a chat's token beside a completion's 3-token round
-    costs T(2) + T(2), not T(4). `table`: T(1..) as timed."""
+    costs T(2) + T(2), not T(4) (no rounds: 0). `table`: T(1..) as timed."""
     took, done = 0.0, 0
     for i, size in enumerate(sorted(sizes)):
         if size > done:

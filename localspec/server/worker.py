@@ -227,9 +227,8 @@ class Worker:
         return slots
 
     def _giving_way(self, passes: VerifyCost) -> int:
-        """Short requests decoding (their first piece sent) beside long ones that give way
-        to them, where all rounds make the target's pass (timed in `passes`) dear beside
-        theirs alone (`scheduling.dearer`); else 0."""
+        """Short requests decoding (their first piece sent) beside long ones that give way to
+        them, all rounds making the pass (`passes`) dear (`scheduling.dearer`); else 0."""
         jobs = [s.job for s in self.slots if s.job is not None]
         short, n = sum(1 for j in jobs if j.short and j.read.is_set()), len(jobs)
         if not short or short == n or not passes.seconds:

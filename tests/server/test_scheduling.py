@@ -238,7 +238,7 @@ def test_unequal_rounds_in_caches_of_their_own_cost_a_micro_batch_each_level():
     """A cache per slot: llama.cpp reads a chat's token beside a completion's round of 3
     as 1 + 1, then 2 (`split_equal`); equal rounds in one micro-batch."""
     table = [0.07, 0.095, 0.12, 0.10, 0.13, 0.16]  # T(1..6): 4 tokens cheaper than 3
-    assert split_pass_s([3], table) == 0.12
+    assert split_pass_s([3], table) == 0.12 and split_pass_s([], table) == 0.0
     assert split_pass_s([1, 3], table) == 0.095 + 0.095
     assert split_pass_s([1, 1, 1, 1], table) == 0.10
     assert split_pass_s([2, 1, 3], table) == 0.12 + 0.095 + 0.07
