@@ -83,8 +83,24 @@ def run(args: argparse.Namespace) -> int:
 
         loader, spec = scripted_loader(token_s=0.02), SPEC
     else:
+        check_named_models(args)
         loader, spec = pair_loader(args, settings)
     return run_chat(loader, spec, settings, [str(p) for p in problems])
+
+
+def check_named_models(args: argparse.Namespace) -> None:
+    """A model named on the command line that names nothing is a one-line error before
+    any screen, as `run` gives it (a saved pair that went missing is the chat's to show,
+    where another can be picked)."""
+    from localspec.drafting import MODEL_FREE_DRAFTERS
+    from localspec.errors import LocalspecError
+    from localspec.session import resolve_model
+
+    for spec in (args.target, args.draft):
+        if spec is not None and spec not in MODEL_FREE_DRAFTERS:
+            path = resolve_model(spec)  # an id neither installed nor in the catalog: says so
+            if not path.is_file():
+                raise LocalspecError(f"model file not found: {path}")
 
 
 def pair_loader(args: argparse.Namespace, settings: Settings) -> tuple[PairLoader, PairSpec]:

@@ -58,6 +58,31 @@ def test_a_bad_option_is_one_line_before_any_screen():
     assert_one_line_error(r.returncode, r.stderr, "--top-p must be a number above 0, at most 1")
 
 
+def test_a_model_named_that_names_nothing_is_one_line_before_any_screen(
+    home: Path,
+    started: list,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # nothing installed anywhere
+    target = tmp_path / "t.gguf"
+    assert main(["chat", "--target", "nope"]) == 1
+    assert main(["chat", "-t", str(target), "-d", "ngram"]) == 1
+    assert main(["chat", "-t", "qwen2.5-coder-1.5b-instruct"]) == 1
+    target.write_bytes(b"GGUF")
+    assert main(["chat", "-t", str(target), "-d", "nope.gguf"]) == 1
+    errors = capsys.readouterr().err.splitlines()
+    assert errors[0].startswith("localspec: 'nope' is not a model file, an installed model")
+    assert errors[1:] == [
+        f"localspec: model file not found: {target}",
+        "localspec: qwen2.5-coder-1.5b-instruct is not installed: "
+        "run `localspec pull qwen2.5-coder-1.5b-instruct`",
+        "localspec: model file not found: nope.gguf",
+    ]
+    assert started == []
+
+
 def test_the_chat_takes_only_the_sampling_options_it_uses(capsys: pytest.CaptureFixture):
     """Its settings hold temperature, top-p and the token limit: a sampler option it
     would not pass on is not offered (it was taken and ignored)."""
