@@ -139,7 +139,7 @@ def describe(plan: Plan, cpu_scale: float = 1.0) -> str:
     lines.append(f"drafter  {drafter}")
     estimated = "estimated"
     if cpu_scale != 1 and t.n_gpu_layers == 0:
-        estimated += f", x{1 / cpu_scale:.2f} by this CPU's own runs"
+        estimated += f", scaled x{1 / cpu_scale:.2f} by this CPU's own runs"
     lines.append(f"speed    ~{plan.tokens_per_s:.1f} tokens/s plain decoding ({estimated})")
     memory = f"{fmt_size(plan.ram_estimate)} of {fmt_size(plan.ram_budget)} RAM"
     if plan.vram_budget:

@@ -112,4 +112,4 @@ def test_a_cpu_sessions_one_token_passes_set_the_plans_speed(
         text=True,
         check=True,
     ).stdout
-    assert f"x{1 / ratios[0]:.2f} by this CPU's own runs" in out, out
+    assert f"scaled x{1 / ratios[0]:.2f} by this CPU's own runs" in out, out
