@@ -12,6 +12,8 @@ from localspec.cli.options import (
     add_draft_quant,
     add_rpc_option,
     ctx_arg,
+    max_tokens_arg,
+    ranged_int,
     rpc_endpoints,
     threads_arg,
 )
@@ -120,10 +122,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: %(default)s; baseline always runs)",
     )
     b.add_argument(
-        "--gamma", "-g", type=int, default=4, help="γ of the draft, ngram and mtp modes (default 4)"
+        "--gamma",
+        "-g",
+        type=ranged_int(0, 32),
+        default=4,
+        help="γ of the draft, ngram and mtp modes (default 4)",
     )
     b.add_argument(
-        "--max-tokens", "-n", type=int, default=128, help="new tokens per answer (default 128)"
+        "--max-tokens",
+        "-n",
+        type=max_tokens_arg,
+        default=128,
+        help="new tokens per answer (default 128)",
     )
     b.add_argument(
         "--temperature",
@@ -134,7 +144,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument(
         "--repeats",
-        type=int,
+        type=ranged_int(1, 1000),
         default=1,
         help="runs of each prompt and mode; figures are medians (default 1; --suite json: "
         "each repeat from servers started afresh)",
@@ -184,10 +194,6 @@ def run(args: argparse.Namespace) -> int:
         md, *_ = render(args.render, chart=not args.no_chart)
         print(md.read_text(encoding="utf-8"), end="")
         return 0
-    if args.max_tokens < 1:
-        raise LocalspecError("--max-tokens must be at least 1")
-    if args.repeats < 1:
-        raise LocalspecError("--repeats must be at least 1")
     if args.temperature and args.suite != "json":
         raise LocalspecError("--temperature is for --suite json (the other suites are greedy)")
     if not 0 <= args.temperature <= 2:

@@ -45,6 +45,7 @@ def ranged_float(lo: float, hi: float) -> Callable[[str], float]:
 
 ctx_arg = ranged_int(16, 1 << 24)  # llama.cpp takes 32 bits; models cap it far lower
 threads_arg = ranged_int(0, 1024)
+max_tokens_arg = ranged_int(1, 1 << 24)  # the context clamps an answer anyway
 _gamma_int = ranged_int(0, 32)
 
 
@@ -263,14 +264,14 @@ def add_sampling_options(p: argparse.ArgumentParser, saved: bool = False) -> Non
         help="the penalties' window (-1: all); default %(default)s",
     )
     g.add_argument("--seed", type=int, default=None, help="default: a new one each run")
-    g.add_argument("--max-tokens", "-n", type=int, default=512, help="default %(default)s")
+    g.add_argument(
+        "--max-tokens", "-n", type=max_tokens_arg, default=512, help="default %(default)s"
+    )
 
 
 def sampling_params(args: argparse.Namespace):  # -> SamplingParams
     from localspec.decoding.sampling import SamplingParams
 
-    if args.max_tokens < 1:
-        raise LocalspecError("--max-tokens must be at least 1")
     try:
         return SamplingParams(
             temperature=args.temperature,

@@ -462,7 +462,6 @@ def test_missing_peer_binaries(tmp_path):
         (["--prompts", "{bad}"], "not valid JSON"),
         (["--modes", "turbo"], "unknown mode"),
         (["--only", "nope"], "no prompt or category named nope"),
-        (["--max-tokens", "0"], "--max-tokens"),
         (["--draft", "none", "--modes", "draft"], "need a draft model"),
         (["--out", "a-file/sub"], "Not a directory"),  # before the run, not after it
         (["--draft", "none", "--target", "missing.gguf"], "model file not found"),
@@ -482,6 +481,13 @@ def test_command_errors_are_one_line(tmp_path, args, words):
         args = ["--out", str(tmp_path / args[1])]
     r = localspec("bench", "--target", str(tmp_path / "t.gguf"), *args)
     assert_one_line_error(r.returncode, r.stderr, words)
+
+
+@pytest.mark.parametrize("args", [["--max-tokens", "0"], ["--repeats", "0"], ["--gamma", "-1"]])
+def test_out_of_range_numbers_are_usage_errors(args):
+    r = localspec("bench", "--target", "t.gguf", *args)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"argument {args[0]}" in r.stderr and "must be between" in r.stderr
 
 
 # --- the real pair -----------------------------------------------------------------------

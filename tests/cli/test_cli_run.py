@@ -35,11 +35,13 @@ def test_bad_sampling_value():
 
 
 @pytest.mark.parametrize(
-    ("option", "value"), [("--ctx", "99999999999"), ("--ctx", "8"), ("--threads", "-2")]
+    ("option", "value"),
+    [("--ctx", "99999999999"), ("--ctx", "8"), ("--threads", "-2"), ("--max-tokens", "0")],
 )
 def test_out_of_range_numbers_are_refused_before_anything_loads(option: str, value: str):
     r = localspec("run", "hi", "--target", "x.gguf", option, value)
-    assert_usage_error(r, "localspec run", f"argument {option}: must be between")
+    assert_usage_error(r, "localspec run", f"argument {option}")
+    assert "must be between" in r.stderr
 
 
 @pytest.mark.parametrize(
