@@ -76,15 +76,13 @@ class LoadOptions:
     # recurrent state per sequence; 0 for plain decoding.
     rollback: int = 0
     mtp: bool = False  # load the GGUF's MTP head(s) too (localspec.backends.mtp drafts with them)
-    # a MoE's routed experts of the first this many layers stay in RAM, the rest of the
-    # layers offloaded (llama.cpp's --n-cpu-moe; the planner chooses it)
-    cpu_moe: int = 0
+    cpu_moe: int = 0  # the first this many layers' routed experts in RAM (--n-cpu-moe)
     chat_template: str | None = None  # in place of the GGUF's (--chat-template-file)
+    repack: bool = True  # weights repacked for llama.cpp's CPU kernels (False: --no-repack)
 
 
 class _BuftOverride(ctypes.Structure):
-    """llama.cpp's llama_model_tensor_buft_override: tensors matching regex `pattern` go
-    to buffer type `buft`."""
+    """llama.cpp's llama_model_tensor_buft_override: tensors matching `pattern` to `buft`."""
 
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
@@ -136,6 +134,7 @@ class LlamaModel(Model):
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 999
         mparams.load_mtp = self.mtp_loaded = options.mtp
+        mparams.use_extra_bufts = options.repack
         if options.rpc:  # llama.cpp reads the list while loading: keep it alive till then
             devices = rpc.target_devices(options.rpc)
             mparams.devices = ctypes.cast(devices, ctypes.c_void_p)

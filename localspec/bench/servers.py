@@ -84,6 +84,7 @@ class PairSetup:
     threads: int
     n_ctx: int
     llama_server: Path | None  # None: leave llama-server out
+    repack: bool = True  # False: localspec's target --no-repack (llama-server's as it is)
 
 
 def pair_servers(setup: PairSetup, ports: dict[str, int]) -> dict[str, list[str]]:
@@ -93,6 +94,7 @@ def pair_servers(setup: PairSetup, ports: dict[str, int]) -> dict[str, list[str]
     t = str(setup.threads)
     ours = [sys.executable, "-m", "localspec", "serve", "--target", str(setup.target)]
     ours += ["--threads", t, "--ctx", str(setup.n_ctx), "--parallel", "1"]
+    ours += [] if setup.repack else ["--no-repack"]
     out = {"localspec-plain": [*ours, "--draft", "none", "--port", str(ports["localspec-plain"])]}
     if setup.draft is not None:
         out["localspec-auto"] = [*ours, "--draft", str(setup.draft), "--port"]

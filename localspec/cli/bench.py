@@ -10,6 +10,7 @@ from pathlib import Path
 
 from localspec.cli.options import (
     add_draft_quant,
+    add_repack_option,
     add_rpc_option,
     ctx_arg,
     max_tokens_arg,
@@ -48,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="target layers to offload to a GPU (default: all)",
     )
     add_draft_quant(g)
+    add_repack_option(g)
     add_rpc_option(g)
     g.add_argument(
         "--rpc-rtt-ms",
@@ -239,6 +241,7 @@ def bench_servers(args: argparse.Namespace, out: Path) -> int:
         threads=args.threads or default_threads(),
         n_ctx=args.ctx,
         llama_server=llama_server,
+        repack=args.repack,
     )
 
     def progress(line: str) -> None:
@@ -484,6 +487,7 @@ def load_models(
         rpc=rpc,
         rollback=GAMMA_MAX,  # a hybrid target's state snapshots (see LoadOptions)
         mtp=has_mtp_head(str(target_path)),
+        repack=args.repack,
     )
     if draft_path is not None and is_assistant(draft_path):  # Gemma 4's: the target's head
         target, _ = load_pair(target_path, target_load, None, draft_options(args))

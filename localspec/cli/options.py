@@ -194,6 +194,7 @@ def add_model_options(p: argparse.ArgumentParser, saved: bool = False) -> None:
         help="target layers to offload to the GPU (default: the plan's, else all)",
     )
     add_draft_quant(g)
+    add_repack_option(g)
     add_rpc_option(g)
 
 
@@ -238,6 +239,17 @@ def add_draft_quant(g: argparse._ArgumentGroup) -> None:
         default="auto",
         help="auto (default): on a CPU, draft with a Q4_0 copy of the draft model, "
         "made once (llama.cpp's fastest type there); keep: the file as it is",
+    )
+
+
+def add_repack_option(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--no-repack",
+        dest="repack",
+        action="store_false",
+        help="load the target's weights as the file lays them out, not repacked for "
+        "llama.cpp's CPU kernels (as llama-server's --no-repack): on some CPUs prompts "
+        "read much faster so and tokens decode a little slower (docs/performance.md)",
     )
 
 
@@ -318,6 +330,7 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
         rpc=rpc,  # the target's only: the draft stays local
         cpu_moe=cpu_moe,
         chat_template=getattr(args, "chat_template_file", None),
+        repack=args.repack,
     )
     return SessionConfig(
         target=target,

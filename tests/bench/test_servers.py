@@ -48,3 +48,13 @@ def test_a_server_that_stays_busy_is_a_clear_error(monkeypatch):
     client, _ = scripted([{"status": "ok", "queue_depth": 0, "reading_ahead": 1}])
     with pytest.raises(LocalspecError, match="still busy after"):
         servers.settle(client, "http://server")
+
+
+def test_no_repack_goes_to_localspecs_servers_only(tmp_path):
+    setup = servers.PairSetup(tmp_path / "t.gguf", tmp_path / "d.gguf", None, 2, 4096,
+                              tmp_path / "llama-server", repack=False)  # fmt: skip
+    commands = servers.pair_servers(setup, dict.fromkeys(servers.MODES, 8080))
+    assert {m for m, c in commands.items() if "--no-repack" in c} == {
+        "localspec-plain",
+        "localspec-auto",
+    }
