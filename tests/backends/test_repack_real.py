@@ -5,6 +5,8 @@ the last bit (the option reached llama.cpp)."""
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 
@@ -34,7 +36,8 @@ def logits(path: str, repack: bool) -> np.ndarray:
 
 def test_the_target_as_laid_out_gives_its_logits_through_other_kernels(real_paths):
     repacked, laid_out = (logits(str(real_paths[0]), r) for r in (True, False))
-    if repacks_q4_0():  # llama.cpp repacks Q4_0 and Q4_K for the same CPUs (AVX2, NEON)
+    # llama.cpp repacks Q4_K on x86 with AVX2 (on ARM for some cores only: not asked there)
+    if repacks_q4_0() and platform.machine().lower() in ("x86_64", "amd64"):
         assert not np.array_equal(repacked, laid_out)  # not the same kernels
     apart = np.abs(repacked - laid_out)
     assert apart.max() < NOISE and apart.mean() < MEAN_NOISE, (apart.max(), apart.mean())
