@@ -83,6 +83,14 @@ def resolve_model(spec: str) -> Path:
     return resolve_installed(spec)
 
 
+def resolve_file(spec: str) -> Path:
+    """resolve_model's path, refused in one line where nothing is there."""
+    path = resolve_model(spec)
+    if not path.exists():
+        raise LocalspecError(f"model file not found: {path}")
+    return path
+
+
 class Session:
     def __init__(
         self,

@@ -27,8 +27,10 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--chunks", default="16,32,64,128", help="comma-separated chunk sizes")
+    p.add_argument("--no-repack", dest="repack", action="store_false", help="as serve's")
     args = p.parse_args()
-    model = LlamaModel(args.model, LoadOptions(n_ctx=4096, n_threads=args.threads))
+    options = LoadOptions(n_ctx=4096, n_threads=args.threads, repack=args.repack)
+    model = LlamaModel(args.model, options)
     text = (ROOT / "localspec/decoding/engine.py").read_text()
     tokens = model.tokenize(text, special=False)[: args.tokens]
     for chunk in (int(c) for c in args.chunks.split(",")):

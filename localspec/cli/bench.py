@@ -401,7 +401,7 @@ def choose_prompts(args: argparse.Namespace):  # -> (tuple[BenchPrompt, ...], st
 
 def resolve_pair(target: str | None, draft: str | None) -> tuple[Path, Path | None]:
     """Paths of the target and draft: as given, else the machine's default pair."""
-    from localspec.session import resolve_model
+    from localspec.session import resolve_file
 
     if target is None:
         try:
@@ -414,11 +414,8 @@ def resolve_pair(target: str | None, draft: str | None) -> tuple[Path, Path | No
         raise LocalspecError(
             "--draft ngram: the ngram mode needs no draft; pass a draft model, or 'none'"
         )
-    paths = resolve_model(target), None if draft in (None, "none") else resolve_model(draft)
-    for path in paths:  # said first: what else is wrong matters once the files are there
-        if path is not None and not path.exists():
-            raise LocalspecError(f"model file not found: {path}")
-    return paths
+    # said first: what else is wrong matters once the files are there
+    return resolve_file(target), None if draft in (None, "none") else resolve_file(draft)
 
 
 def placement(rpc: tuple[str, ...], peer_rpc: tuple[str, ...], rtt_ms: float) -> str | None:

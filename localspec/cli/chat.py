@@ -93,14 +93,11 @@ def check_named_models(args: argparse.Namespace) -> None:
     any screen, as `run` gives it (a saved pair that went missing is the chat's to show,
     where another can be picked)."""
     from localspec.drafting import MODEL_FREE_DRAFTERS
-    from localspec.errors import LocalspecError
-    from localspec.session import resolve_model
+    from localspec.session import resolve_file
 
     for spec in (args.target, args.draft):
         if spec is not None and spec not in MODEL_FREE_DRAFTERS:
-            path = resolve_model(spec)  # an id neither installed nor in the catalog: says so
-            if not path.is_file():
-                raise LocalspecError(f"model file not found: {path}")
+            resolve_file(spec)
 
 
 def pair_loader(args: argparse.Namespace, settings: Settings) -> tuple[PairLoader, PairSpec]:
