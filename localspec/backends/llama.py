@@ -24,7 +24,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
-from localspec.backends import pieces, rpc
+from localspec.backends import pieces, reader, rpc
 from localspec.backends.base import (
     ContextFull,
     FimTokens,
@@ -50,6 +50,7 @@ _SHOW_LOG = bool(os.environ.get("LOCALSPEC_LLAMA_LOG"))  # read once: this runs 
 
 @ll.llama_log_callback
 def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    reader.hear_log(text)
     if _SHOW_LOG:
         print(text.decode("utf-8", "replace"), end="", flush=True)
 
@@ -79,6 +80,8 @@ class LoadOptions:
     cpu_moe: int = 0  # the first this many layers' routed experts in RAM (--n-cpu-moe)
     chat_template: str | None = None  # in place of the GGUF's (--chat-template-file)
     repack: bool = True  # weights repacked for llama.cpp's CPU kernels (False: --no-repack)
+    # where they are, long prompt chunks read by a second load not repacked (reader.py)
+    prompt_reader: bool = False
 
 
 class _BuftOverride(ctypes.Structure):
@@ -141,12 +144,14 @@ class LlamaModel(Model):
         if options.cpu_moe:  # the same: alive till loaded
             overrides = experts_in_ram(options.cpu_moe)
             mparams.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+        reader.start_hearing()
         self._model = ll.llama_model_load_from_file(str(path).encode(), mparams)
+        repacked_mib = reader.repacked_mib()
         if not self._model:
             raise LoadFailed(f"llama.cpp could not load {path} (out of memory, or a corrupt file)")
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
-        threads = options.n_threads or default_threads()
+        threads = self._threads = options.n_threads or default_threads()
         cparams = ll.llama_context_default_params()
         # Beyond its training context a model degrades, and llama.cpp would still try to
         # allocate the cache for it: cap it there (0 asks for exactly that).
@@ -200,6 +205,35 @@ class LlamaModel(Model):
         # once: llama.cpp's cache bookkeeping (one for all in a unified cache) is not
         # for two threads
         self._mem_lock = threading.RLock()
+        self.reader = self._open_reader(repacked_mib) if options.prompt_reader else None
+        self._read_last = False  # the last pass's logits are the reader's
+
+    def _open_reader(self, repacked_mib: float) -> reader.PromptReader | None:
+        """The reader where it pays and fits: repacked weights on an x86 CPU, neither a
+        recurrent state nor an MTP head to carry over, and RAM for the repacked tensors'
+        file pages and one sequence's cache (f16) with 512 MiB to spare."""
+        o = self.options
+        if not (repacked_mib and self.on_cpu and reader.reads_faster_plain()):
+            return None
+        if self._recurrent or o.mtp or o.cpu_moe:
+            return None
+        import psutil
+
+        m = self._model
+        head = ll.llama_model_n_embd(m) // max(1, ll.llama_model_n_head(m))
+        kv = 4 * ll.llama_model_n_layer(m) * ll.llama_model_n_head_kv(m) * head * self.n_ctx
+        extra = int(repacked_mib * 2**20) + kv
+        if psutil.virtual_memory().available < extra + 2**29:
+            return None
+        try:
+            n_stream = 1 if self.kv_unified else self.n_seq
+            found = reader.PromptReader(
+                self.path, self.n_ctx, self.n_batch, self._threads, n_stream
+            )
+        except MemoryError:
+            return None
+        found.extra_bytes = extra
+        return found
 
     # --- the cache ------------------------------------------------------------------
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
@@ -254,6 +288,10 @@ class LlamaModel(Model):
                     return
             self.layout.moved(moves, time.perf_counter() - started)
 
+    def _forget(self, *ats: int) -> None:
+        if self.reader is not None:
+            self.reader.forget(*ats)
+
     def _at(self, seq: int) -> int:
         """The llama.cpp sequence that holds sequence `seq`'s cache."""
         return self.layout.where[seq]
@@ -267,6 +305,7 @@ class LlamaModel(Model):
         states = [self._get_state(s) if self._has(s) else bytearray() for s in (a, b)]
         if None in states:
             return False
+        self._forget(a, b)
         for s in (a, b):
             ll.llama_memory_seq_rm(self._mem, s, -1, -1)
         for s, state in zip((b, a), states, strict=True):
@@ -277,6 +316,12 @@ class LlamaModel(Model):
 
     def _run(self, parts: list[Part]) -> float:
         """One llama_decode of `parts` (in this order); its time."""
+        self._read_last = bool(self.reader and not self.on_pass and self.reader.wants(parts))
+        if self.reader is not None:
+            if self._read_last:  # it swaps the sequence's cache: as the slots' edits
+                with self._mem_lock:
+                    return self.reader.read(self._ctx, self._at(parts[0].seq), parts[0])
+            self.reader.forget(*(self._at(p.seq) for p in parts))
         batch, i = self._batch, 0
         for part in parts:
             self._last_pass[part.seq] = len(part.tokens)
@@ -304,6 +349,8 @@ class LlamaModel(Model):
     def _logits(self, n: int) -> np.ndarray:
         if n == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
+        if self._read_last and self.reader is not None:
+            return self.reader.logits(n, self.n_vocab)
         ptr = ll.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
 
@@ -319,6 +366,7 @@ class LlamaModel(Model):
                 if drop > self._snapshots or drop >= self._last_pass.get(seq, 0):
                     return False
                 self._last_pass[seq] = 0  # a snapshot is used once
+            self._forget(self._at(seq))
             if not ll.llama_memory_seq_rm(self._mem, self._at(seq), pos, -1):
                 return False
             self._checkpoints.forget(seq, pos)
@@ -379,6 +427,7 @@ class LlamaModel(Model):
         where llama.cpp could not (no room in a shared cache)."""
         with self._mem_lock:
             at = self._at(seq)
+            self._forget(at)
             ll.llama_memory_seq_rm(self._mem, at, -1, -1)
             self._checkpoints.forget(seq, -1)
             self._last_pass[seq] = 0  # no snapshot holds this text
@@ -428,6 +477,7 @@ class LlamaModel(Model):
             if self._recurrent or not ll.llama_memory_can_shift(self._mem):
                 return False
             at = self._at(seq)
+            self._forget(at)
             if not ll.llama_memory_seq_rm(self._mem, at, *gap):
                 return False
             ll.llama_memory_seq_add(self._mem, at, *chunk, gap[0] - gap[1])
@@ -580,6 +630,8 @@ class LlamaModel(Model):
         if getattr(self, "_ctx", None):
             for close in list(self.on_close):
                 close()
+            if self.reader is not None:
+                self.reader.close()
             ll.llama_batch_free(self._batch)
             ll.llama_free(self._ctx)
             ll.llama_model_free(self._model)

@@ -85,6 +85,7 @@ class PairSetup:
     n_ctx: int
     llama_server: Path | None  # None: leave llama-server out
     repack: bool = True  # False: localspec's target --no-repack (llama-server's as it is)
+    prompt_reader: bool = True  # False: localspec's --no-prompt-reader
 
 
 def pair_servers(setup: PairSetup, ports: dict[str, int]) -> dict[str, list[str]]:
@@ -95,6 +96,7 @@ def pair_servers(setup: PairSetup, ports: dict[str, int]) -> dict[str, list[str]
     ours = [sys.executable, "-m", "localspec", "serve", "--target", str(setup.target)]
     ours += ["--threads", t, "--ctx", str(setup.n_ctx), "--parallel", "1"]
     ours += [] if setup.repack else ["--no-repack"]
+    ours += [] if setup.prompt_reader else ["--no-prompt-reader"]
     out = {"localspec-plain": [*ours, "--draft", "none", "--port", str(ports["localspec-plain"])]}
     if setup.draft is not None:
         out["localspec-auto"] = [*ours, "--draft", str(setup.draft), "--port"]

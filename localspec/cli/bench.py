@@ -242,6 +242,7 @@ def bench_servers(args: argparse.Namespace, out: Path) -> int:
         n_ctx=args.ctx,
         llama_server=llama_server,
         repack=args.repack,
+        prompt_reader=args.prompt_reader,
     )
 
     def progress(line: str) -> None:
@@ -485,6 +486,7 @@ def load_models(
         rollback=GAMMA_MAX,  # a hybrid target's state snapshots (see LoadOptions)
         mtp=has_mtp_head(str(target_path)),
         repack=args.repack,
+        prompt_reader=args.repack and args.prompt_reader,
     )
     if draft_path is not None and is_assistant(draft_path):  # Gemma 4's: the target's head
         target, _ = load_pair(target_path, target_load, None, draft_options(args))

@@ -366,6 +366,11 @@ def serve(args: argparse.Namespace) -> int:
         )
         app = create_app(session, options)
         slots = f"{parallel} slot{'s' if parallel > 1 else ''} of {session.target.n_ctx} tokens"
+        if prompt_reader := getattr(session.target, "reader", None):
+            slots += (
+                ", long prompts read by the target loaded again not repacked "
+                f"(+{prompt_reader.extra_bytes / 2**30:.1f} GiB of RAM)"
+            )
         if kept := app.state.worker.prompt_cache:
             slots += f", prompts kept in up to {kept.budget / 2**30:.1f} GiB of RAM"
         if described := sampling.describe():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from decoding.test_real_engine import NEAR_TIE
@@ -13,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from localspec.backends.base import common_prefix
 from localspec.backends.llama import LoadOptions
+from localspec.backends.reader import reads_faster_plain
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished, Piece
@@ -118,7 +120,10 @@ def vim_body(prefix: str, suffix: str, typed: str, indent: int) -> dict:
 @pytest.fixture(scope="module")
 def session(real_paths) -> Iterator[Session]:
     load = LoadOptions(n_ctx=4096, n_threads=2, n_seq=2)
-    s = open_session(SessionConfig(str(real_paths[0]), str(real_paths[1]), "auto", load, load))
+    target_load = replace(load, prompt_reader=True)  # as serve loads it (reader.py)
+    s = open_session(
+        SessionConfig(str(real_paths[0]), str(real_paths[1]), "auto", target_load, load)
+    )
     yield s
     s.close()
 
@@ -161,6 +166,8 @@ def test_a_warm_up_reads_the_extra_context_and_the_next_keystroke_little(
     read = r.json()  # what llama.vscode shows of it: the reading, and what is now cached
     assert read["timings"]["prompt_ms"] > 0 and read["timings"]["predicted_ms"] == 0
     assert read["tokens_cached"] == read["tokens_evaluated"] > 100
+    if reads_faster_plain():  # x86: that long a read went through the reader (reader.py)
+        assert session.target.reader is not None and session.target.reader.reads > 0
     first = client.post("/infill", json=vscode_body(PREFIX, SUFFIX, "    ret", extra)).json()
     again = client.post("/infill", json=vscode_body(PREFIX, SUFFIX, "    retu", extra)).json()
     # the slot holds the prompt, the typed text's tokens (not sent back) and the middle

@@ -1,0 +1,168 @@
+"""A second, not repacked load of a CPU target that reads its long prompt chunks.
+
+llama.cpp repacks a CPU model's Q4_K weights into interleaved blocks (`use_extra_bufts`).
+On the x86 CPUs measured here (an AVX-512 Xeon and an EPYC, docs/performance.md) the
+repacked kernels decode a pass of a few tokens 10-40% faster, and read a prompt 1.3-1.7x
+slower than the plain ones. Speculation lives on the first and completions on the
+second, so the target is loaded both ways: the repacked model decodes, and this one
+reads any pass of one sequence of at least READ_MIN tokens. A sequence's cache goes over
+as llama.cpp's sequence state (~29 MB for 1,000 tokens of the 1.5B target: ~10 ms), in
+when the reader does not hold it as it is, back after each of its passes. Only the
+repacked tensors' file pages are extra in RAM (the rest is the same mmap), with one
+sequence's cache.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+import threading
+import time
+from pathlib import Path
+
+import llama_cpp as ll
+import numpy as np
+
+from localspec.backends.base import ContextFull, SeqState
+from localspec.backends.seq_layout import Part
+
+READ_MIN = 64  # the fewest tokens a pass reads through the reader: below, repacked is faster
+
+_capture = threading.local()  # this thread's load's log lines (see `repacked_mib`)
+
+
+def hear_log(text: bytes) -> None:
+    """llama.cpp's log line, kept where this thread is loading a model."""
+    lines = getattr(_capture, "lines", None)
+    if lines is not None:
+        lines.append(text.decode("utf-8", "replace"))
+
+
+def start_hearing() -> None:
+    _capture.lines = []
+
+
+def repacked_mib() -> float:
+    """The size of the repacked weights of the model this thread just loaded (llama.cpp
+    logs each buffer's: `CPU_REPACK model buffer size = 596.53 MiB`); stops hearing."""
+    lines, _capture.lines = getattr(_capture, "lines", None) or [], None
+    for line in lines:
+        if "CPU_REPACK model buffer size" in line:
+            return float(line.split("=")[1].split()[0])
+    return 0.0
+
+
+def reads_faster_plain() -> bool:
+    """Where the plain kernels were measured to read prompts faster (x86)."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+class PromptReader:
+    """The target's file loaded again, not repacked, with a cache for one sequence of
+    n_ctx tokens; it holds one of the main context's sequences (`holds`) at a time."""
+
+    def __init__(self, path: Path, n_ctx: int, n_batch: int, n_threads: int, n_stream: int) -> None:
+        self.n_stream = n_stream  # the main context's caches (one per slot, or one for all)
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        mparams.use_extra_bufts = False
+        self._model = ll.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise MemoryError(f"could not load {path} again")
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = cparams.n_ubatch = n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = cparams.n_threads_batch = n_threads
+        self.ctx = ll.llama_init_from_model(self._model, cparams)
+        if not self.ctx:
+            ll.llama_model_free(self._model)
+            raise MemoryError("no room for the reader's cache")
+        self._mem = ll.llama_get_memory(self.ctx)
+        self._batch = ll.llama_batch_init(n_batch, 0, 1)
+        self.holds: int | None = None  # the main context's sequence held here, as it is there
+        self.reads = 0  # passes read here (tests and the bench ask)
+        self.extra_bytes = 0  # RAM it takes beyond the repacked model's (as estimated)
+
+    @staticmethod
+    def wants(parts: list[Part]) -> bool:
+        return len(parts) == 1 and len(parts[0].tokens) >= READ_MIN
+
+    def forget(self, *ats: int) -> None:
+        """The main context changed these sequences: what is held here is stale."""
+        if self.holds in ats:
+            self.holds = None
+
+    def read(self, main: ctypes.c_void_p, at: int, part: Part) -> float:
+        """Decode `part` into the main context's sequence `at` by way of this one; the
+        pass's time (the copies' included)."""
+        started = time.perf_counter()
+        if self.holds != at:
+            ll.llama_memory_seq_rm(self._mem, 0, -1, -1)
+            held = ll.llama_memory_seq_pos_max(ll.llama_get_memory(main), at) >= 0
+            state = held and restream(_get_state(main, at), 1)
+            if state and not _set_state(self.ctx, 0, state):
+                raise ContextFull("the reader could not take the sequence's cache")
+        self.holds = None
+        self._decode(part)
+        state = restream(_get_state(self.ctx, 0), self.n_stream)
+        ll.llama_memory_seq_rm(ll.llama_get_memory(main), at, -1, -1)
+        if not _set_state(main, at, state):
+            raise ContextFull("the reader's cache did not fit back into the context")
+        self.holds = at
+        self.reads += 1
+        return time.perf_counter() - started
+
+    def _decode(self, part: Part) -> None:
+        batch = self._batch
+        first_scored = len(part.tokens) - part.n_logits
+        for j, tok in enumerate(part.tokens):
+            batch.token[j] = tok
+            batch.pos[j] = part.pos + j
+            batch.n_seq_id[j] = 1
+            batch.seq_id[j][0] = 0
+            batch.logits[j] = int(j >= first_scored)
+        batch.n_tokens = len(part.tokens)
+        if (rc := ll.llama_decode(self.ctx, batch)) != 0:
+            self.holds = None
+            raise ContextFull(f"llama_decode failed ({rc}): the reader's cache is full")
+
+    def logits(self, n: int, n_vocab: int) -> np.ndarray:
+        return np.ctypeslib.as_array(ll.llama_get_logits(self.ctx), shape=(n, n_vocab))
+
+    def close(self) -> None:
+        if self.ctx:
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self.ctx)
+            ll.llama_model_free(self._model)
+            self.ctx = None
+
+
+def _get_state(ctx: ctypes.c_void_p, at: int) -> SeqState:
+    size = ll.llama_state_seq_get_size(ctx, at)
+    state = SeqState(size)
+    buf = (ctypes.c_uint8 * size).from_buffer(state)
+    if ll.llama_state_seq_get_data(ctx, buf, size, at) != size:
+        raise ContextFull("llama.cpp could not copy a sequence's cache out")
+    return state
+
+
+def _set_state(ctx: ctypes.c_void_p, at: int, state: bytearray) -> bool:
+    buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
+    return bool(ll.llama_state_seq_set_data(ctx, buf, len(state), at))
+
+
+def restream(state: SeqState, n_stream: int) -> SeqState:
+    """A sequence's state as a context of `n_stream` caches reads it. llama.cpp writes
+    a header (magic, version), its context's cache count, then a cell count and the
+    cells for each cache (0 and nothing where the sequence has none), and reads it only
+    where the counts agree; the cells go to the sequence's own cache whatever their
+    place."""
+    head, had = state[:8], int.from_bytes(state[8:12], "little")
+    if had == n_stream:
+        return state
+    zero, lead = bytes(4), 0
+    while lead < had and state[12 + 4 * lead : 16 + 4 * lead] == zero:
+        lead += 1
+    cells = state[12 + 4 * lead : len(state) - 4 * (had - 1 - lead)] if lead < had else zero
+    return SeqState(head + n_stream.to_bytes(4, "little") + cells + zero * (n_stream - 1))

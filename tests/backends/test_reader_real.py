@@ -1,0 +1,95 @@
+"""The prompt reader (reader.py) on the real target: a long pass of one sequence is read
+by a second, not repacked load, and the repacked model decodes on from the cache it hands
+back, to within the two kernels' noise of reading it itself; a cache the main context
+changed since is taken in again, never read on from a stale copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localspec.backends import reader
+from localspec.backends.llama import LlamaModel, LoadOptions
+from localspec.backends.seq_layout import Part
+from localspec.cli import build_parser
+from localspec.cli.options import session_config
+
+pytestmark = pytest.mark.real
+
+# as in test_repack_real: other kernels move the odd logit by ~0.5, a stray or missing
+# cache entry by whole logits
+NOISE, MEAN_NOISE = 1.5, 0.1
+TEXT = Path(reader.__file__).read_text()
+
+
+@pytest.fixture(scope="module")
+def pair(real_paths):
+    """The target without a reader and with one, two slots each."""
+    options = LoadOptions(n_ctx=1024, n_threads=2, n_seq=2)
+    models = [LlamaModel(real_paths[0], options)]
+    models.append(
+        LlamaModel(real_paths[0], LoadOptions(**{**vars(options), "prompt_reader": True}))
+    )
+    yield models
+    for model in models:
+        model.close()
+
+
+def next_logits(model: LlamaModel, seq: int, tokens: list[int], pos: int) -> np.ndarray:
+    """A round of four tokens decoded by the repacked model (below READ_MIN)."""
+    (rows,) = model.decode_parts([Part(seq, tokens[pos : pos + 4], pos, 4)])
+    return rows.copy()
+
+
+def assert_near(a: np.ndarray, b: np.ndarray) -> None:
+    apart = np.abs(a - b)
+    assert apart.max() < NOISE and apart.mean() < MEAN_NOISE, (apart.max(), apart.mean())
+
+
+def test_the_reader_is_there_where_weights_were_repacked(pair):
+    plain, read = pair
+    assert plain.reader is None
+    if reader.reads_faster_plain():  # x86: llama.cpp repacks the Q4_K tensors there
+        assert read.reader is not None and read.reader.extra_bytes > 500 * 2**20
+
+
+def test_a_long_read_goes_through_the_reader_and_decoding_follows_on(pair):
+    plain, read = pair
+    if read.reader is None:
+        pytest.skip("no repacked weights on this CPU: nothing to read around")
+    tokens = plain.tokenize(TEXT)[:400]
+    for model in pair:
+        for seq in (0, 1):
+            model.remove_from(seq, 0)
+        model.decode_parts([Part(1, tokens[:300], 0, 1)])  # slot 1: one long pass
+    assert read.reader.reads == 1 and read.reader.holds == read._at(1)
+    assert read.seq_len(1) == 300 and read.seq_len(0) == 0
+    assert_near(next_logits(plain, 1, tokens, 300), next_logits(read, 1, tokens, 300))
+    reads = read.reader.reads
+    read.decode_parts([Part(1, tokens[304:330], 304, 1)])  # short: the repacked model's
+    assert read.reader.reads == reads and read.reader.holds is None
+
+
+def test_a_cache_changed_since_is_taken_in_again(pair):
+    plain, read = pair
+    if read.reader is None:
+        pytest.skip("no repacked weights on this CPU: nothing to read around")
+    tokens = plain.tokenize(TEXT)[:400]
+    for model in pair:
+        model.remove_from(0, 0)
+        model.decode_parts([Part(0, tokens[:250], 0, 1)])
+        model.remove_from(0, 150)  # a rewritten turn: the reader's copy is longer
+        model.decode_parts([Part(0, tokens[150:300], 150, 1)])
+        assert model.seq_len(0) == 300
+    assert_near(next_logits(plain, 0, tokens, 300), next_logits(read, 0, tokens, 300))
+
+
+def test_the_option_reaches_the_targets_load_only(real_paths):
+    args = ["serve", "-t", str(real_paths[0]), "-d", str(real_paths[1]), "--ctx", "512"]
+    parse = build_parser().parse_args
+    config = session_config(parse(args))
+    assert config.target_load.prompt_reader and not config.draft_load.prompt_reader
+    assert not session_config(parse([*args, "--no-prompt-reader"])).target_load.prompt_reader
+    assert not session_config(parse([*args, "--no-repack"])).target_load.prompt_reader
