@@ -28,8 +28,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--chunks", default="16,32,64,128", help="comma-separated chunk sizes")
     p.add_argument("--no-repack", dest="repack", action="store_false", help="as serve's")
+    p.add_argument(
+        "--prompt-reader", action="store_true", help="long passes read not repacked, as serve's"
+    )
     args = p.parse_args()
-    options = LoadOptions(n_ctx=4096, n_threads=args.threads, repack=args.repack)
+    options = LoadOptions(
+        n_ctx=4096, n_threads=args.threads, repack=args.repack, prompt_reader=args.prompt_reader
+    )
     model = LlamaModel(args.model, options)
     text = (ROOT / "localspec/decoding/engine.py").read_text()
     tokens = model.tokenize(text, special=False)[: args.tokens]

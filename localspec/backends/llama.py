@@ -210,12 +210,14 @@ class LlamaModel(Model):
 
     def _open_reader(self, repacked_mib: float) -> reader.PromptReader | None:
         """The reader where it pays and fits: repacked weights on an x86 CPU, neither a
-        recurrent state nor an MTP head to carry over, and RAM for the repacked tensors'
-        file pages and one sequence's cache (f16) with 512 MiB to spare."""
+        recurrent state nor an MTP head to carry over, a cache per slot, and RAM for the
+        repacked tensors' file pages and one sequence's cache (f16) with 512 MiB to spare."""
         o = self.options
         if not (repacked_mib and self.on_cpu and reader.reads_faster_plain()):
             return None
-        if self._recurrent or o.mtp or o.cpu_moe:
+        # in one cache for all slots a sequence's cells could lie where its state, read
+        # back in one block (llama.cpp's find_slot), no longer finds room
+        if self._recurrent or o.mtp or o.cpu_moe or self.kv_unified:
             return None
         import psutil
 

@@ -93,3 +93,14 @@ def test_the_option_reaches_the_targets_load_only(real_paths):
     assert config.target_load.prompt_reader and not config.draft_load.prompt_reader
     assert not session_config(parse([*args, "--no-prompt-reader"])).target_load.prompt_reader
     assert not session_config(parse([*args, "--no-repack"])).target_load.prompt_reader
+
+
+def test_no_reader_where_the_slots_share_one_cache(real_paths):
+    """In one cache a long sequence's state could find no block of cells to go back
+    into (llama.cpp reads it into contiguous ones): the repacked model reads there."""
+    options = LoadOptions(n_ctx=512, n_threads=2, n_seq=2, kv_unified=True, prompt_reader=True)
+    model = LlamaModel(real_paths[0], options)
+    try:
+        assert model.kv_unified and model.reader is None
+    finally:
+        model.close()
