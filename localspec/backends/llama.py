@@ -227,10 +227,9 @@ class LlamaModel(Model):
         extra = int(repacked_mib * 2**20) + kv
         if psutil.virtual_memory().available < extra + 2**29:
             return None
-        try:
-            n_stream = 1 if self.kv_unified else self.n_seq
+        try:  # a cache per slot: as many caches as slots
             found = reader.PromptReader(
-                self.path, self.n_ctx, self.n_batch, self._threads, n_stream
+                self.path, self.n_ctx, self.n_batch, self._threads, self.n_seq
             )
         except MemoryError:
             return None
@@ -320,7 +319,7 @@ class LlamaModel(Model):
         """One llama_decode of `parts` (in this order); its time."""
         self._read_last = bool(self.reader and not self.on_pass and self.reader.wants(parts))
         if self.reader is not None:
-            if self._read_last:  # it swaps the sequence's cache: as the slots' edits
+            if self._read_last:  # it replaces the sequence's cache: as the slots' edits do
                 with self._mem_lock:
                     return self.reader.read(self._ctx, self._at(parts[0].seq), parts[0])
             self.reader.forget(*(self._at(p.seq) for p in parts))
@@ -632,8 +631,8 @@ class LlamaModel(Model):
         if getattr(self, "_ctx", None):
             for close in list(self.on_close):
                 close()
-            if self.reader is not None:
-                self.reader.close()
+            if (prompt_reader := getattr(self, "reader", None)) is not None:  # (made last)
+                prompt_reader.close()
             ll.llama_batch_free(self._batch)
             ll.llama_free(self._ctx)
             ll.llama_model_free(self._model)
