@@ -212,6 +212,8 @@ def localspec_server(
     serve = [sys.executable, "-m", "localspec", "serve", *model_args(args, draft)]
     if getattr(args, "chat_template_file", None):
         serve += ["--chat-template-file", str(args.chat_template_file)]
+    if getattr(args, "no_prompt_reader", False):
+        serve += ["--no-prompt-reader"]
     return [*serve, "--port", str(port), "--parallel", str(parallel)]
 
 
@@ -1031,6 +1033,9 @@ def main() -> None:
         "--alternate-slots", type=int, default=2, help="every server's slots (alternate suite)"
     )
     p.add_argument("--no-ram-too", action="store_true", help="and localspec with --cache-ram 0")
+    p.add_argument(
+        "--no-prompt-reader", action="store_true", help="localspec's servers without it (A/B)"
+    )
     p.add_argument(
         "--split-too", action="store_true", help="and localspec with --no-kv-unified (clients)"
     )
