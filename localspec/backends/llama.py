@@ -173,6 +173,12 @@ class LlamaModel(Model):
             ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
         )
         cparams.n_rs_seq = options.rollback if self._recurrent else 0
+        reader_bytes = self._reader_bytes(repacked_mib, n_ctx) if options.prompt_reader else 0
+        # In one cache for all slots the reader's state goes back into a spare sequence
+        # first: llama.cpp reads a state into contiguous cells only, which a shared cache
+        # may not have, and the slot's cache is kept till it has (`_take_back`).
+        self._spare = options.n_seq if reader_bytes and cparams.kv_unified else None
+        cparams.n_seq_max = options.n_seq + (self._spare is not None)
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             ll.llama_model_free(self._model)
@@ -205,36 +211,53 @@ class LlamaModel(Model):
         # once: llama.cpp's cache bookkeeping (one for all in a unified cache) is not
         # for two threads
         self._mem_lock = threading.RLock()
-        self.reader = self._open_reader(repacked_mib) if options.prompt_reader else None
+        self.reader = self._open_reader(reader_bytes) if reader_bytes else None
         self._read_last = False  # the last pass's logits are the reader's
 
-    def _open_reader(self, repacked_mib: float) -> reader.PromptReader | None:
-        """The reader where it pays and fits: repacked weights on an x86 CPU, neither a
-        recurrent state nor an MTP head to carry over, a cache per slot, and RAM for the
-        repacked tensors' file pages and one sequence's cache (f16) with 512 MiB to spare."""
+    def _reader_bytes(self, repacked_mib: float, n_ctx: int) -> int:
+        """What the prompt reader would take in RAM where it pays and fits (else 0):
+        repacked weights on an x86 CPU, neither a recurrent state nor an MTP head to
+        carry over, and RAM for the repacked tensors' file pages and one sequence's cache
+        (f16) with 512 MiB to spare."""
         o = self.options
         if not (repacked_mib and self.on_cpu and reader.reads_faster_plain()):
-            return None
-        # in one cache for all slots a sequence's cells could lie where its state, read
-        # back in one block (llama.cpp's find_slot), no longer finds room
-        if self._recurrent or o.mtp or o.cpu_moe or self.kv_unified:
-            return None
+            return 0
+        if self._recurrent or o.mtp or o.cpu_moe:
+            return 0
         import psutil
 
         m = self._model
         head = ll.llama_model_n_embd(m) // max(1, ll.llama_model_n_head(m))
-        kv = 4 * ll.llama_model_n_layer(m) * ll.llama_model_n_head_kv(m) * head * self.n_ctx
+        kv = 4 * ll.llama_model_n_layer(m) * ll.llama_model_n_head_kv(m) * head * n_ctx
         extra = int(repacked_mib * 2**20) + kv
-        if psutil.virtual_memory().available < extra + 2**29:
-            return None
-        try:  # a cache per slot: as many caches as slots
+        return extra if psutil.virtual_memory().available >= extra + 2**29 else 0
+
+    def _open_reader(self, extra_bytes: int) -> reader.PromptReader | None:
+        n_stream = 1 if self.kv_unified else self.n_seq  # the main context's caches
+        try:
             found = reader.PromptReader(
-                self.path, self.n_ctx, self.n_batch, self._threads, self.n_seq
+                self.path, self.n_ctx, self.n_batch, self._threads, n_stream
             )
         except MemoryError:
             return None
-        found.extra_bytes = extra
+        found.extra_bytes = extra_bytes
         return found
+
+    def _take_back(self, seq: int, state: SeqState) -> bool:
+        """Sequence `seq`'s cache as the reader hands it back; False (the cache as it
+        was) where a shared cache has no room for it in one block."""
+        at = self._at(seq)
+        if self._spare is None:  # its own cache, emptied: room enough
+            ll.llama_memory_seq_rm(self._mem, at, -1, -1)
+            if not self._set_state(at, state):
+                raise ContextFull("the prompt reader's cache did not fit back into the context")
+            return True
+        if not self._set_state(self._spare, state):
+            ll.llama_memory_seq_rm(self._mem, self._spare, -1, -1)
+            return False
+        ll.llama_memory_seq_rm(self._mem, at, -1, -1)
+        self.layout.where[seq], self._spare = self._spare, at
+        return True
 
     # --- the cache ------------------------------------------------------------------
     def _decode(self, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
@@ -321,7 +344,12 @@ class LlamaModel(Model):
         if self.reader is not None:
             if self._read_last:  # it replaces the sequence's cache: as the slots' edits do
                 with self._mem_lock:
-                    return self.reader.read(self._ctx, self._at(parts[0].seq), parts[0])
+                    started, (part,) = time.perf_counter(), parts
+                    state = self.reader.read(self._ctx, self._at(part.seq), part)
+                    if self._take_back(part.seq, state):
+                        self.reader.holds = self._at(part.seq)
+                        return time.perf_counter() - started
+                    self._read_last = False  # read here after all
             self.reader.forget(*(self._at(p.seq) for p in parts))
         batch, i = self._batch, 0
         for part in parts:

@@ -2,12 +2,13 @@
 
 llama.cpp repacks a CPU model's Q4_K weights into interleaved blocks (`use_extra_bufts`).
 On the x86 CPUs measured here (an AVX-512 Xeon and an EPYC, docs/performance.md) the
-repacked kernels decode a pass of a few tokens 10-40% faster, and read a prompt 1.3-1.7x
-slower than the plain ones. Speculation lives on the first and completions on the
+repacked kernels decode a pass of a few tokens faster (up to 1.6x, at four), and read a
+prompt 1.3-1.7x slower than the plain ones. Speculation lives on the first and completions on the
 second, so the target is loaded both ways: the repacked model decodes, and this one
 reads any pass of one sequence of at least READ_MIN tokens. A sequence's cache goes over
 as llama.cpp's sequence state (~29 MB for 1,000 tokens of the 1.5B target: ~10 ms), in
-when the reader does not hold it as it is, back after each of its passes. Only the
+when the reader does not hold it as it is, back after each of its passes
+(`LlamaModel._take_back`). Only the
 repacked tensors' file pages are extra in RAM (the rest is the same mmap), with one
 sequence's cache.
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import platform
 import threading
-import time
 from pathlib import Path
 
 import llama_cpp as ll
@@ -93,25 +93,19 @@ class PromptReader:
         if self.holds in ats:
             self.holds = None
 
-    def read(self, main: ctypes.c_void_p, at: int, part: Part) -> float:
-        """Decode `part` into the main context's sequence `at` by way of this one; the
-        pass's time (the copies' included)."""
-        started = time.perf_counter()
+    def read(self, main: ctypes.c_void_p, at: int, part: Part) -> SeqState:
+        """Decode `part` after the main context's sequence `at`: the sequence's state
+        then, for the main context to take back (`LlamaModel._take_back`)."""
         if self.holds != at:
             ll.llama_memory_seq_rm(self._mem, 0, -1, -1)
             held = ll.llama_memory_seq_pos_max(ll.llama_get_memory(main), at) >= 0
             state = held and restream(_get_state(main, at), 1)
-            if state and not _set_state(self.ctx, 0, state):
+            if state and not set_state(self.ctx, 0, state):
                 raise ContextFull("the reader could not take the sequence's cache")
-        self.holds = None
+        self.holds = None  # till the main context has taken it back
         self._decode(part)
-        state = restream(_get_state(self.ctx, 0), self.n_stream)
-        ll.llama_memory_seq_rm(ll.llama_get_memory(main), at, -1, -1)
-        if not _set_state(main, at, state):
-            raise ContextFull("the reader's cache did not fit back into the context")
-        self.holds = at
         self.reads += 1
-        return time.perf_counter() - started
+        return restream(_get_state(self.ctx, 0), self.n_stream)
 
     def _decode(self, part: Part) -> None:
         batch = self._batch
@@ -147,7 +141,7 @@ def _get_state(ctx: ctypes.c_void_p, at: int) -> SeqState:
     return state
 
 
-def _set_state(ctx: ctypes.c_void_p, at: int, state: bytearray) -> bool:
+def set_state(ctx: ctypes.c_void_p, at: int, state: bytearray) -> bool:
     buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
     return bool(ll.llama_state_seq_set_data(ctx, buf, len(state), at))
 

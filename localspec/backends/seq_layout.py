@@ -197,8 +197,8 @@ class Layout:
         if not pad:
             return []
         held = [self.where[p.seq] for p in parts]
-        if self.unified:
-            beside = min(s for s in range(self.n_seq) if s not in held)
+        if self.unified:  # any other slot's (the prompt reader may have moved one past n_seq)
+            beside = min(s for s in self.where if s not in held)
         else:  # one micro-batch: their ids run on, and one lies outside the run
             beside = held[-1] + 1 if held[-1] + 1 < self.n_seq else held[0] - 1
         slot = self.where.index(beside)

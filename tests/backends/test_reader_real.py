@@ -5,6 +5,7 @@ changed since is taken in again, never read on from a stale copy."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -104,12 +105,42 @@ def test_the_option_reaches_the_targets_load_only(real_paths):
     assert not session_config(parse([*args, "--no-repack"])).target_load.prompt_reader
 
 
-def test_no_reader_where_the_slots_share_one_cache(real_paths):
-    """In one cache a long sequence's state could find no block of cells to go back
-    into (llama.cpp reads it into contiguous ones): the repacked model reads there."""
-    options = LoadOptions(n_ctx=512, n_threads=2, n_seq=2, kv_unified=True, prompt_reader=True)
-    model = LlamaModel(real_paths[0], options)
-    try:
-        assert model.kv_unified and model.reader is None
-    finally:
+@pytest.fixture(scope="module")
+def shared(real_paths):
+    """As `pair`, the two slots in one cache of 2 x 352 cells."""
+    options = LoadOptions(n_ctx=352, n_threads=2, n_seq=2, kv_unified=True)
+    models = [LlamaModel(real_paths[0], replace(options, prompt_reader=r)) for r in (False, True)]
+    yield models
+    for model in models:
         model.close()
+
+
+def test_in_one_cache_the_state_goes_back_by_way_of_a_spare_sequence(shared):
+    plain, read = reading(shared)
+    tokens = plain.tokenize(TEXT)[:200]
+    for model in shared:
+        model.remove_from(0, 0)
+        model.decode_parts([Part(0, tokens[:150], 0, 1)])
+    assert read.layout.where == [2, 1]  # slot 0's cache now in the spare; 0 is spare
+    assert read.seq_len(0) == 150 and read.seq_len(1) == 0
+    assert_near(next_logits(plain, 0, tokens, 150), next_logits(read, 0, tokens, 150))
+
+
+def test_where_one_cache_has_no_block_for_the_state_the_pass_is_read_there(shared, monkeypatch):
+    """llama.cpp reads a state back into contiguous cells only; a shared cache whose
+    free cells are scattered has none (where they lie is llama.cpp's to choose: the
+    refusal is its answer, `_set_state` False, made here): the pass is read by the
+    repacked model, the slot's cache kept as it was."""
+    plain, read = reading(shared)
+    tokens = plain.tokenize(TEXT)[:400]
+    for model in shared:
+        model.remove_from(0, 0)
+        model.decode_parts([Part(0, tokens[:100], 0, 1)])
+    where, reads, spare = list(read.layout.where), read.reader.reads, read._spare
+    took = read._set_state
+    monkeypatch.setattr(read, "_set_state", lambda at, state: at != spare and took(at, state))
+    for model in shared:
+        model.decode_parts([Part(0, tokens[100:180], 100, 1)])
+    assert read.reader.reads == reads + 1 and read.layout.where == where  # tried, kept
+    assert read.reader.holds is None and read.seq_len(0) == 180 and not read._has(spare)
+    assert_near(next_logits(plain, 0, tokens, 180), next_logits(read, 0, tokens, 180))

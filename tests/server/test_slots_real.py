@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -51,8 +52,9 @@ PROMPTS = [
 def session(real_paths) -> Iterator[Session]:
     load = LoadOptions(
         n_ctx=2048, n_threads=2, n_seq=SLOTS, kv_unified=True
-    )  # one cache, as serve's
-    config = SessionConfig(str(real_paths[0]), str(real_paths[1]), "auto", load, load)
+    )  # one cache, as serve's, and the target's long prompts read as serve's (reader.py)
+    target_load = replace(load, prompt_reader=True)
+    config = SessionConfig(str(real_paths[0]), str(real_paths[1]), "auto", target_load, load)
     s = open_session(config)
     yield s
     s.close()
