@@ -100,7 +100,7 @@ class PromptReader:
             ll.llama_memory_seq_rm(self._mem, 0, -1, -1)
             held = ll.llama_memory_seq_pos_max(ll.llama_get_memory(main), at) >= 0
             state = held and restream(_get_state(main, at), 1)
-            if state and not set_state(self.ctx, 0, state):
+            if state and not _set_state(self.ctx, 0, state):
                 raise ContextFull("the reader could not take the sequence's cache")
         self.holds = None  # till the main context has taken it back
         self._decode(part)
@@ -141,7 +141,7 @@ def _get_state(ctx: ctypes.c_void_p, at: int) -> SeqState:
     return state
 
 
-def set_state(ctx: ctypes.c_void_p, at: int, state: bytearray) -> bool:
+def _set_state(ctx: ctypes.c_void_p, at: int, state: bytearray) -> bool:
     buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
     return bool(ll.llama_state_seq_set_data(ctx, buf, len(state), at))
 
