@@ -24,10 +24,9 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
-from localspec.backends import pieces, reader, rpc
+from localspec.backends import reader, rpc, seq_state
 from localspec.backends.base import (
     ContextFull,
-    FimTokens,
     LoadFailed,
     Model,
     ModelError,
@@ -36,14 +35,8 @@ from localspec.backends.base import (
 )
 from localspec.backends.checkpoints import Checkpoints
 from localspec.backends.gguf import GGUF_MAGIC
-from localspec.backends.pieces import PieceTokenizer
+from localspec.backends.llama_vocab import LlamaVocab
 from localspec.backends.seq_layout import Layout, Part
-
-# a prompt this long (~2k tokens, ~3 ms to tokenize) or longer is tokenized in pieces: the
-# first one costs a look at every token's attributes (~50 ms for Qwen's 152k)
-PIECES_FROM = 8192
-_VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
-
 
 _SHOW_LOG = bool(os.environ.get("LOCALSPEC_LLAMA_LOG"))  # read once: this runs per decode
 
@@ -118,12 +111,7 @@ def check_gguf(path: Path) -> None:
             raise ModelError(f"not a GGUF model file: {path}")
 
 
-def c_bytes(buf: bytearray) -> ctypes.Array[ctypes.c_uint8]:
-    """`buf` as llama.cpp's uint8_t array, not copied."""
-    return (ctypes.c_uint8 * len(buf)).from_buffer(buf)
-
-
-class LlamaModel(Model):
+class LlamaModel(LlamaVocab, Model):
     """A GGUF model loaded by llama.cpp, with one context. The Model interface runs its
     sequence 0; `decode_parts` runs several sequences in one pass (serve's slots)."""
 
@@ -173,7 +161,10 @@ class LlamaModel(Model):
             ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
         )
         cparams.n_rs_seq = options.rollback if self._recurrent else 0
-        reader_bytes = self._reader_bytes(repacked_mib, n_ctx) if options.prompt_reader else 0
+        # no recurrent state or MTP head to carry over, no experts placed: a plain CPU load
+        plain = self.on_cpu and not (self._recurrent or options.mtp or options.cpu_moe)
+        wanted = options.prompt_reader and plain
+        reader_bytes = reader.room_for(self._model, repacked_mib, n_ctx) if wanted else 0
         # In one cache for all slots the reader's state goes back into a spare sequence
         # first: llama.cpp reads a state into contiguous cells only, which a shared cache
         # may not have, and the slot's cache is kept till it has (`_take_back`).
@@ -213,24 +204,6 @@ class LlamaModel(Model):
         self._mem_lock = threading.RLock()
         self.reader = self._open_reader(reader_bytes) if reader_bytes else None
         self._read_last = False  # the last pass's logits are the reader's
-
-    def _reader_bytes(self, repacked_mib: float, n_ctx: int) -> int:
-        """What the prompt reader would take in RAM where it pays and fits (else 0):
-        repacked weights on an x86 CPU, neither a recurrent state nor an MTP head to
-        carry over, and RAM for the repacked tensors' file pages and one sequence's cache
-        (f16) with 512 MiB to spare."""
-        o = self.options
-        if not (repacked_mib and self.on_cpu and reader.reads_faster_plain()):
-            return 0
-        if self._recurrent or o.mtp or o.cpu_moe:
-            return 0
-        import psutil
-
-        m = self._model
-        head = ll.llama_model_n_embd(m) // max(1, ll.llama_model_n_head(m))
-        kv = 4 * ll.llama_model_n_layer(m) * ll.llama_model_n_head_kv(m) * head * n_ctx
-        extra = int(repacked_mib * 2**20) + kv
-        return extra if psutil.virtual_memory().available >= extra + 2**29 else 0
 
     def _open_reader(self, extra_bytes: int) -> reader.PromptReader | None:
         n_stream = 1 if self.kv_unified else self.n_seq  # the main context's caches
@@ -443,13 +416,10 @@ class LlamaModel(Model):
         return ll.llama_memory_seq_pos_max(self._mem, at) >= 0
 
     def _get_state(self, at: int) -> SeqState | None:
-        size = ll.llama_state_seq_get_size(self._ctx, at)
-        state = SeqState(size)
-        got = ll.llama_state_seq_get_data(self._ctx, c_bytes(state), size, at)
-        return state if got == size else None
+        return seq_state.get_state(self._ctx, at)
 
     def _set_state(self, at: int, state: bytearray) -> bool:
-        return bool(ll.llama_state_seq_set_data(self._ctx, c_bytes(state), len(state), at))
+        return seq_state.set_state(self._ctx, at, state)
 
     def load_seq(self, seq: int, state: bytearray) -> bool:
         """Sequence `seq`'s cache as `save_seq` saw it; False (and the sequence empty)
@@ -529,61 +499,6 @@ class LlamaModel(Model):
     def kv_len(self) -> int:
         return self.seq_len(0)
 
-    # --- vocabulary --------------------------------------------------------------
-    def tokenize(self, text: str, special: bool = True) -> list[int]:
-        add_bos = special and not self._starts_with_bos(text)
-        if special and len(text) >= PIECES_FROM and self._pieces is not None:
-            return self._pieces.tokenize(text, add_bos)
-        return self._tokenize(text, add_bos, special)
-
-    def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        buf = (ll.llama_token * cap)()
-        n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:
-            buf = (ll.llama_token * -n)()
-            n = ll.llama_tokenize(self._vocab, data, len(data), buf, -n, add_special, parse_special)
-        return list(buf[:n])
-
-    @cached_property
-    def _pieces(self) -> PieceTokenizer | None:
-        return pieces.for_vocab(
-            self._vocab,
-            self.metadata("tokenizer.ggml.model"),
-            self.chat_template() or "",
-            lambda text, add: self._tokenize(text, add, True),
-        )
-
-    def special_tokens(self) -> list[tuple[int, str, bool]] | None:
-        return pieces.special_tokens(self._vocab)
-
-    def _starts_with_bos(self, text: str) -> bool:
-        bos = ll.llama_vocab_bos(self._vocab)
-        return bos >= 0 and text.startswith(self.token_text(bos))
-
-    def token_bytes(self, token: int, special: bool = False) -> bytes:
-        if special:
-            return self._piece(token, True)
-        piece = self._piece_cache.get(token)
-        if piece is None:
-            piece = self._piece_cache[token] = self._piece(token, False)
-        return piece
-
-    def _piece(self, token: int, special: bool) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
-        return buf.raw[:n]
-
-    def is_eog(self, token: int) -> bool:
-        return bool(ll.llama_vocab_is_eog(self._vocab, token))
-
-    def token_text(self, token: int) -> str:
-        return (ll.llama_vocab_get_text(self._vocab, token) or b"").decode("utf-8", "replace")
-
     @property
     def size_bytes(self) -> int:
         return int(ll.llama_model_size(self._model))
@@ -605,38 +520,6 @@ class LlamaModel(Model):
         from localspec.models.memory import read_share
 
         return int(self.size_bytes * read_share(Path(self.path)))
-
-    @property
-    def vocab_kind(self) -> str:
-        return _VOCAB_KINDS.get(ll.llama_vocab_type(self._vocab), "unknown")
-
-    @property
-    def special_ids(self) -> tuple[int, int]:
-        return (ll.llama_vocab_bos(self._vocab), ll.llama_vocab_eos(self._vocab))
-
-    def chat_template(self) -> str | None:
-        raw = self.options.chat_template or ll.llama_model_chat_template(self._model, None)
-        return (raw.decode("utf-8") if isinstance(raw, bytes) else raw) or None
-
-    def fim_tokens(self) -> FimTokens:
-        v = self._vocab
-        return FimTokens(
-            ll.llama_vocab_fim_pre(v),
-            ll.llama_vocab_fim_suf(v),
-            ll.llama_vocab_fim_mid(v),
-            ll.llama_vocab_fim_rep(v),
-            ll.llama_vocab_fim_sep(v),
-        )
-
-    @property
-    def adds_bos(self) -> bool:
-        """Whether the vocabulary wants BOS at the start of a text."""
-        return bool(ll.llama_vocab_get_add_bos(self._vocab))
-
-    def metadata(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(256)
-        n = ll.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     @property
     def on_gpu(self) -> bool:

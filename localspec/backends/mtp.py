@@ -36,8 +36,9 @@ import llama_cpp as ll
 import numpy as np
 
 from localspec.backends.base import LoadFailed, ModelError, SeqState, Tokens, shared_prefix
-from localspec.backends.llama import LlamaModel, c_bytes
+from localspec.backends.llama import LlamaModel
 from localspec.backends.seq_layout import Part
+from localspec.backends.seq_state import get_state, set_state
 
 WINDOW = 512  # the most unread positions a catch-up reads (older ones are skipped)
 
@@ -328,10 +329,7 @@ class MtpHead:
         """Sequence `seq`'s cache (llama.cpp's bytes), with what it holds and the trunk's
         rows kept of it, which come back with it (`load_seq`): once another text took the
         sequence, the rows at its positions are that text's."""
-        at = self._seq_id(seq)
-        size = ll.llama_state_seq_get_size(self._ctx, at)
-        state = SeqState(size)
-        if ll.llama_state_seq_get_data(self._ctx, c_bytes(state), size, at) != size:
+        if (state := get_state(self._ctx, self._seq_id(seq))) is None:
             return None
         cache = self.caches.get(seq, SeqCache())
         rows = dict(self._rows.get(seq, {}))  # its arrays are replaced, never written to
@@ -345,7 +343,7 @@ class MtpHead:
         self.drop(seq)
         self._rows.pop(seq, None)
         at = self._seq_id(seq)
-        if not ll.llama_state_seq_set_data(self._ctx, c_bytes(state), len(state), at):
+        if not set_state(self._ctx, at, state):
             self.drop(seq)
             return False
         if isinstance(state, SeqState) and state.kept:

@@ -25,6 +25,7 @@ import numpy as np
 
 from localspec.backends.base import ContextFull, SeqState
 from localspec.backends.seq_layout import Part
+from localspec.backends.seq_state import get_state, restream, set_state
 
 READ_MIN = 64  # the fewest tokens a pass reads through the reader: below, repacked is faster
 
@@ -55,6 +56,20 @@ def repacked_mib() -> float:
 def reads_faster_plain() -> bool:
     """Where the plain kernels were measured to read prompts faster (x86)."""
     return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def room_for(model: ctypes.c_void_p, repacked_mib: float, n_ctx: int) -> int:
+    """What a reader of this llama.cpp model takes in RAM where it pays and fits, else 0:
+    repacked weights on x86, and RAM for the repacked tensors' file pages and one
+    sequence's cache (f16 K and V) with 512 MiB to spare."""
+    if not (repacked_mib and reads_faster_plain()):
+        return 0
+    import psutil
+
+    head = ll.llama_model_n_embd(model) // max(1, ll.llama_model_n_head(model))
+    kv = 4 * ll.llama_model_n_layer(model) * ll.llama_model_n_head_kv(model) * head * n_ctx
+    extra = int(repacked_mib * 2**20) + kv
+    return extra if psutil.virtual_memory().available >= extra + 2**29 else 0
 
 
 class PromptReader:
@@ -98,14 +113,16 @@ class PromptReader:
         then, for the main context to take back (`LlamaModel._take_back`)."""
         if self.holds != at:
             ll.llama_memory_seq_rm(self._mem, 0, -1, -1)
-            held = ll.llama_memory_seq_pos_max(ll.llama_get_memory(main), at) >= 0
-            state = held and restream(_get_state(main, at), 1)
-            if state and not _set_state(self.ctx, 0, state):
-                raise ContextFull("the reader could not take the sequence's cache")
+            if ll.llama_memory_seq_pos_max(ll.llama_get_memory(main), at) >= 0:
+                state = get_state(main, at)
+                if state is None or not set_state(self.ctx, 0, restream(state, 1)):
+                    raise ContextFull("the reader could not take the sequence's cache")
         self.holds = None  # till the main context has taken it back
         self._decode(part)
         self.reads += 1
-        return restream(_get_state(self.ctx, 0), self.n_stream)
+        if (state := get_state(self.ctx, 0)) is None:
+            raise ContextFull("llama.cpp could not copy the reader's cache out")
+        return restream(state, self.n_stream)
 
     def _decode(self, part: Part) -> None:
         batch = self._batch
@@ -130,33 +147,3 @@ class PromptReader:
             ll.llama_free(self.ctx)
             ll.llama_model_free(self._model)
             self.ctx = None
-
-
-def _get_state(ctx: ctypes.c_void_p, at: int) -> SeqState:
-    size = ll.llama_state_seq_get_size(ctx, at)
-    state = SeqState(size)
-    buf = (ctypes.c_uint8 * size).from_buffer(state)
-    if ll.llama_state_seq_get_data(ctx, buf, size, at) != size:
-        raise ContextFull("llama.cpp could not copy a sequence's cache out")
-    return state
-
-
-def _set_state(ctx: ctypes.c_void_p, at: int, state: bytearray) -> bool:
-    buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
-    return bool(ll.llama_state_seq_set_data(ctx, buf, len(state), at))
-
-
-def restream(state: SeqState, n_stream: int) -> SeqState:
-    """A sequence's state as a context of `n_stream` caches reads it. llama.cpp writes
-    a header (magic, version), its context's cache count, then a cell count and the
-    cells for each cache (0 and nothing where the sequence has none), and reads it only
-    where the counts agree; the cells go to the sequence's own cache whatever their
-    place."""
-    head, had = state[:8], int.from_bytes(state[8:12], "little")
-    if had == n_stream:
-        return state
-    zero, lead = bytes(4), 0
-    while lead < had and state[12 + 4 * lead : 16 + 4 * lead] == zero:
-        lead += 1
-    cells = state[12 + 4 * lead : len(state) - 4 * (had - 1 - lead)] if lead < had else zero
-    return SeqState(head + n_stream.to_bytes(4, "little") + cells + zero * (n_stream - 1))

@@ -486,7 +486,7 @@ def load_models(
         rollback=GAMMA_MAX,  # a hybrid target's state snapshots (see LoadOptions)
         mtp=has_mtp_head(str(target_path)),
         repack=args.repack,
-        prompt_reader=args.repack and args.prompt_reader,
+        prompt_reader=args.prompt_reader,  # none where nothing is repacked
     )
     if draft_path is not None and is_assistant(draft_path):  # Gemma 4's: the target's head
         target, _ = load_pair(target_path, target_load, None, draft_options(args))

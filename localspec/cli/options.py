@@ -339,7 +339,7 @@ def session_config(args: argparse.Namespace):  # -> SessionConfig
         cpu_moe=cpu_moe,
         chat_template=getattr(args, "chat_template_file", None),
         repack=args.repack,
-        prompt_reader=args.repack and args.prompt_reader,
+        prompt_reader=args.prompt_reader,  # none where nothing is repacked
     )
     return SessionConfig(
         target=target,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec.backends.llama import PIECES_FROM, LlamaModel, LoadOptions
+from localspec.backends.llama import LlamaModel, LoadOptions
+from localspec.backends.llama_vocab import PIECES_FROM
 from localspec.backends.pieces import PieceTokenizer, splitters
 
 pytestmark = pytest.mark.real

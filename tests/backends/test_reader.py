@@ -1,9 +1,9 @@
-"""reader.py's plain parts: a sequence's state between contexts of other cache counts,
+"""The reader's plain parts: a sequence's state between contexts of other cache counts,
 and the repacked weights' size from llama.cpp's load log."""
 
 from __future__ import annotations
 
-from localspec.backends import reader
+from localspec.backends import reader, seq_state
 from localspec.backends.base import SeqState
 
 HEAD = bytes.fromhex("d83c14af01000000")  # llama.cpp's magic and version, kept as they are
@@ -23,15 +23,15 @@ def test_a_sequences_cells_go_between_cache_counts_unchanged():
     for n_stream in (2, 3, 4):
         for at in range(n_stream):
             many = state(n_stream, at, cells)
-            assert reader.restream(many, 1) == one
-            back = reader.restream(one, n_stream)
+            assert seq_state.restream(many, 1) == one
+            back = seq_state.restream(one, n_stream)
             assert back[:12] == HEAD + n_stream.to_bytes(4, "little")
-            assert reader.restream(back, 1) == one  # the cells first, where llama.cpp reads them
+            assert seq_state.restream(back, 1) == one  # the cells first, where llama.cpp reads them
 
 
 def test_an_empty_sequence_stays_empty():
     empty = SeqState(HEAD + (3).to_bytes(4, "little") + bytes(12))
-    assert reader.restream(empty, 1) == SeqState(HEAD + (1).to_bytes(4, "little") + bytes(4))
+    assert seq_state.restream(empty, 1) == SeqState(HEAD + (1).to_bytes(4, "little") + bytes(4))
 
 
 def test_the_repacked_size_is_heard_from_this_threads_load_only():

@@ -102,7 +102,12 @@ def test_the_option_reaches_the_targets_load_only(real_paths):
     config = session_config(parse(args))
     assert config.target_load.prompt_reader and not config.draft_load.prompt_reader
     assert not session_config(parse([*args, "--no-prompt-reader"])).target_load.prompt_reader
-    assert not session_config(parse([*args, "--no-repack"])).target_load.prompt_reader
+    laid_out = session_config(parse([*args, "--no-repack"])).target_load
+    model = LlamaModel(real_paths[0], laid_out)  # nothing repacked: nothing to read around
+    try:
+        assert laid_out.prompt_reader and model.reader is None
+    finally:
+        model.close()
 
 
 @pytest.fixture(scope="module")
