@@ -28,7 +28,7 @@ from localspec.backends.base import (
     shared_prefix,
 )
 from localspec.backends.gguf import is_assistant
-from localspec.backends.llama import LlamaModel, LoadOptions, supports_gpu_offload
+from localspec.backends.llama import LlamaModel, LoadOptions, check_gguf, supports_gpu_offload
 from localspec.backends.mtp import AssistantHead, MtpHead
 from localspec.backends.quantize import draft_to_load
 from localspec.decoding.adaptive import auto_engine
@@ -512,17 +512,20 @@ def _load(config: SessionConfig) -> Session:
 def load_pair(
     target_path: Path, target_load: LoadOptions, draft_path: Path | None, draft_load: LoadOptions
 ) -> tuple[LlamaModel, LlamaModel | None]:
-    """Target and draft (if any), checked compatible; nothing stays loaded on a failure."""
-    target = LlamaModel(target_path, target_load)
-    draft: LlamaModel | None = None
+    """Target and draft (if any), checked compatible; nothing stays loaded on a failure.
+    The draft loads first: a CPU target's prompt reader is weighed against the RAM the
+    draft left (and a bad target file is told of before either loads)."""
+    check_gguf(target_path)
+    draft = LlamaModel(draft_path, draft_load) if draft_path is not None else None
+    target: LlamaModel | None = None
     try:
-        if draft_path is not None:
-            draft = LlamaModel(draft_path, draft_load)
+        target = LlamaModel(target_path, target_load)
+        if draft is not None:
             check_compatible(target, draft)
     except BaseException:
-        target.close()
-        if draft is not None:
-            draft.close()
+        for model in (target, draft):
+            if model is not None:
+                model.close()
         raise
     return target, draft
 

@@ -163,12 +163,11 @@ class LlamaModel(LlamaVocab, Model):
         cparams.n_rs_seq = options.rollback if self._recurrent else 0
         # no recurrent state or MTP head to carry over, no experts placed: a plain CPU load
         plain = self.on_cpu and not (self._recurrent or options.mtp or options.cpu_moe)
-        wanted = options.prompt_reader and plain
-        reader_bytes = reader.room_for(self._model, repacked_mib, n_ctx) if wanted else 0
+        wanted = options.prompt_reader and plain and reader.pays(repacked_mib)
         # In one cache for all slots the reader's state goes back into a spare sequence
         # first: llama.cpp reads a state into contiguous cells only, which a shared cache
         # may not have, and the slot's cache is kept till it has (`_take_back`).
-        self._spare = options.n_seq if reader_bytes and cparams.kv_unified else None
+        self._spare = options.n_seq if wanted and cparams.kv_unified else None
         cparams.n_seq_max = options.n_seq + (self._spare is not None)
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -202,7 +201,12 @@ class LlamaModel(LlamaVocab, Model):
         # once: llama.cpp's cache bookkeeping (one for all in a unified cache) is not
         # for two threads
         self._mem_lock = threading.RLock()
+        # sized against the RAM left once the slots' caches took theirs (GiBs at 8k tokens
+        # each for a 14B target): a second copy that pushed them into swap would not pay
+        reader_bytes = reader.room_for(self._model, repacked_mib, self.n_ctx) if wanted else 0
         self.reader = self._open_reader(reader_bytes) if reader_bytes else None
+        if self.reader is None:
+            self._spare = None
         self._read_last = False  # the last pass's logits are the reader's
 
     def _open_reader(self, extra_bytes: int) -> reader.PromptReader | None:

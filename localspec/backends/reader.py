@@ -58,11 +58,16 @@ def reads_faster_plain() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
+def pays(repacked_mib: float) -> bool:
+    """Whether a reader pays for a model of which llama.cpp repacked this many MiB."""
+    return bool(repacked_mib) and reads_faster_plain()
+
+
 def room_for(model: ctypes.c_void_p, repacked_mib: float, n_ctx: int) -> int:
     """What a reader of this llama.cpp model takes in RAM where it pays and fits, else 0:
-    repacked weights on x86, and RAM for the repacked tensors' file pages and one
-    sequence's cache (f16 K and V) with 512 MiB to spare."""
-    if not (repacked_mib and reads_faster_plain()):
+    RAM for the repacked tensors' file pages and one sequence's cache (f16 K and V) with
+    512 MiB to spare."""
+    if not pays(repacked_mib):
         return 0
     import psutil
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import llama_cpp as ll
 import numpy as np
 import pytest
 
@@ -149,3 +150,34 @@ def test_where_one_cache_has_no_block_for_the_state_the_pass_is_read_there(share
     assert read.reader.reads == reads + 1 and read.layout.where == where  # tried, kept
     assert read.reader.holds is None and read.seq_len(0) == 180 and not read._has(spare)
     assert_near(next_logits(plain, 0, tokens, 180), next_logits(read, 0, tokens, 180))
+
+
+def test_the_reader_is_sized_against_the_ram_the_slots_caches_left(real_paths, monkeypatch):
+    """The slots' caches take their RAM when the context is made (GiBs for a 14B target
+    at 8k tokens each): the reader is weighed after that, and where too little is left it
+    stays out, its spare sequence too."""
+    import psutil
+
+    if not (reader.reads_faster_plain() and repacks_q4_0()):
+        pytest.skip("llama.cpp repacks nothing on this CPU, or it is not x86: no reader")
+    order: list[str] = []
+    made, room = ll.llama_init_from_model, reader.room_for
+    monkeypatch.setattr(ll, "llama_init_from_model", lambda *a: order.append("ctx") or made(*a))
+    monkeypatch.setattr(reader, "room_for", lambda *a: order.append("room") or room(*a))
+    options = LoadOptions(n_ctx=256, n_threads=2, n_seq=2, kv_unified=True, prompt_reader=True)
+    model = LlamaModel(real_paths[0], options)
+    try:
+        assert order[:2] == ["ctx", "room"] and model.reader is not None
+        assert model._spare == 2
+    finally:
+        model.close()
+    short = psutil.virtual_memory()._replace(available=2**29)  # 512 MiB left
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: short)
+    model = LlamaModel(real_paths[0], options)
+    try:
+        assert model.reader is None and model._spare is None
+        tokens = model.tokenize(TEXT)[:100]
+        (rows,) = model.decode_parts([Part(1, tokens, 0, 1)])  # serves as it did
+        assert model.seq_len(1) == 100 and rows.shape == (1, model.n_vocab)
+    finally:
+        model.close()
