@@ -63,6 +63,9 @@ class GgufInfo:
     recurrent: bool = False  # some layers keep a recurrent state (Mamba, Gated DeltaNet)
     attention_every: int = 1  # a hybrid's one attention layer in this many (Qwen3.5: 4)
     state_bytes: int = 0  # one sequence's recurrent state (f32), as llama.cpp sizes it
+    # the weights llama.cpp repacks for an x86 CPU's kernels (None: stored before it was
+    # counted); a prompt reader (backends/reader.py) maps their file pages as well
+    repacked_bytes: int | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -96,6 +99,9 @@ _SCALARS = {
     12: "<d",
 }
 _STRING, _ARRAY = 8, 9
+# the types llama.cpp repacks on an x86 CPU with AVX2 (ggml-cpu/repack.cpp), in matrices
+# of rows a multiple of 8; the token embeddings are looked up, not multiplied: never
+REPACKED_TYPES = ("Q4_0", "Q4_K", "IQ4_NL", "MXFP4")
 _U64 = struct.Struct("<Q")
 _ARRAY_KEEP = 64  # keep small arrays (per-layer head counts); count the big ones only
 
@@ -113,8 +119,10 @@ def gguf_info(paths: Path | Iterable[Path]) -> GgufInfo:
     headers = [_read_header(p) for p in shards]
     kv = headers[0].kv
     tensors: dict[str, int] = {}
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {}
     for h in headers:
         tensors.update(h.tensors)
+        shapes.update(h.shapes)
     arch = str(kv.get("general.architecture", "unknown"))
 
     def key(name: str, default: Any = 0) -> Any:
@@ -165,6 +173,14 @@ def gguf_info(paths: Path | Iterable[Path]) -> GgufInfo:
         recurrent=any(".ssm_" in name for name in tensors),
         attention_every=int(key("full_attention_interval", 1)),
         state_bytes=_state_bytes(key, tensors),
+        repacked_bytes=sum(
+            tensors[name]
+            for name, (dims, kind) in shapes.items()
+            if kind in REPACKED_TYPES
+            and len(dims) == 2
+            and dims[1] % 8 == 0
+            and (name.startswith("blk.") or name == "output.weight")
+        ),
     )
 
 

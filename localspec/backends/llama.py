@@ -134,7 +134,7 @@ class LlamaModel(LlamaVocab, Model):
             mparams.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
         reader.start_hearing()
         self._model = ll.llama_model_load_from_file(str(path).encode(), mparams)
-        repacked_mib = reader.repacked_mib()
+        self.repacked_mib = repacked_mib = reader.repacked_mib()  # MiB, as llama.cpp logs it
         if not self._model:
             raise LoadFailed(f"llama.cpp could not load {path} (out of memory, or a corrupt file)")
         self._vocab = ll.llama_model_get_vocab(self._model)

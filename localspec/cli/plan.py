@@ -146,11 +146,16 @@ def describe(plan: Plan, cpu_scale: float = 1.0) -> str:
         memory = f"{fmt_size(plan.vram_estimate)} of {fmt_size(plan.vram_budget)} GPU, " + memory
     if remote := plan.why.placement.remote:
         memory = f"{fmt_size(remote)} of {fmt_size(plan.why.budget.remote)} remote, " + memory
+    if plan.why.reader_fits:
+        memory += f", {fmt_size(plan.why.reader)} of it a second copy that reads prompts"
     lines.append(f"memory   {memory}")
-    lines.append(
+    serve = (
         f"serve    {plan.slots} slot{'s' if plan.slots > 1 else ''} of {t.n_ctx} tokens "
         "(requests decoded at once, each with its own cache)"
     )
+    if 0 < (room := plan.why.reader_slots) < plan.slots:
+        serve += f"; beside more than {room} the second copy has no room"
+    lines.append(serve)
     lines.append("")
     lines.extend(f"- {r}" for r in reasons(plan))
     missing = [f"{s.id}:{s.quant}" for s in (t, d) if s is not None and not s.path]

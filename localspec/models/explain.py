@@ -127,10 +127,27 @@ def memory_sentence(why: Rationale) -> str:
             "(llama.cpp splits the layers by free memory; speeds assume the servers read "
             "no faster than this CPU), "
         )
+    ram = placed.ram + (why.reader if why.reader_fits else 0)
     return (
-        f"Memory: {remote}{gpu}{fmt_size(placed.ram)} of {fmt_size(budget.ram)} RAM budget "
+        f"Memory: {remote}{gpu}{fmt_size(ram)} of {fmt_size(budget.ram)} RAM budget "
         f"(weights, KV cache{state_words(why)} and compute buffers; headroom kept for the "
-        "system)."
+        f"system).{reader_words(why)}"
+    )
+
+
+def reader_words(why: Rationale) -> str:
+    """The CPU target's prompt reader (backends/reader.py), where one would load."""
+    if not why.reader:
+        return ""
+    size = fmt_size(why.reader)
+    if why.reader_fits:
+        return (
+            f" {size} of it is the target loaded again, not repacked, which reads long "
+            "prompts 1.3-1.6x faster (--no-prompt-reader goes without)."
+        )
+    return (
+        f" Prompts are read by the repacked weights: the target loaded again, to read them "
+        f"1.3-1.6x faster, would take {size} more."
     )
 
 
@@ -174,6 +191,11 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             # lasting copies in RAM: in the estimates above (each of serve's slots adds one)
             "recurrent_state": plan.why.state,
             "recurrent_state_kept": plan.why.kept,
+            # the target loaded again, not repacked, to read prompts (a CPU target on
+            # x86): its bytes, in ram_estimate where the budget holds it (0: none)
+            "prompt_reader": plan.why.reader,
+            "prompt_reader_fits": plan.why.reader_fits,
+            "prompt_reader_beside_slots": plan.why.reader_slots,
         },
         "reasons": list(reasons(plan)),
     }

@@ -86,6 +86,7 @@ class Hardware:
     # a one-token pass on this CPU as this machine's runs measured it, over the estimate
     # (calibration.py); 1 where none was kept
     cpu_scale: float = 1.0
+    x86: bool = False  # where a CPU target's prompts are read by a copy not repacked
 
     @property
     def rpc_servers(self) -> int:
@@ -162,7 +163,8 @@ def probe(
     if offload is None:
         offload = _llama_offload() if gpus or overrides.vram or overrides.gpu else False
     hw = Hardware(gpus, mem.total, mem.available, cores, offload, unified, tuple(notes))
-    hw = apply(hw, overrides)
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    hw = apply(replace(hw, x86=x86), overrides)
     if hw.cores == cores and (scale := cpu_scale(cores)) is not None:  # not a what-if CPU
         hw = replace(hw, cpu_scale=scale)
     if hw.gpus and not hw.offload:
@@ -208,7 +210,8 @@ def apply(hw: Hardware, o: Overrides) -> Hardware:
             raise HardwareError("--gpu nvidia needs --vram SIZE on a machine without one")
         name = gpus[0].name if gpus and gpus[0].vendor == "nvidia" else "NVIDIA GPU"
         gpus, unified, offload = (Gpu(0, name, "nvidia", vram, vram),), False, True
-    return Hardware(gpus, ram_total, ram_available, cores, offload, unified, hw.notes)
+    x86 = hw.x86 and not unified  # an Apple what-if: an Apple CPU
+    return Hardware(gpus, ram_total, ram_available, cores, offload, unified, hw.notes, x86=x86)
 
 
 # --- NVIDIA --------------------------------------------------------------------------

@@ -43,6 +43,9 @@ RAM_RESERVE_SHARE = 0.10
 # Weight bytes per parameter of the embedding and output tensors in each file type
 # (llama.cpp keeps the output head at Q6_K in the K-quant mixes).
 EMBD_BYTES = {"Q4_K_M": 0.5625, "Q5_K_M": 0.6875, "Q6_K": 0.8203, "Q8_0": 1.0625, "F16": 2.0}
+# The share of a file's layers llama.cpp repacks on x86 (gguf.REPACKED_TYPES), where the
+# file was not read: Q4_K_M keeps some of them at Q6_K (Qwen2.5-Coder-1.5B's: 0.79)
+REPACKED_SHARE = {"Q4_K_M": 0.8, "Q4_0": 1.0, "IQ4_NL": 1.0}
 OUTPUT_BYTES = {"Q4_K_M": 0.8203, "Q5_K_M": 0.8203, "Q6_K": 0.8203, "Q8_0": 1.0625, "F16": 2.0}
 
 
@@ -61,6 +64,7 @@ class Weights:
     state: int = 0  # a recurrent state and its rollback snapshots (hybrid models)
     recurrent_layers: int = 0  # layers with a recurrent state instead of attention
     kept: int = 0  # copies of the state in RAM: a draft round's and the lasting checkpoints
+    repacked: int = 0  # bytes llama.cpp repacks for an x86 CPU (gguf.REPACKED_TYPES)
 
     @property
     def head(self) -> int:
@@ -112,6 +116,9 @@ class Weights:
             info.state_bytes * (1 + GAMMA_MAX),
             _recurrent(len(info.layer_bytes), info.attention_every) if info.recurrent else 0,
             info.state_bytes * (1 + LASTING_CHECKPOINTS),
+            _repacked(info.quant, sum(info.layer_bytes))
+            if info.repacked_bytes is None
+            else info.repacked_bytes,
         )
 
     @classmethod
@@ -149,7 +156,23 @@ class Weights:
             state * (1 + GAMMA_MAX),
             recurrent,
             state * (1 + LASTING_CHECKPOINTS),
+            _repacked(quant.name, body),
         )
+
+
+def _repacked(quant: str, layers: int) -> int:
+    """The repacked share of a file's layers by its type, where the file was not read."""
+    return int(REPACKED_SHARE.get(quant, 0.0) * layers)
+
+
+def reader_bytes(weights: Weights, n_ctx: int) -> int:
+    """RAM a prompt reader of a CPU target takes (backends/reader.py): the file pages of
+    the tensors llama.cpp repacked (the reader maps them as the file lays them out), a
+    cache of one sequence and its compute buffers; 0 where nothing is repacked."""
+    if not weights.repacked:
+        return 0
+    kv = n_ctx * weights.kv_per_token_layer * len(weights.layers)  # as `footprint` counts it
+    return weights.repacked + kv + compute_bytes(weights, n_ctx)
 
 
 def _recurrent(layers: int, attention_every: int) -> int:

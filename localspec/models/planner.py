@@ -29,6 +29,7 @@ from localspec.models.memory import (
     Requirement,
     memory_budget,
     place,
+    reader_bytes,
     requirement,
     slots_that_fit,
 )
@@ -212,6 +213,13 @@ def _plan_target(
         best = plain
     placement = best.placement
     drafter = "draft" if best.draft else ("none" if request.draft == "none" else "ngram")
+    draft_weights = best.draft.weights if best.draft else None
+    slots = slots_that_fit(target.weights, draft_weights, ctx, budget, hw)
+    reader = _reader(target, placement, ctx, hw)
+    reader_fits = bool(reader) and budget.holds(placement.vram, placement.ram + reader)
+    # the slots beside which it still has room (serve weighs it once their caches are made)
+    left = replace(budget, ram=budget.ram - reader)
+    reader_slots = slots_that_fit(target.weights, draft_weights, ctx, left, hw, slots)
     why = Rationale(
         machine=hw.describe(),
         notes=hw.notes,
@@ -232,6 +240,8 @@ def _plan_target(
         next_size_up=bigger,
         state=target.weights.state,
         kept=target.weights.kept,
+        reader=reader,
+        reader_slots=reader_slots if reader_fits else 0,
     )
     draft_side = None
     if best.draft is not None:
@@ -253,15 +263,22 @@ def _plan_target(
         vram_budget=budget.vram,
         vram_estimate=placement.vram,
         ram_budget=budget.ram,
-        ram_estimate=placement.ram,
+        ram_estimate=placement.ram + (reader if reader_fits else 0),
         why=why,
         tokens_per_s=plain.tokens_per_s,
         speedup=best.speedup,
         unified=budget.unified,
-        slots=slots_that_fit(
-            target.weights, best.draft.weights if best.draft else None, ctx, budget, hw
-        ),
+        slots=slots,
     )
+
+
+def _reader(target: Candidate, placement: Placement, n_ctx: int, hw: Hardware) -> int:
+    """RAM for the target's prompt reader where `serve`, `run` and `chat` would load one
+    (reader.py: on x86, every layer on the CPU, no recurrent state), else 0."""
+    on_cpu = not (placement.target_layers or placement.remote or placement.cpu_moe)
+    if not (hw.x86 and on_cpu) or target.weights.state:
+        return 0
+    return reader_bytes(target.weights, n_ctx)
 
 
 def _choose_quant(

@@ -87,3 +87,12 @@ class Rationale:
     # and its lasting copies in RAM (bytes; 0 for a model that has none)
     state: int = 0
     kept: int = 0
+    # a CPU target's prompt reader (backends/reader.py): the RAM it takes (0: none, as on
+    # a GPU or where nothing is repacked), and beside how many of serve's slots the budget
+    # holds it (0: not even beside one sequence, as `run` and `chat` have)
+    reader: int = 0
+    reader_slots: int = 0
+
+    @property
+    def reader_fits(self) -> bool:
+        return self.reader_slots > 0

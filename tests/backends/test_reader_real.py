@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from localspec.backends import reader
+from localspec.backends.gguf import gguf_info
 from localspec.backends.llama import LlamaModel, LoadOptions
 from localspec.backends.quantize import repacks_q4_0
 from localspec.backends.seq_layout import Part
@@ -181,3 +182,11 @@ def test_the_reader_is_sized_against_the_ram_the_slots_caches_left(real_paths, m
         assert model.seq_len(1) == 100 and rows.shape == (1, model.n_vocab)
     finally:
         model.close()
+
+
+def test_the_planner_counts_the_tensors_llama_cpp_repacks(pair, real_paths):
+    """What the planner reads from the file as repacked (gguf.REPACKED_TYPES: the RAM a
+    reader's file pages take) is what llama.cpp's load log says it repacked."""
+    reading(pair)
+    counted = gguf_info(real_paths[0]).repacked_bytes
+    assert counted and abs(counted / 2**20 - pair[1].repacked_mib) < 0.01

@@ -26,6 +26,7 @@ from localspec.models.memory import (
     footprint,
     memory_budget,
     place,
+    reader_bytes,
 )
 from localspec.models.pairing import PairSpec, default_pair, pair_for_target
 from localspec.models.planner import (
@@ -446,6 +447,7 @@ def test_json_shape():
         *("vram_budget", "vram_estimate", "ram_budget", "ram_estimate"),
         *("remote_budget", "remote_estimate"),  # the rpc-servers' (0 without --rpc)
         *("recurrent_state", "recurrent_state_kept"),  # a hybrid target's (0 for others)
+        *("prompt_reader", "prompt_reader_fits", "prompt_reader_beside_slots"),
     }
     assert data["memory"]["remote_budget"] == data["memory"]["remote_estimate"] == 0
     assert data["memory"]["recurrent_state"] == data["memory"]["recurrent_state_kept"] == 0
@@ -688,3 +690,34 @@ def test_slots_fit_beside_the_pair_without_giving_up_a_gpu_layer():
     assert roomy.slots == 4
     full = plan_catalog(CATALOG, nvidia(24))
     assert full.slots == 1 and full.target.n_gpu_layers > 0
+
+
+def test_on_an_x86_cpu_the_plan_counts_the_prompt_reader_where_the_budget_holds_it():
+    """A CPU target on x86 is loaded again, not repacked, to read prompts (reader.py):
+    the plan counts its RAM where the budget holds it beside the pair, and says so (and
+    beside how many of serve's slots); where not, the plan is the same and says prompts
+    are read by the repacked weights; on a GPU, on an Apple CPU or for a type llama.cpp
+    does not repack, none."""
+    roomy = replace(apply(DESKTOP, Overrides(gpu="none", ram=64 * GiB)), x86=True)
+    plan = plan_catalog(CATALOG, roomy)
+    without = plan_catalog(CATALOG, replace(roomy, x86=False))
+    weights = weights_of(plan.target.id, plan.target.quant)
+    reader = reader_bytes(weights, plan.target.n_ctx)
+    assert plan.target == without.target and plan.target.quant == "Q4_K_M"
+    assert reader > weights.repacked > 0.7 * sum(weights.layers)
+    assert plan.ram_estimate == without.ram_estimate + reader and plan.fits()
+    assert plan.why.reader_slots == plan.slots == 4 and without.why.reader == 0
+    assert any("loaded again, not repacked" in r for r in reasons(plan))
+    assert plan_json(plan)["memory"]["prompt_reader"] == reader
+    # in 12 GiB it fits beside two of serve's four slots; the 7B fills 8 GiB: beside none
+    partial = plan_catalog(CATALOG, apply(roomy, Overrides(gpu="none", ram=12 * GiB)))
+    assert partial.why.reader_slots == 2 and partial.slots == 4
+    tight = apply(roomy, Overrides(gpu="none", ram=8 * GiB))
+    assert tight.x86
+    crowded, alone = plan_catalog(CATALOG, tight), plan_catalog(CATALOG, replace(tight, x86=False))
+    assert crowded.why.reader and not crowded.why.reader_fits
+    assert crowded.ram_estimate == alone.ram_estimate and crowded.target == alone.target
+    assert any("read by the repacked weights" in r for r in reasons(crowded))
+    for elsewhere in (nvidia(24, roomy), apply(roomy, Overrides(gpu="apple"))):
+        assert plan_catalog(CATALOG, elsewhere).why.reader == 0
+    assert reader_bytes(weights_of("coder-1.5b", "Q8_0"), 8192) == 0
