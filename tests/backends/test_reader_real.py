@@ -83,6 +83,27 @@ def test_a_long_read_goes_through_the_reader_and_decoding_follows_on(pair):
     assert read.reader.reads == reads and read.reader.holds is None
 
 
+def test_a_prompts_chunk_beside_another_slots_round_is_read_by_the_reader(pair):
+    plain, read = reading(pair)
+    tokens = plain.tokenize(TEXT)[:400]
+    for model in pair:
+        for seq in (0, 1):
+            model.remove_from(seq, 0)
+        model.decode_parts([Part(0, tokens[:40], 0, 1)])  # slot 0 has a conversation
+    reads = read.reader.reads
+    rows = {}
+    for model in pair:  # slot 0's round of 3 beside slot 1's prompt chunk of 120
+        parts = [Part(0, tokens[40:43], 40, 3), Part(1, tokens[100:220], 0, 1)]
+        rows[id(model)] = model.decode_parts(parts)
+    assert read.reader.reads == reads + 1 and read.reader.holds == read._at(1)
+    for a, b in zip(rows[id(plain)], rows[id(read)], strict=True):
+        assert a.shape == b.shape
+        assert_near(a, b)
+    assert read.seq_len(0) == 43 and read.seq_len(1) == 120
+    assert_near(next_logits(plain, 1, tokens[100:], 120), next_logits(read, 1, tokens[100:], 120))
+    assert_near(next_logits(plain, 0, tokens, 43), next_logits(read, 0, tokens, 43))
+
+
 def test_a_cache_changed_since_is_taken_in_again(pair):
     plain, read = reading(pair)
     tokens = plain.tokenize(TEXT)[:500]
