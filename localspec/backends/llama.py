@@ -203,8 +203,9 @@ class LlamaModel(LlamaVocab, Model):
         self._mem_lock = threading.RLock()
         # sized against the RAM left once the slots' caches took theirs (GiBs at 8k tokens
         # each for a 14B target): a second copy that pushed them into swap would not pay
-        reader_bytes = reader.room_for(self._model, repacked_mib, self.n_ctx) if wanted else 0
-        self.reader = self._open_reader(reader_bytes) if reader_bytes else None
+        size = reader.size_of(self._model, repacked_mib, self.n_ctx) if wanted else 0
+        self.reader = self._open_reader(size) if size and reader.has_room(size) else None
+        self.reader_left_out = size if self.reader is None else 0  # RAM it would have taken
         if self.reader is None:
             self._spare = None
         self._read_last = False  # the last pass's logits are the reader's

@@ -63,18 +63,19 @@ def pays(repacked_mib: float) -> bool:
     return bool(repacked_mib) and reads_faster_plain()
 
 
-def room_for(model: ctypes.c_void_p, repacked_mib: float, n_ctx: int) -> int:
-    """What a reader of this llama.cpp model takes in RAM where it pays and fits, else 0:
-    RAM for the repacked tensors' file pages and one sequence's cache (f16 K and V) with
-    512 MiB to spare."""
-    if not pays(repacked_mib):
-        return 0
-    import psutil
-
+def size_of(model: ctypes.c_void_p, repacked_mib: float, n_ctx: int) -> int:
+    """What a reader of this llama.cpp model takes in RAM: the repacked tensors' file
+    pages and one sequence's cache (f16 K and V)."""
     head = ll.llama_model_n_embd(model) // max(1, ll.llama_model_n_head(model))
     kv = 4 * ll.llama_model_n_layer(model) * ll.llama_model_n_head_kv(model) * head * n_ctx
-    extra = int(repacked_mib * 2**20) + kv
-    return extra if psutil.virtual_memory().available >= extra + 2**29 else 0
+    return int(repacked_mib * 2**20) + kv
+
+
+def has_room(size: int) -> bool:
+    """Whether RAM has `size` bytes free with 512 MiB to spare."""
+    import psutil
+
+    return psutil.virtual_memory().available >= size + 2**29
 
 
 class PromptReader:

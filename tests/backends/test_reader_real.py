@@ -183,14 +183,15 @@ def test_the_reader_is_sized_against_the_ram_the_slots_caches_left(real_paths, m
     if not (reader.reads_faster_plain() and repacks_q4_0()):
         pytest.skip("llama.cpp repacks nothing on this CPU, or it is not x86: no reader")
     order: list[str] = []
-    made, room = ll.llama_init_from_model, reader.room_for
+    made, room = ll.llama_init_from_model, reader.has_room
     monkeypatch.setattr(ll, "llama_init_from_model", lambda *a: order.append("ctx") or made(*a))
-    monkeypatch.setattr(reader, "room_for", lambda *a: order.append("room") or room(*a))
+    monkeypatch.setattr(reader, "has_room", lambda *a: order.append("room") or room(*a))
     options = LoadOptions(n_ctx=256, n_threads=2, n_seq=2, kv_unified=True, prompt_reader=True)
     model = LlamaModel(real_paths[0], options)
     try:
         assert order[:2] == ["ctx", "room"] and model.reader is not None
-        assert model._spare == 2
+        assert model._spare == 2 and model.reader_left_out == 0
+        size = model.reader.extra_bytes
     finally:
         model.close()
     short = psutil.virtual_memory()._replace(available=2**29)  # 512 MiB left
@@ -198,6 +199,7 @@ def test_the_reader_is_sized_against_the_ram_the_slots_caches_left(real_paths, m
     model = LlamaModel(real_paths[0], options)
     try:
         assert model.reader is None and model._spare is None
+        assert model.reader_left_out == size  # serve's start line tells of it
         tokens = model.tokenize(TEXT)[:100]
         (rows,) = model.decode_parts([Part(1, tokens, 0, 1)])  # serves as it did
         assert model.seq_len(1) == 100 and rows.shape == (1, model.n_vocab)

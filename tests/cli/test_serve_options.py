@@ -4,11 +4,12 @@ where speculation can pay beside other slots."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from localspec.backends.llama import LoadOptions
-from localspec.cli.serve import drafts_under_load, one_cache
+from localspec.cli.serve import drafts_under_load, one_cache, reader_note
 from localspec.session import SessionConfig
 
 
@@ -112,3 +113,12 @@ def test_an_allowed_host_is_a_name_the_guard_can_match(capsys):
         assert exit_.value.code == 2
         err = capsys.readouterr().err.strip()
         assert "is not a host name" in err and len(err.splitlines()) == 1, err
+
+
+def test_the_start_line_tells_whether_the_prompt_reader_loaded():
+    loaded = SimpleNamespace(reader=SimpleNamespace(extra_bytes=int(0.8 * 2**30)))
+    assert "loaded again not repacked (+0.8 GiB of RAM)" in reader_note(loaded)
+    short = SimpleNamespace(reader=None, reader_left_out=int(7.8 * 2**30))
+    assert "read by the repacked weights" in reader_note(short)
+    assert "7.8 GiB more RAM than is free" in reader_note(short)
+    assert reader_note(SimpleNamespace(reader=None, reader_left_out=0)) == ""  # a GPU's
