@@ -28,9 +28,15 @@ from localspec.backends.base import (
     shared_prefix,
 )
 from localspec.backends.gguf import is_assistant
-from localspec.backends.llama import LlamaModel, LoadOptions, check_gguf, supports_gpu_offload
+from localspec.backends.llama import (
+    LlamaModel,
+    LoadOptions,
+    check_gguf,
+    supports_gpu_offload,
+)
 from localspec.backends.mtp import AssistantHead, MtpHead
 from localspec.backends.quantize import draft_to_load
+from localspec.calibrate import record_cpu_speed, record_timings, seeded
 from localspec.decoding.adaptive import auto_engine
 from localspec.decoding.budget import ThoughtBudget
 from localspec.decoding.drafters import (
@@ -138,7 +144,7 @@ class Session:
         shared passes)."""
         if self.config is None:
             raise ModelError("this session cannot make more engines (no config)")
-        return make_engine(target, draft_model, self.config, head, seq, steps)
+        return seeded(make_engine(target, draft_model, self.config, head, seq, steps))
 
     def render(self, messages: Sequence[Message]) -> list[int]:
         """The conversation as prompt tokens, through the GGUF's chat template."""
@@ -317,36 +323,10 @@ class Session:
         if self.head is not None:
             self.head.close()
         record_cpu_speed(self.target)
+        record_timings(self.engine)
         self.target.close()
         if self.draft_model is not None:
             self.draft_model.close()
-
-
-def record_cpu_speed(target: Model) -> None:
-    """Keep how this session's one-token passes compared with the planner's estimate,
-    where the target decoded on the CPU with its cores (localspec.models.calibration);
-    never a reason for closing to fail."""
-    from statistics import median
-
-    from localspec.backends.gguf import gguf_info
-    from localspec.models.calibration import MIN_PASSES, enabled, record_cpu_ratio
-    from localspec.models.hardware import probe
-    from localspec.models.memory import Weights
-    from localspec.models.speed import step_seconds
-
-    model = getattr(target, "shared", target)  # a slot's: its model's
-    if not enabled() or not isinstance(model, LlamaModel) or not model.on_cpu:
-        return
-    if len(model.one_token_s) < MIN_PASSES:
-        return
-    try:
-        hw = replace(probe(), cpu_scale=1.0)
-        if model.options.n_threads not in (0, hw.cores):
-            return
-        estimate = step_seconds(Weights.from_gguf(gguf_info(model.path)), 0, hw)
-        record_cpu_ratio(hw.cores, median(model.one_token_s) / estimate)
-    except Exception as e:  # a file the planner cannot read, a home that cannot be written
-        log.debug("no CPU calibration kept: %s", e)
 
 
 # what the chat formatter passes the template itself
@@ -500,7 +480,7 @@ def _load(config: SessionConfig) -> Session:
         except BaseException:
             target.close()
             raise
-    session = Session(make_engine(target, draft_model, config, head), draft_model, config)
+    session = Session(seeded(make_engine(target, draft_model, config, head)), draft_model, config)
     session.head = head
     if target.n_ctx < config.target_load.n_ctx:
         session.notes.append(

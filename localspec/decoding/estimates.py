@@ -182,6 +182,12 @@ class VerifyCost:
         self.seconds[k] = moved(self.seconds.get(k), seconds)
         self.a, self.b = self._fit()
 
+    def seed(self, seconds: dict[int, float]) -> None:
+        """Start from T(k) as an earlier session timed them (models/calibration.py), the
+        sizes timed here kept: each pass times its size on from there."""
+        self.seconds = seconds | self.seconds
+        self.a, self.b = self._fit()
+
     def _fit(self) -> tuple[float, float]:
         """Least squares of t = a + b(k-1), in closed form (this runs every round)."""
         n = len(self.seconds)

@@ -83,7 +83,7 @@ def test_a_cpu_sessions_one_token_passes_set_the_plans_speed(
     scales its CPU estimates by it (and says so). A model run on fewer threads than the
     cores, whose speed is not what the planner estimates, keeps nothing."""
     from localspec.backends.llama import LlamaModel, LoadOptions
-    from localspec.session import record_cpu_speed
+    from localspec.calibrate import record_cpu_speed
 
     def decode_alone(threads: int) -> LlamaModel:
         model = LlamaModel(real_paths[1], LoadOptions(n_ctx=512, n_threads=threads))
@@ -113,3 +113,73 @@ def test_a_cpu_sessions_one_token_passes_set_the_plans_speed(
         check=True,
     ).stdout
     assert f"scaled x{1 / ratios[0]:.2f} by this CPU's own runs" in out, out
+
+
+def test_autos_timings_are_kept_per_key_over_what_was_kept(calibrated: Path):
+    key = "a CPU x2 | target.gguf 123 | repacked"
+    assert calibration.recorded_passes(key) is None
+    calibration.record_cpu_ratio(2, 0.5)
+    times = calibration.PassTimes({1: 0.025, 2: 0.042}, {"draft.gguf 9": (0.007, 0.002)})
+    calibration.record_passes(key, times)
+    assert calibration.recorded_passes(key) == times
+    assert calibration.cpu_scale(2) == 0.5  # the other section kept
+    calibration.record_passes(key, calibration.PassTimes({2: 0.040, 4: 0.066}))
+    kept = calibration.recorded_passes(key)
+    assert kept is not None and kept.verify == {1: 0.025, 2: 0.040, 4: 0.066}
+    assert kept.drafts == times.drafts  # a session that timed no draft leaves it
+    calibration.record_cpu_ratio(2, 0.3)
+    assert calibration.recorded_passes(key) == kept  # and the ratios leave these
+    assert calibration.recorded_passes("another CPU | target.gguf 123 | repacked") is None
+
+
+def test_unreadable_timings_or_calibration_off_start_auto_afresh(
+    calibrated: Path, monkeypatch: pytest.MonkeyPatch
+):
+    key = "a CPU x2 | target.gguf 123 | repacked"
+    calibrated.write_text(json.dumps({"passes": {key: {"verify": {"1": "fast"}}}}))
+    assert calibration.recorded_passes(key) is None
+    calibration.record_passes(key, calibration.PassTimes({1: 0.025, 2: 0.042}))
+    assert calibration.recorded_passes(key) == calibration.PassTimes({1: 0.025, 2: 0.042})
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", "0")
+    assert calibration.recorded_passes(key) is None
+    calibration.record_passes(key, calibration.PassTimes({1: 9.0, 2: 9.0}))
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", "1")
+    assert calibration.recorded_passes(key) == calibration.PassTimes({1: 0.025, 2: 0.042})
+
+
+@pytest.mark.real
+def test_a_new_sessions_auto_starts_from_the_timings_the_last_one_kept(
+    calibrated: Path, real_paths: tuple[Path, Path]
+):
+    """The real pair, `auto`: closing a session keeps T(k) of the sizes its answer timed
+    and the draft model's step; the next session's engine (and a slot's, as serve makes
+    them) starts from them, so it prices drafts at once instead of timing sizes first."""
+    from localspec.backends.llama import LoadOptions
+    from localspec.calibrate import draft_id, timings_key
+    from localspec.decoding.engine import GenerationConfig
+    from localspec.decoding.sampling import SamplingParams
+    from localspec.session import SessionConfig, open_session
+
+    load = LoadOptions(n_ctx=1024, n_threads=2)
+    config = SessionConfig(str(real_paths[0]), str(real_paths[1]), "auto", load, load)
+    first = open_session(config)
+    assert first.drafter.verify.seconds == {}  # nothing kept yet: it times as it goes
+    prompt = first.render([{"role": "user", "content": "Write a Python quicksort."}])
+    list(first.engine.generate(prompt, GenerationConfig(48, SamplingParams(temperature=0))))
+    timed = dict(first.drafter.verify.seconds)
+    step = first.drafter.model.step_s
+    key, draft = timings_key(first.target), draft_id(first.draft_model)
+    first.close()
+    assert len(timed) >= 2 and 1 in timed, timed
+    kept = calibration.recorded_passes(key)
+    assert kept is not None and kept.verify == timed
+    if step:
+        assert kept.drafts == {draft: (step, pytest.approx(kept.drafts[draft][1]))}
+    second = open_session(config)
+    try:
+        assert second.drafter.verify.seconds == timed
+        assert second.drafter.model.step_s == (step or 0.0)
+        slot = second.engine_for(second.target, second.draft_model)
+        assert slot.drafter.verify.seconds == timed and slot.drafter is not second.drafter
+    finally:
+        second.close()
