@@ -56,6 +56,14 @@ def next_logits(model: LlamaModel, seq: int, tokens: list[int], pos: int) -> np.
     return rows.copy()
 
 
+def start(pair: list[LlamaModel], part: Part) -> None:
+    """Both models' slots emptied, then `part` read by each."""
+    for model in pair:
+        for seq in (0, 1):
+            model.remove_from(seq, 0)
+        model.decode_parts([part])
+
+
 def assert_near(a: np.ndarray, b: np.ndarray) -> None:
     apart = np.abs(a - b)
     assert apart.max() < NOISE and apart.mean() < MEAN_NOISE, (apart.max(), apart.mean())
@@ -71,10 +79,7 @@ def test_the_reader_is_there_where_weights_were_repacked(pair):
 def test_a_long_read_goes_through_the_reader_and_decoding_follows_on(pair):
     plain, read = reading(pair)
     tokens = plain.tokenize(TEXT)[:400]
-    for model in pair:
-        for seq in (0, 1):
-            model.remove_from(seq, 0)
-        model.decode_parts([Part(1, tokens[:300], 0, 1)])  # slot 1: one long pass
+    start(pair, Part(1, tokens[:300], 0, 1))  # slot 1: one long pass
     assert read.reader.reads == 1 and read.reader.holds == read._at(1)
     assert read.seq_len(1) == 300 and read.seq_len(0) == 0
     assert_near(next_logits(plain, 1, tokens, 300), next_logits(read, 1, tokens, 300))
@@ -86,10 +91,7 @@ def test_a_long_read_goes_through_the_reader_and_decoding_follows_on(pair):
 def test_a_prompts_chunk_beside_another_slots_round_is_read_by_the_reader(pair):
     plain, read = reading(pair)
     tokens = plain.tokenize(TEXT)[:400]
-    for model in pair:
-        for seq in (0, 1):
-            model.remove_from(seq, 0)
-        model.decode_parts([Part(0, tokens[:40], 0, 1)])  # slot 0 has a conversation
+    start(pair, Part(0, tokens[:40], 0, 1))  # slot 0 has a conversation
     reads = read.reader.reads
     rows = {}
     for model in pair:  # slot 0's round of 3 beside slot 1's prompt chunk of 120
