@@ -84,14 +84,18 @@ def seeded(engine: Engine) -> Engine:
     return engine
 
 
-def record_timings(engine: Engine) -> None:
+def record_timings(*engines: Engine) -> None:
     """Keep what this session's `auto` timed (T(k), its draft model's step) for the next
-    one on this CPU; never a reason for closing to fail."""
+    one on this CPU: of several engines (serve's slots, which time passes they have
+    alone), the one that timed the most sizes; never a reason for closing to fail."""
     from localspec.models.calibration import PassTimes, record_passes
 
-    drafter = engine.drafter
+    autos = [e for e in engines if isinstance(e.drafter, AdaptiveDrafter)]
+    engine = max(autos, key=lambda e: len(e.drafter.verify.seconds), default=None)
+    drafter = engine.drafter if engine is not None else None
     if not isinstance(drafter, AdaptiveDrafter) or len(drafter.verify.seconds) < 2:
         return
+    assert engine is not None
     try:
         if (key := timings_key(engine.target)) is None:
             return

@@ -158,6 +158,7 @@ def test_a_new_sessions_auto_starts_from_the_timings_the_last_one_kept(
     from localspec.calibrate import draft_id, timings_key
     from localspec.decoding.engine import GenerationConfig
     from localspec.decoding.sampling import SamplingParams
+    from localspec.server.worker import Worker
     from localspec.session import SessionConfig, open_session
 
     load = LoadOptions(n_ctx=1024, n_threads=2)
@@ -181,5 +182,11 @@ def test_a_new_sessions_auto_starts_from_the_timings_the_last_one_kept(
         assert second.drafter.model.step_s == (step or 0.0)
         slot = second.engine_for(second.target, second.draft_model)
         assert slot.drafter.verify.seconds == timed and slot.drafter is not second.drafter
+        # a server keeps what its slots timed when it stops: the slot that timed the most
+        worker = Worker(second, max_queue=1, parallel=1)
+        worker.start()
+        worker.slots[0].engine.drafter.verify.observe(6, 0.125)
+        worker.stop()
+        assert calibration.recorded_passes(key).verify == timed | {6: 0.125}
     finally:
         second.close()
