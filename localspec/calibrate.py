@@ -90,12 +90,12 @@ def record_timings(*engines: Engine) -> None:
     alone), the one that timed the most sizes; never a reason for closing to fail."""
     from localspec.models.calibration import PassTimes, record_passes
 
-    autos = [e for e in engines if isinstance(e.drafter, AdaptiveDrafter)]
-    engine = max(autos, key=lambda e: len(e.drafter.verify.seconds), default=None)
-    drafter = engine.drafter if engine is not None else None
-    if not isinstance(drafter, AdaptiveDrafter) or len(drafter.verify.seconds) < 2:
+    autos = [(e, e.drafter) for e in engines if isinstance(e.drafter, AdaptiveDrafter)]
+    if not autos:
         return
-    assert engine is not None
+    engine, drafter = max(autos, key=lambda pair: len(pair[1].verify.seconds))
+    if len(drafter.verify.seconds) < 2:
+        return
     try:
         if (key := timings_key(engine.target)) is None:
             return
