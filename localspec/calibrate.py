@@ -58,8 +58,10 @@ def timings_key(target: Model) -> str | None:
 
 
 def draft_id(model: Model) -> str:
+    from localspec.models.calibration import file_id
+
     path = getattr(getattr(model, "shared", model), "path", None)
-    return f"{path.name} {path.stat().st_size}" if isinstance(path, Path) else ""
+    return file_id(path) if isinstance(path, Path) else ""
 
 
 def seeded(engine: Engine) -> Engine:
@@ -86,8 +88,9 @@ def seeded(engine: Engine) -> Engine:
 
 def record_timings(*engines: Engine) -> None:
     """Keep what this session's `auto` timed (T(k), its draft model's step) for the next
-    one on this CPU: of several engines (serve's slots, which time passes they have
-    alone), the one that timed the most sizes; never a reason for closing to fail."""
+    one on this CPU: of several engines (the session's and serve's slots', which time
+    the passes they have alone), the one that timed the most sizes; never a reason for
+    closing to fail."""
     from localspec.models.calibration import PassTimes, record_passes
 
     autos = [(e, e.drafter) for e in engines if isinstance(e.drafter, AdaptiveDrafter)]

@@ -116,6 +116,7 @@ class Session:
         # a thinking model's reasoning ends after this many tokens (--reasoning-budget)
         self.reasoning_budget: int | None = None
         self.lock = threading.Lock()  # one generation at a time per loaded pair
+        self.made: list[Engine] = []  # engines made for serve's slots (`engine_for`)
 
     @property
     def drafter(self) -> Drafter:
@@ -144,7 +145,9 @@ class Session:
         shared passes)."""
         if self.config is None:
             raise ModelError("this session cannot make more engines (no config)")
-        return seeded(make_engine(target, draft_model, self.config, head, seq, steps))
+        engine = seeded(make_engine(target, draft_model, self.config, head, seq, steps))
+        self.made.append(engine)  # what it times is kept when the session closes
+        return engine
 
     def render(self, messages: Sequence[Message]) -> list[int]:
         """The conversation as prompt tokens, through the GGUF's chat template."""
@@ -323,7 +326,7 @@ class Session:
         if self.head is not None:
             self.head.close()
         record_cpu_speed(self.target)
-        record_timings(self.engine)
+        record_timings(self.engine, *self.made)
         self.target.close()
         if self.draft_model is not None:
             self.draft_model.close()

@@ -16,7 +16,6 @@ sequence's cache.
 from __future__ import annotations
 
 import ctypes
-import platform
 import threading
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import numpy as np
 from localspec.backends.base import ContextFull, SeqState
 from localspec.backends.seq_layout import Part
 from localspec.backends.seq_state import get_state, restream, set_state
+from localspec.models.hardware import x86_cpu
 
 READ_MIN = 64  # the fewest tokens a pass reads through the reader: below, repacked is faster
 
@@ -55,7 +55,7 @@ def repacked_mib() -> float:
 
 def reads_faster_plain() -> bool:
     """Where the plain kernels were measured to read prompts faster (x86)."""
-    return platform.machine().lower() in ("x86_64", "amd64")
+    return x86_cpu()
 
 
 def pays(repacked_mib: float) -> bool:

@@ -13,8 +13,8 @@ default: their plans must not follow the machine's history).
 draft model's step, per CPU, threads and model file, which the next session's `auto`
 starts from. Unseeded, a fresh `auto` spends its first rounds finding out what a 2-, 3-
 and 4-token pass costs and whether the draft model pays (on two EPYC cores, where it
-barely does, 0.97x plain decoding at the median over nine prompts of 128 tokens, and
-1.02x started from the last run's timings).
+barely does, 0.97-0.99x plain decoding at the median over nine prompts of 128 tokens,
+and 1.01-1.02x started from the last run's timings: scripts/seeded_auto.py).
 """
 
 from __future__ import annotations
@@ -109,11 +109,12 @@ class PassTimes:
     drafts: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
-def recorded_passes(key: str) -> PassTimes | None:
-    """The timings kept under `key` (see `passes_key`), or None (none, or calibration off)."""
-    if not enabled():
-        return None
-    entry = _load().get("passes", {}).get(key)
+def _passes() -> dict[str, Any]:
+    passes = _load().get("passes", {})
+    return passes if isinstance(passes, dict) else {}
+
+
+def _parse(entry: object) -> PassTimes | None:
     if not isinstance(entry, dict):
         return None
     try:
@@ -124,14 +125,18 @@ def recorded_passes(key: str) -> PassTimes | None:
     return PassTimes(verify, drafts)
 
 
+def recorded_passes(key: str) -> PassTimes | None:
+    """The timings kept under `key` (see `passes_key`), or None (none, or calibration off)."""
+    return _parse(_passes().get(key)) if enabled() else None
+
+
 def record_passes(key: str, times: PassTimes) -> None:
     """Keep a session's timings under `key`, over what was kept (sizes and drafts it did
     not time stay as they were)."""
     if not enabled() or not times.verify:
         return
-    kept = recorded_passes(key) or PassTimes()
-    passes = _load().get("passes", {})
-    passes = passes if isinstance(passes, dict) else {}
+    passes = _passes()
+    kept = _parse(passes.get(key)) or PassTimes()
     passes[key] = {
         "verify": {str(k): t for k, t in sorted((kept.verify | times.verify).items())},
         "drafts": {name: list(pair) for name, pair in (kept.drafts | times.drafts).items()},
@@ -142,4 +147,9 @@ def record_passes(key: str, times: PassTimes) -> None:
 def passes_key(threads: int, model: Path, layout: str) -> str:
     """What timings are kept under: this CPU, the threads, the model file (name and size)
     and how llama.cpp laid its weights out."""
-    return f"{cpu_key(threads)} | {model.name} {model.stat().st_size} | {layout}"
+    return f"{cpu_key(threads)} | {file_id(model)} | {layout}"
+
+
+def file_id(path: Path) -> str:
+    """A model file as the timings name it: its name and size."""
+    return f"{path.name} {path.stat().st_size}"

@@ -163,8 +163,7 @@ def probe(
     if offload is None:
         offload = _llama_offload() if gpus or overrides.vram or overrides.gpu else False
     hw = Hardware(gpus, mem.total, mem.available, cores, offload, unified, tuple(notes))
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
-    hw = apply(replace(hw, x86=x86), overrides)
+    hw = apply(replace(hw, x86=x86_cpu()), overrides)
     if hw.cores == cores and (scale := cpu_scale(cores)) is not None:  # not a what-if CPU
         hw = replace(hw, cpu_scale=scale)
     if hw.gpus and not hw.offload:
@@ -180,6 +179,10 @@ def probe(
             ),
         )
     return hw
+
+
+def x86_cpu() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def apply(hw: Hardware, o: Overrides) -> Hardware:

@@ -219,7 +219,9 @@ def _plan_target(
     reader_fits = bool(reader) and budget.holds(placement.vram, placement.ram + reader)
     # the slots beside which it still has room (serve weighs it once their caches are made)
     left = replace(budget, ram=budget.ram - reader)
-    reader_slots = slots_that_fit(target.weights, draft_weights, ctx, left, hw, slots)
+    reader_slots = (
+        slots_that_fit(target.weights, draft_weights, ctx, left, hw, slots) if reader_fits else 0
+    )
     why = Rationale(
         machine=hw.describe(),
         notes=hw.notes,
@@ -241,7 +243,7 @@ def _plan_target(
         state=target.weights.state,
         kept=target.weights.kept,
         reader=reader,
-        reader_slots=reader_slots if reader_fits else 0,
+        reader_slots=reader_slots,
     )
     draft_side = None
     if best.draft is not None:

@@ -50,7 +50,6 @@ from localspec.backends.base import Cancelled, Model, common_prefix, moves
 from localspec.backends.embedding import Embedder, embed_all
 from localspec.backends.llama import LlamaModel
 from localspec.backends.mtp import MtpHead
-from localspec.calibrate import record_timings
 from localspec.decoding.adaptive import AdaptiveDrafter
 from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.estimates import VerifyCost
@@ -301,7 +300,6 @@ class Worker:
         for thread in self._threads:
             thread.join(timeout=30)
         self.batcher.stop()
-        record_timings(*(slot.engine for slot in self.slots))  # for the next session's `auto`
 
     def stop_answers(self) -> None:
         """The server is shutting down: waiting jobs leave the queue and running ones stop
