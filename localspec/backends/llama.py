@@ -24,7 +24,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
-from localspec.backends import reader, rpc, seq_state
+from localspec.backends import ram, reader, rpc, seq_state
 from localspec.backends.base import (
     ContextFull,
     LoadFailed,
@@ -134,7 +134,8 @@ class LlamaModel(LlamaVocab, Model):
             mparams.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
         reader.start_hearing()
         self._model = ll.llama_model_load_from_file(str(path).encode(), mparams)
-        self.repacked_mib = repacked_mib = reader.repacked_mib()  # MiB, as llama.cpp logs it
+        buffers = reader.model_buffers()  # MiB, as llama.cpp logs them
+        self.repacked_mib = repacked_mib = buffers.get("CPU_REPACK", 0.0)
         if not self._model:
             raise LoadFailed(f"llama.cpp could not load {path} (out of memory, or a corrupt file)")
         self._vocab = ll.llama_model_get_vocab(self._model)
@@ -175,6 +176,8 @@ class LlamaModel(LlamaVocab, Model):
             raise LoadFailed(
                 f"not enough memory for a context of {cparams.n_ctx} tokens", cparams.n_ctx
             )
+        # the file pages its CPU weights are read from (the repacked ones' are not, after)
+        ram.hold(self, int((buffers.get("CPU_Mapped", 0.0) - repacked_mib) * 2**20))
         if options.rpc:  # the connections are open now: have them notice a vanished server
             rpc.keep_alive(options.rpc)
         self.n_ctx = ll.llama_n_ctx(self._ctx) // options.n_seq  # each sequence's share
@@ -219,6 +222,7 @@ class LlamaModel(LlamaVocab, Model):
         except MemoryError:
             return None
         found.extra_bytes = extra_bytes
+        ram.hold(found, int(self.repacked_mib * 2**20))  # the repacked weights' pages again
         return found
 
     def _take_back(self, seq: int, state: SeqState) -> bool:
@@ -569,6 +573,8 @@ class LlamaModel(LlamaVocab, Model):
                 close()
             if (prompt_reader := getattr(self, "reader", None)) is not None:  # (made last)
                 prompt_reader.close()
+                ram.release(prompt_reader)
+            ram.release(self)
             ll.llama_batch_free(self._batch)
             ll.llama_free(self._ctx)
             ll.llama_model_free(self._model)

@@ -22,6 +22,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
+from localspec.backends import ram
 from localspec.backends.base import ContextFull, SeqState
 from localspec.backends.seq_layout import Part
 from localspec.backends.seq_state import get_state, restream, set_state
@@ -29,7 +30,7 @@ from localspec.models.hardware import x86_cpu
 
 READ_MIN = 64  # the fewest tokens a pass reads through the reader: below, repacked is faster
 
-_capture = threading.local()  # this thread's load's log lines (see `repacked_mib`)
+_capture = threading.local()  # this thread's load's log lines (see `model_buffers`)
 
 
 def hear_log(text: bytes) -> None:
@@ -43,14 +44,18 @@ def start_hearing() -> None:
     _capture.lines = []
 
 
-def repacked_mib() -> float:
-    """The size of the repacked weights of the model this thread just loaded (llama.cpp
-    logs each buffer's: `CPU_REPACK model buffer size = 596.53 MiB`); stops hearing."""
+def model_buffers() -> dict[str, float]:
+    """The model buffers llama.cpp logged for the model this thread just loaded, by name,
+    in MiB (`CPU_Mapped model buffer size = 1059.89 MiB`: the weights read from the
+    file's pages; `CPU_REPACK ...`: those repacked into memory of their own); stops
+    hearing."""
     lines, _capture.lines = getattr(_capture, "lines", None) or [], None
+    sizes = {}
     for line in lines:
-        if "CPU_REPACK model buffer size" in line:
-            return float(line.split("=")[1].split()[0])
-    return 0.0
+        if " model buffer size" in line:
+            name = line.split(" model buffer size")[0].split()[-1]
+            sizes[name] = float(line.split("=")[1].split()[0])
+    return sizes
 
 
 def reads_faster_plain() -> bool:
@@ -72,10 +77,9 @@ def size_of(model: ctypes.c_void_p, repacked_mib: float, n_ctx: int) -> int:
 
 
 def has_room(size: int) -> bool:
-    """Whether RAM has `size` bytes free with 512 MiB to spare."""
-    import psutil
-
-    return psutil.virtual_memory().available >= size + 2**29
+    """Whether RAM has `size` bytes free with 512 MiB to spare, beside the file pages
+    the models loaded so far read (the draft's, the target's own)."""
+    return ram.spare() >= size + 2**29
 
 
 class PromptReader:

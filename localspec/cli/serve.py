@@ -165,12 +165,12 @@ def is_loopback(host: str) -> bool:
 def cache_ram_bytes(mib: int | None) -> int:
     """--cache-ram in bytes; unset, llama-server's 8 GiB where a quarter of the RAM free
     now holds it (the states are copies of the slots' caches: a small machine's RAM is
-    the models')."""
+    the models', the file pages they read included: `ram.spare`)."""
     if mib is not None:
         return mib << 20
-    import psutil
+    from localspec.backends import ram
 
-    return min(CACHE_RAM_MIB << 20, psutil.virtual_memory().available // 4)
+    return min(CACHE_RAM_MIB << 20, ram.spare() // 4)
 
 
 def host_header(text: str) -> str:

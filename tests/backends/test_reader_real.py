@@ -12,7 +12,7 @@ import llama_cpp as ll
 import numpy as np
 import pytest
 
-from localspec.backends import reader
+from localspec.backends import ram, reader
 from localspec.backends.gguf import gguf_info
 from localspec.backends.llama import LlamaModel, LoadOptions
 from localspec.backends.quantize import repacks_q4_0
@@ -207,6 +207,24 @@ def test_the_reader_is_sized_against_the_ram_the_slots_caches_left(real_paths, m
         assert model.seq_len(1) == 100 and rows.shape == (1, model.n_vocab)
     finally:
         model.close()
+
+
+def test_the_file_pages_each_model_reads_count_as_taken(pair, real_paths):
+    """llama.cpp reads a CPU model's weights in place from its file's pages, which the
+    machine counts as available: each model holds them while loaded (`ram.hold`), the
+    repacked tensors' only where a reader reads them again, so the reader's room and
+    serve's kept prompts are weighed against RAM without them."""
+    plain, read = reading(pair)
+    size = real_paths[0].stat().st_size
+    repacked = gguf_info(real_paths[0]).repacked_bytes or 0
+    assert repacked > 0
+    # the file less its header (and llama.cpp's rounding to MiB in its log)
+    assert 0 <= size - repacked - ram.held(plain) < 0.01 * size
+    assert 0 <= size - ram.held(read) - ram.held(read.reader) < 0.01 * size
+    extra = LlamaModel(real_paths[0], LoadOptions(n_ctx=256, n_threads=2))
+    before = ram.held()
+    extra.close()
+    assert before - ram.held() == ram.held(plain) and ram.held(extra) == 0
 
 
 def test_the_planner_counts_the_tensors_llama_cpp_repacks(pair, real_paths):
