@@ -47,6 +47,12 @@ EMBD_BYTES = {"Q4_K_M": 0.5625, "Q5_K_M": 0.6875, "Q6_K": 0.8203, "Q8_0": 1.0625
 # file was not read: Q4_K_M keeps some of them at Q6_K (Qwen2.5-Coder-1.5B's: 0.79)
 REPACKED_SHARE = {"Q4_K_M": 0.8, "Q4_0": 1.0, "IQ4_NL": 1.0}
 OUTPUT_BYTES = {"Q4_K_M": 0.8203, "Q5_K_M": 0.8203, "Q6_K": 0.8203, "Q8_0": 1.0625, "F16": 2.0}
+# ... where the embedding width is no multiple of a K-quant's 256-value block (Qwen2.5's
+# 0.5B: 896), for which llama.cpp's quantizer falls back: Q4_K to Q5_0, Q5_K to Q5_1,
+# Q6_K to Q8_0 (the 0.5B's table is Q5_0, its head Q8_0)
+K_BLOCK = 256
+EMBD_FALLBACK = {"Q4_K_M": 0.6875, "Q5_K_M": 0.75, "Q6_K": 1.0625}
+OUTPUT_FALLBACK = {"Q4_K_M": 1.0625, "Q5_K_M": 1.0625, "Q6_K": 1.0625}
 
 
 @dataclass(frozen=True)
@@ -126,8 +132,13 @@ class Weights:
         """From the catalog: the file size, less embeddings and head, spread evenly."""
         shape = model.shape
         table = shape.vocab * shape.embedding
-        embd = int(table * EMBD_BYTES.get(quant.name, 1.0))
-        output = 0 if shape.tied_embeddings else int(table * OUTPUT_BYTES.get(quant.name, 1.0))
+        whole = shape.embedding % K_BLOCK == 0
+        embd_bytes = (EMBD_BYTES if whole else EMBD_BYTES | EMBD_FALLBACK).get(quant.name, 1.0)
+        output_bytes = (OUTPUT_BYTES if whole else OUTPUT_BYTES | OUTPUT_FALLBACK).get(
+            quant.name, 1.0
+        )
+        embd = int(table * embd_bytes)
+        output = 0 if shape.tied_embeddings else int(table * output_bytes)
         body = max(quant.size - embd - output, quant.size // 3)
         per_layer = body // shape.layers
         kv = 2 * shape.kv_heads * shape.head_dim * KV_ELEMENT_BYTES // shape.attention_every

@@ -537,6 +537,27 @@ def test_weights_from_a_gguf_header(tmp_path: Path):
     assert w.kv_per_token_layer == 2 * 2 * 16 * 2  # 2 KV heads of 64/4 = 16, f16
 
 
+DEFAULT_PAIR = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.mark.real
+def test_the_catalogs_estimate_of_the_default_pair_is_their_files(real_paths):
+    """Where a file is not pulled yet the planner estimates its parts from the catalog:
+    for the default pair's files, what their headers say (Qwen's own GGUFs carry the
+    output head as a tensor of its own, though the models tie it)."""
+    catalog = default_catalog()
+    for path, model_id in zip(real_paths, DEFAULT_PAIR, strict=True):
+        m = catalog.model(model_id)
+        guess, real = Weights.estimate(m, m.quant("Q4_K_M")), Weights.from_gguf(gguf_info(path))
+        assert m.quant("Q4_K_M").hub.file == path.name and real.output > 0
+        assert abs(sum(guess.layers) - sum(real.layers)) < 0.15 * sum(real.layers), model_id
+        assert abs(guess.output - real.output) < 0.25 * real.output, model_id
+    guess = Weights.estimate(catalog.model(DEFAULT_PAIR[0]), catalog.model(DEFAULT_PAIR[0]).quant())
+    real = Weights.from_gguf(gguf_info(real_paths[0]))
+    for part in ("embd", "output", "repacked"):  # the target's reader: 596.5 MiB
+        assert abs(getattr(guess, part) - getattr(real, part)) < 0.05 * getattr(real, part), part
+
+
 def test_tensor_shapes_read_as_ggufs_own_reader_reads_them(tmp_path: Path):
     import gguf
 
