@@ -115,6 +115,13 @@ editor's and agent's settings.""",
     )
     g.add_argument("--model-name", help="the model name clients use (default: the target's)")
     g.add_argument(
+        "--slots",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="GET /slots: what each slot does, as llama-server's (its figures, no text of "
+        "prompts or answers; ?fail_on_no_slot=1 answers 503 while every slot is busy)",
+    )
+    g.add_argument(
         "--allowed-host",
         action="append",
         type=host_header,
@@ -357,6 +364,7 @@ def serve(args: argparse.Namespace) -> int:
             sampling=sampling,
             reasoning=ReasoningDefaults(session.reasoning_budget, args.reasoning_budget_message),
             max_tokens=args.max_tokens,
+            slots_endpoint=args.slots,
             guard=Guard.for_address(
                 args.host, is_loopback(args.host), args.allowed_host, args.cors_origin
             ),

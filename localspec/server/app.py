@@ -90,6 +90,7 @@ class ServerOptions:
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)  # for requests' gaps
     reasoning: ReasoningDefaults = field(default_factory=ReasoningDefaults)  # and a chat's
     max_tokens: int | None = None  # an answer's most tokens, whatever a request asks
+    slots_endpoint: bool = True  # GET /slots (llama-server's --slots; --no-slots: off)
     # which Host and Origin headers are answered (by default any: `serve` sets its own)
     guard: Guard = field(default_factory=lambda: Guard(None, frozenset({"*"})))
 
@@ -169,7 +170,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             "/v1/responses, /v1/embeddings; GET /v1/models)\n"
             f"Anthropic API:  {base}  (POST /v1/messages)\n"
             "llama-server's: POST /infill, /completion, /tokenize; GET /props\n"
-            "Figures:        GET /metrics, /health\n"
+            "Figures:        GET /metrics, /health, /slots\n"
         )
 
     @app.get("/health")
@@ -225,6 +226,17 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
     async def props() -> dict[str, Any]:
         slots = len(worker.slots)
         return native.props(session.target, options.model_id, slots, version(), fill)
+
+    @app.get("/slots", dependencies=guarded)
+    async def slots(fail_on_no_slot: str = "") -> list[dict[str, Any]]:
+        """What each slot does (llama-server's figures, and its drafts); a 503 with
+        `?fail_on_no_slot=1` where every slot is busy (a load balancer's question)."""
+        if not options.slots_endpoint:
+            raise ApiError(501, "this server's /slots is off (--no-slots)", code="not_supported")
+        states, idle = native.slots(worker)
+        if fail_on_no_slot and not idle:
+            raise ApiError(503, "no slot available", code="unavailable")
+        return states
 
     @app.get("/metrics", dependencies=guarded)
     async def prometheus() -> Response:

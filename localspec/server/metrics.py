@@ -1,4 +1,5 @@
-"""The server's Prometheus figures (`GET /metrics`), in a registry of its own."""
+"""The server's Prometheus figures (`GET /metrics`), in a registry of its own, and each
+answer's log line."""
 
 from __future__ import annotations
 
@@ -83,3 +84,26 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def answer_line(s: Stats, stop_reason: str, shared: float = 0.0, plain_s: float = 0.0) -> str:
+    """A request's log line: tokens, speed, TTFT, acceptance, drafters, speedup over
+    plain decoding (`plain_s`: the target's plain round as `auto` timed it; 0: unknown).
+    `shared`: the share of its target passes that carried other slots' tokens too; its
+    rate then is its share of those passes, and no match for plain decoding's rate
+    alone, so the line says how much it shared instead."""
+    line = (
+        f"{s.tokens} tokens ({stop_reason}), {s.tokens_per_s:.1f} tok/s, "
+        f"TTFT {s.ttft_s:.2f}s, acceptance {s.acceptance_rate:.0%} "
+        f"({s.accepted}/{s.drafted}), drafted by {', '.join(s.drafters) or 'none'}"
+    )
+    if s.recalled:  # no pass made them: no speedup to tell
+        return line + f", {s.recalled} recalled from the last answer"
+    if shared:
+        share = f"{shared:.0%}" if shared >= 0.005 else "<1%"
+        return line + f", {share} of its passes shared with other requests"
+    if not s.drafted:  # it was plain decoding: a ratio to T(1) alone would show
+        return line  # only the sampling and streaming that plain decoding pays too
+    if plain_s and s.tokens_per_s:
+        line += f", ≈{s.tokens_per_s * plain_s:.2f}x plain decoding"
+    return line

@@ -1,6 +1,6 @@
 """llama-server's own small endpoints, for the clients written against it (token counting,
-the context size): `/tokenize`, `/detokenize`, `/props`. Its `/completion` and `/infill`
-answer through the engine (app.py)."""
+the context size, what each slot does): `/tokenize`, `/detokenize`, `/props`, `/slots`.
+Its `/completion` and `/infill` answer through the engine (app.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 from localspec.backends.base import Model
+from localspec.decoding.drafters import NoDrafter
+from localspec.decoding.events import Stats
 from localspec.server.errors import ApiError
 from localspec.server.schemas import Body, LlamaCompletionRequest
+from localspec.server.worker import Job, Slot, Worker
+
+NO_SEED = 4294967295  # llama-server's LLAMA_DEFAULT_SEED: a seed of its own each request
 
 
 class TokenizeRequest(Body):
@@ -75,4 +80,52 @@ def props(
         "chat_template": model.chat_template() or "",
         "modalities": {"vision": False, "audio": False},
         "build_info": build,
+    }
+
+
+def slots(worker: Worker) -> tuple[list[dict[str, Any]], int]:
+    """llama-server's GET /slots as it answers by default (figures only, no prompt or
+    answer text), and how many slots are idle (for `?fail_on_no_slot=1`)."""
+    jobs = worker.jobs()
+    return [slot_json(*each) for each in jobs], sum(not running for _s, _j, running in jobs)
+
+
+def slot_json(slot: Slot, job: Job | None, running: bool) -> dict[str, Any]:
+    """One slot: its context, whether it drafts, and of the request it runs (else the
+    last it ran) the sampling, the tokens read and decoded, and its drafts so far."""
+    engine = slot.engine
+    out: dict[str, Any] = {
+        "id": slot.index,
+        "n_ctx": engine.target.n_ctx,
+        "speculative": not isinstance(engine.drafter, NoDrafter),
+        "is_processing": running,
+    }
+    if job is None:
+        return out
+    s, sampling, n = job.stats or Stats(), job.config.sampling, job.config.max_tokens
+    params: dict[str, Any] = {"seed": NO_SEED if sampling.seed is None else sampling.seed}
+    params |= {"temperature": sampling.temperature, "top_k": sampling.top_k}
+    params |= {"top_p": sampling.top_p, "min_p": sampling.min_p}
+    params |= {"repeat_last_n": sampling.repeat_last_n, "repeat_penalty": sampling.repeat_penalty}
+    params |= {"presence_penalty": sampling.presence_penalty}
+    params |= {"frequency_penalty": sampling.frequency_penalty, "max_tokens": n, "n_predict": n}
+    params |= {"speculative.n_max": engine.gamma, "speculative.n_min": 0}
+    return out | {
+        "id_task": job.task,
+        "n_prompt_tokens": len(job.prompt),
+        "n_prompt_tokens_processed": len(job.prompt) - job.cached_tokens,
+        "n_prompt_tokens_cache": job.cached_tokens,
+        "params": params,
+        "next_token": [
+            {"has_next_token": running, "n_remain": n - s.tokens, "n_decoded": s.tokens}
+        ],
+        # localspec's own: what speculation did for it so far
+        "drafting": {
+            "drafted": s.drafted,
+            "accepted": s.accepted,
+            "acceptance_rate": s.acceptance_rate,
+            "gamma": s.gamma,
+            "drafters": list(s.drafters),
+            "tokens_per_s": s.tokens_per_s,
+        },
     }

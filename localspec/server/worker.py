@@ -59,7 +59,7 @@ from localspec.decoding.prediction import Prediction, PredictionDrafter, predict
 from localspec.drafting import GAMMA_MAX
 from localspec.server.batching import Batcher, SlotHead, SlotModel
 from localspec.server.errors import ApiError
-from localspec.server.metrics import Metrics
+from localspec.server.metrics import Metrics, answer_line
 from localspec.server.prompt_cache import HeadCache, Holder, PromptCache, Saved
 from localspec.server.scheduling import SHORT_TOKENS, dearer, pick_slot, plan_swap, read_ahead_chunk
 from localspec.session import Session
@@ -102,6 +102,8 @@ class Job:
     read: threading.Event = field(default_factory=threading.Event)  # prompt read, or ended
     copyable: bool = False  # its slot's cache holds its prompt (its first piece came)
     slot: int | None = None  # the index of the slot it was given
+    task: int = -1  # its number among the server's requests (llama-server's id_task)
+    stats: Stats | None = None  # its figures as of its last round (GET /slots)
 
     @property
     def short(self) -> bool:
@@ -142,6 +144,7 @@ class Slot:
         self.reading_ahead = False
         self.read_chunk = 16  # tokens it reads ahead at a time (`read_ahead_chunk`)
         self.last_used = 0.0
+        self.last: Job | None = None  # the job it ran before (GET /slots tells of it)
         self.inbox: queue.Queue[Job | None] = queue.Queue()
 
     @property
@@ -183,6 +186,7 @@ class Worker:
         self._lock = threading.Lock()
         self.stopping = False  # the server is shutting down: every job ends now
         self._mean_s = 1.0  # moving average of a request's decoding time, for Retry-After
+        self._tasks = 0  # requests submitted
         self._threads = [
             threading.Thread(target=self._serve, args=(slot,), name=f"localspec-slot{i}")
             for i, slot in enumerate(self.slots)
@@ -327,6 +331,12 @@ class Worker:
         with self._lock:
             return len(self._waiting) + sum(s.job is not None for s in self.slots)
 
+    def jobs(self) -> list[tuple[Slot, Job | None, bool]]:
+        """Each slot, the job it runs (else the last it ran; None: none yet), and whether
+        it runs one."""
+        with self._lock:
+            return [(s, s.job or s.last, s.job is not None) for s in self.slots]
+
     def reading_ahead(self) -> int:
         """Idle slots whose draft model reads ahead: work on no request's behalf, which a
         bench waits for before it times another server."""
@@ -350,6 +360,7 @@ class Worker:
                     code="queue_full",
                     headers={"Retry-After": str(retry)},
                 )
+            job.task, self._tasks = self._tasks, self._tasks + 1
             self._waiting.append(job)
             self._dispatch()
 
@@ -403,7 +414,7 @@ class Worker:
     def _release(self, slot: Slot) -> None:
         """The slot is free for the next job (under the lock); its draft model may read
         ahead until one comes, so it counts as reading ahead from now on."""
-        slot.job, slot.last_used = None, time.monotonic()
+        slot.job, slot.last, slot.last_used = None, slot.job, time.monotonic()
         slot.reading_ahead = True
         self._dispatch()
 
@@ -510,6 +521,8 @@ class Worker:
         try:
             for event in events:
                 batch.append(event)
+                if isinstance(event, RoundEnd | Finished):
+                    job.stats = event.stats
                 if isinstance(event, Finished):
                     finished = True
                     calls, shared = (b - a for a, b in zip(passes, self._passes(slot), strict=True))
@@ -571,28 +584,8 @@ class Worker:
             job.prediction_tokens = prediction_usage(job.prediction, done.tokens)
         accepted, rejected = job.prediction_tokens
         self.metrics.observe_answer(done.stats, len(done.tokens), accepted, rejected)
-        log.info("%s: %s", job.label, self.describe(done.stats, done.stop_reason, shared))
-
-    def describe(self, s: Stats, stop_reason: str, shared: float = 0.0) -> str:
-        """The request's log line: tokens, speed, TTFT, acceptance, drafters, speedup.
-        `shared`: the share of its target passes that carried other slots' tokens too;
-        its rate then is its share of those passes, and no match for plain decoding's
-        rate alone, so the line says how much it shared instead."""
-        line = (
-            f"{s.tokens} tokens ({stop_reason}), {s.tokens_per_s:.1f} tok/s, "
-            f"TTFT {s.ttft_s:.2f}s, acceptance {s.acceptance_rate:.0%} "
-            f"({s.accepted}/{s.drafted}), drafted by {', '.join(s.drafters) or 'none'}"
-        )
-        if s.recalled:  # no pass made them: no speedup to tell
-            return line + f", {s.recalled} recalled from the last answer"
-        if shared:
-            share = f"{shared:.0%}" if shared >= 0.005 else "<1%"
-            return line + f", {share} of its passes shared with other requests"
-        if not s.drafted:  # it was plain decoding: a ratio to T(1) alone would show
-            return line  # only the sampling and streaming that plain decoding pays too
-        if (plain := self.plain_round_s()) and s.tokens_per_s:
-            line += f", ≈{s.tokens_per_s * plain:.2f}x plain decoding"
-        return line
+        line = answer_line(done.stats, done.stop_reason, shared, self.plain_round_s())
+        log.info("%s: %s", job.label, line)
 
     def plain_round_s(self) -> float:
         """The target's time for one plain round, as `auto` measured it (0: unknown)."""

@@ -23,6 +23,7 @@ from localspec.server.chat import ToolCallStream
 from localspec.server.defaults import SamplingDefaults
 from localspec.server.errors import ApiError
 from localspec.server.guard import Guard
+from localspec.server.metrics import answer_line
 from localspec.server.worker import Failed, Job, Worker
 from localspec.session import Session
 
@@ -467,6 +468,50 @@ def test_llama_servers_tokenize_detokenize_and_props(client: TestClient):
     assert props["build_info"].startswith("localspec ")
 
 
+def test_slots_tell_what_each_slot_does_as_llama_servers(client: TestClient):
+    """GET /slots, llama-server's shape: a slot's context and whether it drafts, and of
+    the request it ran the sampling and the tokens read and decoded (no text of either);
+    behind the key; `?fail_on_no_slot=1` a 503 while every slot is busy."""
+    assert_error(client.get("/slots"), 401)
+    (fresh,) = client.get("/slots", headers=AUTH).json()
+    assert fresh == {"id": 0, "n_ctx": 512, "speculative": True, "is_processing": False}
+    body = client.post(
+        "/v1/chat/completions", json=chat(temperature=0, max_tokens=100, seed=7), headers=AUTH
+    ).json()
+    (slot,) = client.get("/slots", headers=AUTH).json()
+    used = body["usage"]
+    assert slot["id_task"] == 0 and not slot["is_processing"]
+    assert slot["n_prompt_tokens"] == used["prompt_tokens"]
+    assert (
+        slot["n_prompt_tokens_processed"] + slot["n_prompt_tokens_cache"] == used["prompt_tokens"]
+    )
+    assert slot["params"]["temperature"] == 0 and slot["params"]["seed"] == 7
+    assert slot["params"]["n_predict"] == 100
+    (token,) = slot["next_token"]
+    assert token == {
+        "has_next_token": False,
+        "n_remain": 100 - used["completion_tokens"],
+        "n_decoded": used["completion_tokens"],
+    }
+    assert slot["drafting"]["drafted"] >= slot["drafting"]["accepted"] >= 0
+    assert REPLY not in json.dumps(slot) and "hi" not in json.dumps(slot["params"])
+    assert client.get("/slots?fail_on_no_slot=1", headers=AUTH).status_code == 200
+    worker = client.app.state.worker  # type: ignore[attr-defined]
+    worker.slots[0].job = worker.slots[0].last  # busy, as while an answer is written
+    try:
+        assert_error(client.get("/slots?fail_on_no_slot=1", headers=AUTH), 503)
+        assert client.get("/slots", headers=AUTH).json()[0]["is_processing"] is True
+    finally:
+        worker.slots[0].job = None
+
+
+def test_no_slots_turns_the_endpoint_off():
+    session = Session(auto_engine(ToyModel(scripted(REPLY), n_vocab=258, n_ctx=512), None))
+    app = create_app(session, ServerOptions("toy", slots_endpoint=False))
+    with TestClient(app) as c:
+        assert "off (--no-slots)" in assert_error(c.get("/slots"), 501)["message"]
+
+
 def test_metrics_parse_and_count(client: TestClient):
     client.post("/v1/chat/completions", json=chat(temperature=0), headers=AUTH)
     client.post("/v1/chat/completions", json=chat(n=17), headers=AUTH)
@@ -738,9 +783,10 @@ def test_the_log_line_compares_with_plain_decoding_only_where_drafts_ran():
     assert isinstance(drafter, AdaptiveDrafter)
     drafter.verify.observe(1, 0.04)
     plain = Stats(tokens=20, tokens_per_s=22.0, rounds=19)
-    assert worker.describe(plain, "eog").endswith("drafted by none")
+    assert answer_line(plain, "eog", 0.0, worker.plain_round_s()).endswith("drafted by none")
     drafted = replace(plain, tokens_per_s=40.0, drafted=12, accepted=9, drafters=("ngram",))
-    assert worker.describe(drafted, "eog").endswith(", ≈1.60x plain decoding")
+    line = answer_line(drafted, "eog", 0.0, worker.plain_round_s())
+    assert line.endswith(", ≈1.60x plain decoding")
 
 
 # --- the queue ------------------------------------------------------------------------

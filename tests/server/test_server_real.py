@@ -502,7 +502,14 @@ def test_beyond_the_queue_a_429_with_retry_after(client: openai.OpenAI, server):
         for _ in range(2)
     ]
     for stream in busy:
-        next(iter(stream))  # both slots decode now
+        chunks = iter(stream)
+        for _ in range(4):  # both slots decode now, a few rounds in
+            next(chunks)
+    slots = httpx.get(f"{server[0]}/slots", headers=AUTH).json()  # llama-server's figures
+    assert [s["is_processing"] for s in slots] == [True, True]
+    assert all(s["next_token"][0]["n_decoded"] >= 1 for s in slots)
+    assert all(s["params"]["temperature"] == 0 and s["speculative"] for s in slots)
+    assert httpx.get(f"{server[0]}/slots?fail_on_no_slot=1", headers=AUTH).status_code == 503
     waiting = [
         threading.Thread(target=ask, args=(client,), kwargs={"max_tokens": 1}) for _ in range(3)
     ]
