@@ -24,14 +24,17 @@ def conversations_dir() -> Path:
     return home() / "conversations"
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the new one, never half
-    (a crash leaves the old one); makes the parent directory."""
+def write_atomic(path: Path, data: str | bytes | list[bytes | bytearray]) -> None:
+    """Write `data` (or its pieces, in order) to `path` so that readers see the old file
+    or the new one, never half (a crash leaves the old one); makes the parent directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+    if isinstance(data, str):
+        data = data.encode("utf-8")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            for piece in data if isinstance(data, list) else [data]:
+                f.write(piece)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -30,8 +30,9 @@ from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.events import Finished
 from localspec.decoding.sampling import SamplingParams
 from localspec.server.batching import PassRecord
+from localspec.server.jobs import Failed, Job
 from localspec.server.scheduling import ROUND_TOKENS
-from localspec.server.worker import Failed, Job, Worker
+from localspec.server.worker import Worker
 from localspec.session import SessionConfig, open_session
 
 WARM = [  # read first, so that the measured batch starts warm but on other prompts

@@ -122,6 +122,14 @@ editor's and agent's settings.""",
         "prompts or answers; ?fail_on_no_slot=1 answers 503 while every slot is busy)",
     )
     g.add_argument(
+        "--slot-save-path",
+        type=Path,
+        metavar="DIR",
+        help="as llama-server's: POST /slots/ID?action=save (or restore, erase) with "
+        '{"filename": ...} keeps a slot\'s cache in a file here, and brings it back after '
+        "a restart: a long system prompt is read once (made if missing; default: off)",
+    )
+    g.add_argument(
         "--allowed-host",
         action="append",
         type=host_header,
@@ -178,6 +186,17 @@ def cache_ram_bytes(mib: int | None) -> int:
     from localspec.backends import ram
 
     return min(CACHE_RAM_MIB << 20, ram.spare() // 4)
+
+
+def save_dir(path: Path | None) -> Path | None:
+    """--slot-save-path, made where missing; a one-line error where it cannot be."""
+    if path is None:
+        return None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LocalspecError(f"--slot-save-path {path}: {e.strerror}") from e
+    return path
 
 
 def host_header(text: str) -> str:
@@ -324,6 +343,7 @@ def serve(args: argparse.Namespace) -> int:
     from localspec.session import open_session
 
     config = session_config(args)
+    slot_files = save_dir(args.slot_save_path)  # before the models load: a bad path is told at once
     with contextlib.ExitStack() as stack:  # the sockets and the models, however it ends
         sockets = listen(args.host, args.port)
         for sock in sockets:  # uvicorn closes them where it ran: again is harmless
@@ -365,6 +385,7 @@ def serve(args: argparse.Namespace) -> int:
             reasoning=ReasoningDefaults(session.reasoning_budget, args.reasoning_budget_message),
             max_tokens=args.max_tokens,
             slots_endpoint=args.slots,
+            slot_save_path=slot_files,
             guard=Guard.for_address(
                 args.host, is_loopback(args.host), args.allowed_host, args.cors_origin
             ),

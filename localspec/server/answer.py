@@ -23,8 +23,8 @@ from localspec.server.chat import ToolCall, ToolCallDeltas, ToolCallStream
 from localspec.server.errors import ApiError
 from localspec.server.fence import Unfence
 from localspec.server.infill import Unopened
+from localspec.server.jobs import SHUTTING_DOWN, Failed, Job
 from localspec.server.prepare import Prepared
-from localspec.server.worker import SHUTTING_DOWN, Failed, Job
 from localspec.thinking import Split
 
 FINISH_REASONS: dict[StopReason, str] = {

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -37,7 +38,7 @@ from localspec.backends.embedding import embedding_limit, embedding_size
 from localspec.backends.llama import LlamaModel
 from localspec.decoding.events import Event, Finished
 from localspec.decoding.opening import pieces_of
-from localspec.server import anthropic, choices, native, responses, responses_out
+from localspec.server import anthropic, choices, native, responses, responses_out, slot_files
 from localspec.server.anchors import Anchors
 from localspec.server.answer import (
     Answer,
@@ -57,6 +58,7 @@ from localspec.server.infill import (
     infill_body,
     pick_fields,
 )
+from localspec.server.jobs import Job
 from localspec.server.prepare import (
     ChatPrompt,
     Prepared,
@@ -68,7 +70,7 @@ from localspec.server.prepare import (
     render_chat,
 )
 from localspec.server.schemas import ChatRequest, CompletionRequest, LlamaCompletionRequest
-from localspec.server.worker import Job, Worker
+from localspec.server.worker import Worker
 from localspec.session import Session
 
 log = logging.getLogger("localspec.server")
@@ -91,6 +93,7 @@ class ServerOptions:
     reasoning: ReasoningDefaults = field(default_factory=ReasoningDefaults)  # and a chat's
     max_tokens: int | None = None  # an answer's most tokens, whatever a request asks
     slots_endpoint: bool = True  # GET /slots (llama-server's --slots; --no-slots: off)
+    slot_save_path: Path | None = None  # where POST /slots/{id} saves caches (None: off)
     # which Host and Origin headers are answered (by default any: `serve` sets its own)
     guard: Guard = field(default_factory=lambda: Guard(None, frozenset({"*"})))
 
@@ -169,7 +172,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
             f"OpenAI API:     {base}/v1  (POST /v1/chat/completions, /v1/completions, "
             "/v1/responses, /v1/embeddings; GET /v1/models)\n"
             f"Anthropic API:  {base}  (POST /v1/messages)\n"
-            "llama-server's: POST /infill, /completion, /tokenize; GET /props\n"
+            "llama-server's: POST /infill, /completion, /tokenize, /slots/ID; GET /props\n"
             "Figures:        GET /metrics, /health, /slots\n"
         )
 
@@ -237,6 +240,29 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
         if fail_on_no_slot and not idle:
             raise ApiError(503, "no slot available", code="unavailable")
         return states
+
+    @app.post("/slots/{id_slot}", dependencies=guarded)
+    async def slot_action(request: Request, id_slot: str, action: str = "") -> dict[str, Any]:
+        """llama-server's: a slot's cache saved to a file of --slot-save-path, restored
+        from one, or erased, once the slot is idle (slot_files.py)."""
+        if options.slot_save_path is None:
+            raise ApiError(501, "this server saves no slots: start it with --slot-save-path DIR")
+        index = int(id_slot) if id_slot.isdigit() else -1
+        if not 0 <= index < len(worker.slots):
+            raise ApiError(400, f"no slot {id_slot!r}: the slots are 0-{len(worker.slots) - 1}")
+        if action not in ("save", "restore", "erase"):
+            raise ApiError(400, "action: save, restore or erase", "action")
+        name = ""
+        if action != "erase":
+            body = await read_body(request, options.max_body_bytes)
+            name = slot_files.checked_name(parse(slot_files.SlotFileRequest, body).filename)
+        return await run_in_threadpool(slot_chore, index, action, options.slot_save_path / name)
+
+    def slot_chore(index: int, action: str, path: Path) -> dict[str, Any]:
+        with worker.holding(index) as slot:
+            if action == "save":
+                return slot_files.save(slot, path)
+            return slot_files.restore(slot, path) if action == "restore" else slot_files.erase(slot)
 
     @app.get("/metrics", dependencies=guarded)
     async def prometheus() -> Response:

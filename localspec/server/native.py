@@ -11,8 +11,9 @@ from localspec.backends.base import Model
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.events import Stats
 from localspec.server.errors import ApiError
+from localspec.server.jobs import Job
 from localspec.server.schemas import Body, LlamaCompletionRequest
-from localspec.server.worker import Job, Slot, Worker
+from localspec.server.worker import Slot, Worker
 
 NO_SEED = 4294967295  # llama-server's LLAMA_DEFAULT_SEED: a seed of its own each request
 
@@ -99,6 +100,7 @@ def slot_json(slot: Slot, job: Job | None, running: bool) -> dict[str, Any]:
         "n_ctx": engine.target.n_ctx,
         "speculative": not isinstance(engine.drafter, NoDrafter),
         "is_processing": running,
+        "n_cached": len(slot.cached),  # localspec's: the tokens its cache holds now
     }
     if job is None:
         return out

@@ -31,7 +31,6 @@ do not go through the batcher, they wait while it decodes.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -39,9 +38,8 @@ import math
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
@@ -51,78 +49,21 @@ from localspec.backends.embedding import Embedder, embed_all
 from localspec.backends.llama import LlamaModel
 from localspec.backends.mtp import MtpHead
 from localspec.decoding.adaptive import AdaptiveDrafter
-from localspec.decoding.engine import Engine, GenerationConfig
+from localspec.decoding.engine import Engine
 from localspec.decoding.estimates import VerifyCost
-from localspec.decoding.events import Event, Finished, Piece, RoundEnd, Stats
+from localspec.decoding.events import Finished, Piece, RoundEnd
 from localspec.decoding.load import Load
 from localspec.decoding.prediction import Prediction, PredictionDrafter, prediction_usage
 from localspec.drafting import GAMMA_MAX
 from localspec.server.batching import Batcher, SlotHead, SlotModel
 from localspec.server.errors import ApiError
+from localspec.server.jobs import CANCELLED, SHUTTING_DOWN, Delivery, Failed, Job
 from localspec.server.metrics import Metrics, answer_line
 from localspec.server.prompt_cache import HeadCache, Holder, PromptCache, Saved
-from localspec.server.scheduling import SHORT_TOKENS, dearer, pick_slot, plan_swap, read_ahead_chunk
+from localspec.server.scheduling import dearer, pick_slot, plan_swap, read_ahead_chunk
 from localspec.session import Session
 
 log = logging.getLogger("localspec.server")
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The request ended with an error while decoding (llama.cpp failed, mostly), or
-    was cancelled."""
-
-    message: str
-
-
-CANCELLED = Failed("cancelled")  # its client left: nobody reads why
-SHUTTING_DOWN = Failed("the server is shutting down")
-Delivery = list[Event | Failed]
-
-
-@dataclass(eq=False)
-class Job:
-    """One request's generation: its prompt, how to generate, and where events go."""
-
-    label: str  # for the log line: "chat", "completion"
-    prompt: list[int]
-    config: GenerationConfig
-    loop: asyncio.AbstractEventLoop
-    prediction: list[int] | None = None
-    source: list[int] | None = None  # a free draft source of the server's (FIM: the suffix)
-    cancel: threading.Event = field(default_factory=threading.Event)
-    inbox: asyncio.Queue[Delivery] = field(default_factory=asyncio.Queue)
-    predicted: Prediction | None = None  # set when it runs with a prediction
-    prediction_tokens: tuple[int, int] = (0, 0)  # (accepted, rejected), once finished
-    cached_tokens: int = 0  # of the prompt, found in its slot's cache (not read again)
-    middle: bool = False  # fill-in-the-middle
-    # One of a request's n answers after the first (OpenAI's `n`): `twin` is the first,
-    # whose slot's cache its prompt is copied from once read (`Worker._copy_twin`)
-    twin: Job | None = None
-    read: threading.Event = field(default_factory=threading.Event)  # prompt read, or ended
-    copyable: bool = False  # its slot's cache holds its prompt (its first piece came)
-    slot: int | None = None  # the index of the slot it was given
-    task: int = -1  # its number among the server's requests (llama-server's id_task)
-    stats: Stats | None = None  # its figures as of its last round (GET /slots)
-
-    @property
-    def short(self) -> bool:
-        """An editor's completion (a middle, or a few tokens), not a chat answer: goes
-        first in a full pass."""
-        return self.middle or self.config.max_tokens <= SHORT_TOKENS
-
-    def deliver(self, batch: Delivery) -> None:
-        """From a slot's thread: hand a batch to the handler's event loop."""
-        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody listens
-            self.loop.call_soon_threadsafe(self.inbox.put_nowait, batch)
-
-    async def events(self) -> AsyncIterator[Event | Failed]:
-        """The events as they come, until Finished or Failed."""
-        while True:
-            for event in await self.inbox.get():
-                yield event
-                if isinstance(event, Finished | Failed):
-                    return
 
 
 class Slot:
@@ -145,11 +86,16 @@ class Slot:
         self.read_chunk = 16  # tokens it reads ahead at a time (`read_ahead_chunk`)
         self.last_used = 0.0
         self.last: Job | None = None  # the job it ran before (GET /slots tells of it)
+        self.held = False  # a chore of a request's has its cache (`Worker.holding`)
         self.inbox: queue.Queue[Job | None] = queue.Queue()
 
     @property
     def cached(self) -> list[int]:
         return self.engine.target.cached
+
+    @property
+    def idle(self) -> bool:
+        return self.job is None and not self.held
 
     def take(self, job: Job | None) -> None:
         """Run `job` next (None: the slot's own reading ahead): its cancel reaches the
@@ -349,7 +295,7 @@ class Worker:
         with self._lock:
             if self.stopping:
                 raise ApiError(503, SHUTTING_DOWN.message, code="shutting_down")
-            idle = any(s.job is None for s in self.slots)
+            idle = any(s.idle for s in self.slots)
             if not idle and len(self._waiting) >= self.max_queue:
                 waiting = len(self._waiting)
                 retry = max(1, math.ceil(self._mean_s * (waiting + 1) / len(self.slots)))
@@ -378,13 +324,36 @@ class Worker:
         """Waiting jobs to idle slots, the oldest first, each to the slot whose cache
         shares most with its prompt (the lock is held)."""
         while self._waiting:
-            idle = {s.index: (s.cached, s.last_used) for s in self.slots if s.job is None}
+            idle = {s.index: (s.cached, s.last_used) for s in self.slots if s.idle}
             if not idle:
                 return
             job = self._waiting.pop(0)
             slot = self.slots[pick_slot(job.prompt, idle, self._keeps)]
             slot.job, job.slot = job, slot.index
             slot.inbox.put(job)
+
+    @contextlib.contextmanager
+    def holding(self, index: int) -> Iterator[Slot]:
+        """Slot `index` for a chore of the caller's thread (its cache saved to a file,
+        ...), once it is idle and its draft model no longer reads ahead (as llama-server
+        defers a slot's action till it is free); no job goes to it meanwhile."""
+        slot, claimed = self.slots[index], False
+        try:
+            while True:
+                with self._lock:
+                    if self.stopping:
+                        raise ApiError(503, SHUTTING_DOWN.message, code="shutting_down")
+                    if not claimed and slot.idle:  # no job goes to it, nor does it read ahead
+                        slot.held = claimed = True
+                    if claimed and not slot.reading_ahead:  # its chunk in flight read
+                        break
+                time.sleep(0.02)
+            yield slot
+        finally:
+            if claimed:
+                with self._lock:
+                    slot.held = False
+                    self._dispatch()
 
     def _keeps(self, cached: Sequence[int], prompt: Sequence[int]) -> int:
         """How much of `prompt` a slot's cache keeps: its shared prefix, and the chunks
@@ -430,7 +399,7 @@ class Worker:
         """One chunk of the idle slot's draft model reading what the slot's cache holds,
         while nothing else decodes or waits; False when there is nothing (more) to read."""
         drafter = slot.engine.drafter
-        if not isinstance(drafter, AdaptiveDrafter) or self.depth() > 0:
+        if not isinstance(drafter, AdaptiveDrafter) or self.depth() > 0 or slot.held:
             return False
         slot.take(None)
         try:

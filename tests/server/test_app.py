@@ -23,8 +23,9 @@ from localspec.server.chat import ToolCallStream
 from localspec.server.defaults import SamplingDefaults
 from localspec.server.errors import ApiError
 from localspec.server.guard import Guard
+from localspec.server.jobs import Failed, Job
 from localspec.server.metrics import answer_line
-from localspec.server.worker import Failed, Job, Worker
+from localspec.server.worker import Worker
 from localspec.session import Session
 
 KEY = "sk-test-key"
@@ -474,7 +475,13 @@ def test_slots_tell_what_each_slot_does_as_llama_servers(client: TestClient):
     behind the key; `?fail_on_no_slot=1` a 503 while every slot is busy."""
     assert_error(client.get("/slots"), 401)
     (fresh,) = client.get("/slots", headers=AUTH).json()
-    assert fresh == {"id": 0, "n_ctx": 512, "speculative": True, "is_processing": False}
+    assert fresh == {
+        "id": 0,
+        "n_ctx": 512,
+        "speculative": True,
+        "is_processing": False,
+        "n_cached": 0,
+    }
     body = client.post(
         "/v1/chat/completions", json=chat(temperature=0, max_tokens=100, seed=7), headers=AUTH
     ).json()
@@ -503,6 +510,62 @@ def test_slots_tell_what_each_slot_does_as_llama_servers(client: TestClient):
         assert client.get("/slots", headers=AUTH).json()[0]["is_processing"] is True
     finally:
         worker.slots[0].job = None
+
+
+def saving_app(tmp_path: Path) -> TestClient:
+    session = Session(auto_engine(ToyModel(scripted(REPLY), n_vocab=258, n_ctx=512), None))
+    return TestClient(create_app(session, ServerOptions("toy", slot_save_path=tmp_path)))
+
+
+def test_a_slots_cache_saved_to_a_file_comes_back_in_another_server(tmp_path: Path):
+    """llama-server's POST /slots/{id}?action=save|restore|erase: the cache written to a
+    file of --slot-save-path (whole: no temporary file left), restored in a server
+    started afresh, where the same prompt then reads nothing again."""
+    long_chat = chat(messages=[{"role": "user", "content": "a long system prompt " * 8}])
+    with saving_app(tmp_path) as first:
+        read = first.post("/v1/chat/completions", json=long_chat).json()["usage"]
+        saved = first.post("/slots/0?action=save", json={"filename": "agent.bin"}).json()
+    assert saved["id_slot"] == 0 and saved["filename"] == "agent.bin"
+    assert saved["n_saved"] >= read["prompt_tokens"] and saved["timings"]["save_ms"] >= 0
+    assert [f.name for f in tmp_path.iterdir()] == ["agent.bin"]
+    assert saved["n_written"] == (tmp_path / "agent.bin").stat().st_size
+    with saving_app(tmp_path) as second:
+        back = second.post("/slots/0?action=restore", json={"filename": "agent.bin"}).json()
+        assert back["n_restored"] == saved["n_saved"] and back["n_read"] == saved["n_written"]
+        again = second.post("/v1/chat/completions", json=long_chat).json()["usage"]
+        assert again["prompt_tokens_details"]["cached_tokens"] == read["prompt_tokens"] - 1
+        erased = second.post("/slots/0?action=erase").json()
+        assert erased == {"id_slot": 0, "n_erased": saved["n_saved"]}  # the same answer again
+        fresh = second.post("/v1/chat/completions", json=long_chat).json()["usage"]
+        assert fresh["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_slot_actions_refuse_what_they_cannot_do(tmp_path: Path):
+    with saving_app(tmp_path) as c:
+        assert_error(c.post("/slots/0?action=save", json={"filename": "../x"}), 400, "filename")
+        assert_error(c.post("/slots/0?action=save", json={"filename": ""}), 400, "filename")
+        assert_error(c.post("/slots/0?action=save", json={}), 400)
+        assert_error(c.post("/slots/1?action=save", json={"filename": "x"}), 400)
+        assert_error(c.post("/slots/0?action=copy", json={"filename": "x"}), 400, "action")
+        missing = assert_error(c.post("/slots/0?action=restore", json={"filename": "nope"}), 400)
+        assert "no saved slot 'nope'" in missing["message"]
+        (tmp_path / "junk.bin").write_bytes(b"not a slot")
+        junk = assert_error(c.post("/slots/0?action=restore", json={"filename": "junk.bin"}), 400)
+        assert "is not a slot localspec saved" in junk["message"]
+    with TestClient(
+        create_app(Session(auto_engine(ToyModel(scripted(REPLY)), None)), ServerOptions("toy"))
+    ) as off:
+        assert "--slot-save-path" in assert_error(off.post("/slots/0?action=erase"), 501)["message"]
+
+
+def test_a_slot_saved_for_other_models_is_refused(tmp_path: Path):
+    with saving_app(tmp_path) as c:
+        c.post("/v1/chat/completions", json=chat())
+        c.post("/slots/0?action=save", json={"filename": "s.bin"})
+    other = Session(auto_engine(ToyModel(scripted(REPLY), name="other", n_ctx=512), None))
+    with TestClient(create_app(other, ServerOptions("toy", slot_save_path=tmp_path))) as c:
+        refused = assert_error(c.post("/slots/0?action=restore", json={"filename": "s.bin"}), 400)
+        assert "holds the caches of toy, not of other" in refused["message"]
 
 
 def test_no_slots_turns_the_endpoint_off():

@@ -241,9 +241,9 @@ def test_every_kind_of_middle_is_a_short_request(session):
     is 128): its job goes first in a full pass, as a request for a few tokens does."""
     import asyncio
 
+    from localspec.server.jobs import Job
     from localspec.server.prepare import prepare_completion, prepare_infill
     from localspec.server.schemas import CompletionRequest
-    from localspec.server.worker import Job
 
     fim = "<|fim_prefix|>" + PREFIX + "<|fim_suffix|>" + SUFFIX + "<|fim_middle|>"
     middles = [

@@ -13,8 +13,9 @@ from server.test_slots_real import Loop, assert_scores_alike
 
 from localspec.backends.llama import LlamaModel, LoadOptions
 from localspec.decoding.events import Finished
+from localspec.server.jobs import Failed
 from localspec.server.scheduling import KEEP_TOKENS
-from localspec.server.worker import Failed, Worker
+from localspec.server.worker import Worker
 from localspec.session import Session, SessionConfig, open_session
 
 pytestmark = pytest.mark.real

@@ -74,7 +74,7 @@ def server(real_paths: tuple[Path, Path], tmp_path_factory) -> Iterator[tuple[st
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     args = [*model_args(real_paths), "--port", str(port), "--max-queue", "3", "--parallel", "2"]
-    args += ["--model-name"]
+    args += ["--slot-save-path", str(log.parent / "slots"), "--model-name"]
     env = {**os.environ, "LOCALSPEC_API_KEY": KEY}
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -869,6 +869,33 @@ def test_codexs_apply_patch_a_custom_tool_is_called_with_its_text(client: openai
         model="gpt-5-codex", input=history, tools=tools, max_output_tokens=12, temperature=0
     )
     assert reply.status in ("completed", "incomplete") and reply.output
+
+
+def test_a_slots_cache_kept_in_a_file_comes_back(client: openai.OpenAI, server):
+    """POST /slots/{id}?action=save|erase|restore (--slot-save-path): the slot that read
+    a long prompt keeps its caches (the target's and the draft model's) in a file; erased,
+    then restored from it, the same request reads its last token only and answers as
+    before."""
+    base, slots_dir = server[0], server[1].parent / "slots"
+    system = "You review Python code for a careful team. " + Path(__file__).read_text()[:1500]
+    messages = [{"role": "system", "content": system}, *ASK]
+    first = ask(client, messages, max_tokens=8)
+    slot = max(httpx.get(f"{base}/slots", headers=AUTH).json(), key=lambda s: s.get("id_task", -1))
+    act = f"{base}/slots/{slot['id']}?action="
+    saved = httpx.post(act + "save", json={"filename": "review.bin"}, headers=AUTH).json()
+    assert saved["n_saved"] > first.usage.prompt_tokens
+    assert saved["n_written"] == (slots_dir / "review.bin").stat().st_size
+    assert httpx.post(act + "erase", headers=AUTH).json()["n_erased"] == saved["n_saved"]
+
+    def cached() -> int:
+        return httpx.get(f"{base}/slots", headers=AUTH).json()[slot["id"]]["n_cached"]
+
+    assert cached() == 0
+    back = httpx.post(act + "restore", json={"filename": "review.bin"}, headers=AUTH).json()
+    assert back["n_restored"] == saved["n_saved"] == cached()
+    again = ask(client, messages, max_tokens=8)
+    assert again.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == first.choices[0].message.content
 
 
 def test_ctrl_c_ends_the_answers_in_flight_and_exits_cleanly(real_paths, tmp_path):

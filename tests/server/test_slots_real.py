@@ -27,8 +27,9 @@ from localspec.decoding.engine import Engine, GenerationConfig
 from localspec.decoding.events import Finished, Piece
 from localspec.decoding.sampling import SamplingParams
 from localspec.server.batching import PassRecord, SlotModel
+from localspec.server.jobs import Failed, Job
 from localspec.server.scheduling import PROMPT_PASS_S, SHORT_TOKENS
-from localspec.server.worker import Failed, Job, Worker
+from localspec.server.worker import Worker
 from localspec.session import Session, SessionConfig, open_session
 
 pytestmark = pytest.mark.real
