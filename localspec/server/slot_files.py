@@ -1,19 +1,21 @@
 """A slot's cache in a file and back (llama-server's `POST /slots/{id}?action=save`,
-`restore`, `erase`, in the directory --slot-save-path names): a long prompt read once (an
-agent's system prompt of 10k tokens takes minutes on a laptop's CPU) comes back after a
-restart in the time a copy takes. The file holds every part of the slot's cache (the
-target's, the draft model's, an MTP head's: llama.cpp's sequence states) with the tokens
-each holds, and the model files they belong to: a cache of other weights would load
-without complaint and answer nonsense, so it is refused.
+`restore`, `erase`, in the directory --slot-save-path names): a long prompt read once
+comes back after a restart in the time a copy takes (an agent's system prompt of 2,900
+tokens, read in 14.6 s on two CPU cores, in 0.2 s). The file holds every part of the
+slot's cache (the target's, the draft model's, an MTP head's: llama.cpp's sequence
+states) with the tokens each holds, and the model files they belong to: a cache of
+other weights would load without complaint and answer nonsense, so it is refused.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+from localspec.models.calibration import file_id
 from localspec.paths import write_atomic
 from localspec.server.errors import ApiError
 from localspec.server.prompt_cache import Holder
@@ -46,7 +48,7 @@ def model_ids(slot: Slot) -> list[str]:
     for model in slot.models:
         loaded = getattr(model, "shared", model)  # a slot's view: the model it views
         path, n_seq = getattr(loaded, "path", None), getattr(loaded, "n_seq", 1)
-        name = f"{path.name} {path.stat().st_size}" if isinstance(path, Path) else model.name
+        name = file_id(path) if isinstance(path, Path) else model.name
         caches = "in one cache" if getattr(loaded, "kv_unified", False) else "a cache each"
         ids.append(f"{name}, {n_seq} slot{'s' * (n_seq > 1)} {caches}" if n_seq > 1 else name)
     return ids
@@ -83,10 +85,10 @@ def restore(slot: Slot, path: Path) -> dict[str, Any]:
     finds no room for it (the slot then empty)."""
     started = time.perf_counter()
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            head, states = read_slot(f, path.name)
     except OSError as e:
         raise ApiError(400, f"no saved slot {path.name!r} ({e.strerror})", "filename") from e
-    head, states = parse(data, path.name)
     if head["models"] != model_ids(slot):
         raise ApiError(
             400,
@@ -108,7 +110,7 @@ def restore(slot: Slot, path: Path) -> dict[str, Any]:
         "id_slot": slot.index,
         "filename": path.name,
         "n_restored": len(head["tokens"]),
-        "n_read": len(data),
+        "n_read": path.stat().st_size,
         "timings": {"restore_ms": took},
     }
 
@@ -120,19 +122,21 @@ def erase(slot: Slot) -> dict[str, Any]:
     return {"id_slot": slot.index, "n_erased": n}
 
 
-def parse(data: bytes, name: str) -> tuple[dict[str, Any], list[bytearray]]:
-    """A saved slot's head and its states, or a 400."""
+def read_slot(f: io.BufferedReader, name: str) -> tuple[dict[str, Any], list[bytearray]]:
+    """A saved slot's head and its states, each read once into its own buffer (a 14B
+    target's cache of 8k tokens is 1.6 GB), or a 400."""
     try:
-        if not data.startswith(MAGIC):
+        if f.read(len(MAGIC)) != MAGIC:
             raise ValueError("not a saved slot")
-        line, _, rest = data[len(MAGIC) :].partition(b"\n")
-        head = json.loads(line)
-        states, at = [], 0
+        head = json.loads(f.readline())
+        states = []
         for part in head["parts"]:
-            states.append(bytearray(rest[at : at + part["bytes"]]))
-            at += part["bytes"]
-        if at != len(rest) or not isinstance(head["tokens"], list):
-            raise ValueError("cut short")
+            state = bytearray(part["bytes"])
+            if f.readinto(state) != len(state):
+                raise ValueError("cut short")
+            states.append(state)
+        if f.read(1) or not isinstance(head["tokens"], list):
+            raise ValueError("more than it says")
     except (ValueError, KeyError, TypeError) as e:
         raise ApiError(400, f"{name!r} is not a slot localspec saved ({e})", "filename") from e
     return head, states

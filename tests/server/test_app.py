@@ -552,6 +552,11 @@ def test_slot_actions_refuse_what_they_cannot_do(tmp_path: Path):
         (tmp_path / "junk.bin").write_bytes(b"not a slot")
         junk = assert_error(c.post("/slots/0?action=restore", json={"filename": "junk.bin"}), 400)
         assert "is not a slot localspec saved" in junk["message"]
+        c.post("/v1/chat/completions", json=chat())
+        c.post("/slots/0?action=save", json={"filename": "whole.bin"})
+        (tmp_path / "cut.bin").write_bytes((tmp_path / "whole.bin").read_bytes()[:-1])
+        cut = assert_error(c.post("/slots/0?action=restore", json={"filename": "cut.bin"}), 400)
+        assert "cut short" in cut["message"]
     with TestClient(
         create_app(Session(auto_engine(ToyModel(scripted(REPLY)), None)), ServerOptions("toy"))
     ) as off:
