@@ -119,7 +119,8 @@ editor's and agent's settings.""",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="GET /slots: what each slot does, as llama-server's (its figures, no text of "
-        "prompts or answers; ?fail_on_no_slot=1 answers 503 while every slot is busy)",
+        "prompts or answers; ?fail_on_no_slot=1 answers 503 while every slot is busy; "
+        "default: on)",
     )
     g.add_argument(
         "--slot-save-path",

@@ -104,7 +104,12 @@ def restore(slot: Slot, path: Path) -> dict[str, Any]:
             "filename",
         )
     if not load(slot.holders, head["parts"], states):
-        raise ApiError(400, "no room in the cache for the saved slot's", "filename")
+        raise ApiError(
+            400,
+            f"llama.cpp found no room for {path.name!r} in the slots' cache (the slot is "
+            "empty now)",
+            "filename",
+        )
     took = (time.perf_counter() - started) * 1e3
     return {
         "id_slot": slot.index,

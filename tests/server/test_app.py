@@ -563,6 +563,18 @@ def test_slot_actions_refuse_what_they_cannot_do(tmp_path: Path):
         assert "--slot-save-path" in assert_error(off.post("/slots/0?action=erase"), 501)["message"]
 
 
+def test_a_slot_that_does_not_fit_back_is_left_empty(tmp_path: Path, monkeypatch):
+    """Where llama.cpp finds no room for a part (a shared cache's scattered cells), no
+    part stays half restored: the slot is emptied, and the 400 says so."""
+    with saving_app(tmp_path) as c:
+        c.post("/v1/chat/completions", json=chat())
+        c.post("/slots/0?action=save", json={"filename": "s.bin"})
+        monkeypatch.setattr(ToyModel, "load_state", lambda self, tokens, state: False)
+        refused = assert_error(c.post("/slots/0?action=restore", json={"filename": "s.bin"}), 400)
+        assert "no room for 's.bin'" in refused["message"] and "empty now" in refused["message"]
+        assert c.get("/slots").json()[0]["n_cached"] == 0
+
+
 def test_a_slot_saved_for_other_models_is_refused(tmp_path: Path):
     with saving_app(tmp_path) as c:
         c.post("/v1/chat/completions", json=chat())
