@@ -399,6 +399,8 @@ def serve(args: argparse.Namespace) -> int:
         slots += reader_note(session.target)
         if kept := app.state.worker.prompt_cache:
             slots += f", prompts kept in up to {kept.budget / 2**30:.1f} GiB of RAM"
+        if slot_files is not None:
+            slots += f", slots saved to and restored from {slot_files}"
         if described := sampling.describe():
             if recommendation := recommended.describe():
                 described += f" (the model's GGUF recommends {recommendation})"
