@@ -88,7 +88,7 @@ def slots(worker: Worker) -> tuple[list[dict[str, Any]], int]:
     """llama-server's GET /slots as it answers by default (figures only, no prompt or
     answer text), and how many slots are idle (for `?fail_on_no_slot=1`)."""
     jobs = worker.jobs()
-    return [slot_json(*each) for each in jobs], sum(not running for _s, _j, running in jobs)
+    return [slot_json(*each) for each in jobs], sum(slot.idle for slot, _job, _running in jobs)
 
 
 def slot_json(slot: Slot, job: Job | None, running: bool) -> dict[str, Any]:

@@ -510,6 +510,9 @@ def test_slots_tell_what_each_slot_does_as_llama_servers(client: TestClient):
         assert client.get("/slots", headers=AUTH).json()[0]["is_processing"] is True
     finally:
         worker.slots[0].job = None
+    with worker.holding(0):  # a save or restore has it: no request could start there
+        assert_error(client.get("/slots?fail_on_no_slot=1", headers=AUTH), 503)
+    assert client.get("/slots?fail_on_no_slot=1", headers=AUTH).status_code == 200
 
 
 def saving_app(tmp_path: Path) -> TestClient:
