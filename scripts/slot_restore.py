@@ -12,7 +12,6 @@ restore's times, and the request's time after the restore.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,25 +19,16 @@ from pathlib import Path
 
 import httpx
 
+from localspec.bench.servers import server
 from localspec.paths import models_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def start(args: argparse.Namespace, save_dir: str) -> subprocess.Popen[bytes]:
+def serve_command(args: argparse.Namespace, save_dir: str) -> list[str]:
     cmd = [sys.executable, "-m", "localspec", "serve", "--target", args.target]
     cmd += ["--draft", args.draft, "--threads", str(args.threads), "--ctx", "8192"]
-    cmd += ["--parallel", "1", "--port", str(args.port), "--slot-save-path", save_dir]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"http://127.0.0.1:{args.port}/health")
-            return proc
-        except httpx.TransportError:
-            time.sleep(0.5)
-    proc.kill()
-    sys.exit("slot_restore: the server did not start within 300 s")
+    return [*cmd, "--parallel", "1", "--port", str(args.port), "--slot-save-path", save_dir]
 
 
 def main() -> None:
@@ -61,24 +51,17 @@ def main() -> None:
     body = {"model": "any", "messages": messages, "max_tokens": 1, "temperature": 0}
     client = httpx.Client(timeout=600, base_url=f"http://127.0.0.1:{args.port}")
     with tempfile.TemporaryDirectory() as save_dir:
-        server = start(args, save_dir)
-        try:
+        command, log = serve_command(args, save_dir), Path(save_dir) / "serve.log"
+        with server(command, args.port, log):
             t = time.perf_counter()
             usage = client.post("/v1/chat/completions", json=body).json()["usage"]
             cold = time.perf_counter() - t
             saved = client.post("/slots/0?action=save", json={"filename": "system.bin"}).json()
-        finally:
-            server.terminate()
-            server.wait()
-        server = start(args, save_dir)
-        try:
+        with server(command, args.port, log):  # a restart
             back = client.post("/slots/0?action=restore", json={"filename": "system.bin"}).json()
             t = time.perf_counter()
             again = client.post("/v1/chat/completions", json=body).json()["usage"]
             warm = time.perf_counter() - t
-        finally:
-            server.terminate()
-            server.wait()
     restore_s = back["timings"]["restore_ms"] / 1e3
     print(f"prompt {usage['prompt_tokens']} tokens: cold request {cold:.2f} s")
     print(

@@ -344,7 +344,7 @@ def serve(args: argparse.Namespace) -> int:
     from localspec.session import open_session
 
     config = session_config(args)
-    slot_files = save_dir(args.slot_save_path)  # before the models load: a bad path is told at once
+    save_path = save_dir(args.slot_save_path)  # before the models load: a bad path is told at once
     with contextlib.ExitStack() as stack:  # the sockets and the models, however it ends
         sockets = listen(args.host, args.port)
         for sock in sockets:  # uvicorn closes them where it ran: again is harmless
@@ -386,7 +386,7 @@ def serve(args: argparse.Namespace) -> int:
             reasoning=ReasoningDefaults(session.reasoning_budget, args.reasoning_budget_message),
             max_tokens=args.max_tokens,
             slots_endpoint=args.slots,
-            slot_save_path=slot_files,
+            slot_save_path=save_path,
             guard=Guard.for_address(
                 args.host, is_loopback(args.host), args.allowed_host, args.cors_origin
             ),
@@ -399,8 +399,8 @@ def serve(args: argparse.Namespace) -> int:
         slots += reader_note(session.target)
         if kept := app.state.worker.prompt_cache:
             slots += f", prompts kept in up to {kept.budget / 2**30:.1f} GiB of RAM"
-        if slot_files is not None:
-            slots += f", slots saved to and restored from {slot_files}"
+        if save_path is not None:
+            slots += f", slots saved to and restored from {save_path}"
         if described := sampling.describe():
             if recommendation := recommended.describe():
                 described += f" (the model's GGUF recommends {recommendation})"

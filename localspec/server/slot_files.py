@@ -67,14 +67,15 @@ def save(slot: Slot, path: Path) -> dict[str, Any]:
     tokens = list(slot.cached)
     head = {"models": model_ids(slot), "tokens": tokens}
     head["parts"] = [{"tokens": t, "bytes": len(state)} for t, state in parts]
-    pieces: list[bytes | bytearray] = [MAGIC, json.dumps(head).encode() + b"\n"]
-    write_atomic(path, pieces + [state for _t, state in parts])
+    chunks: list[bytes | bytearray] = [MAGIC, json.dumps(head).encode() + b"\n"]
+    chunks += [state for _t, state in parts]
+    write_atomic(path, chunks)
     took = (time.perf_counter() - started) * 1e3
     return {
         "id_slot": slot.index,
         "filename": path.name,
         "n_saved": len(tokens),
-        "n_written": sum(len(p) for p in pieces) + sum(len(s) for _t, s in parts),
+        "n_written": sum(map(len, chunks)),
         "timings": {"save_ms": took},
     }
 
@@ -134,13 +135,16 @@ def read_slot(f: io.BufferedReader, name: str) -> tuple[dict[str, Any], list[byt
         if f.read(len(MAGIC)) != MAGIC:
             raise ValueError("not a saved slot")
         head = json.loads(f.readline())
+        if not all(isinstance(head[k], list) for k in ("models", "tokens", "parts")):
+            raise ValueError("a head of another shape")
         states = []
         for part in head["parts"]:
+            part["tokens"] = [int(t) for t in part["tokens"]]
             state = bytearray(part["bytes"])
             if f.readinto(state) != len(state):
                 raise ValueError("cut short")
             states.append(state)
-        if f.read(1) or not isinstance(head["tokens"], list):
+        if f.read(1):
             raise ValueError("more than it says")
     except (ValueError, KeyError, TypeError) as e:
         raise ApiError(400, f"{name!r} is not a slot localspec saved ({e})", "filename") from e

@@ -18,6 +18,7 @@ from localspec.backends.toy import TEMPLATE as TOY_TEMPLATE
 from localspec.decoding.adaptive import AdaptiveDrafter, auto_engine
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.events import Stats
+from localspec.server import slot_files
 from localspec.server.app import ServerOptions, create_app
 from localspec.server.chat import ToolCallStream
 from localspec.server.defaults import SamplingDefaults
@@ -560,6 +561,9 @@ def test_slot_actions_refuse_what_they_cannot_do(tmp_path: Path):
         (tmp_path / "cut.bin").write_bytes((tmp_path / "whole.bin").read_bytes()[:-1])
         cut = assert_error(c.post("/slots/0?action=restore", json={"filename": "cut.bin"}), 400)
         assert "cut short" in cut["message"]
+        (tmp_path / "odd.bin").write_bytes(slot_files.MAGIC + b'{"tokens": [], "parts": []}\n')
+        odd = assert_error(c.post("/slots/0?action=restore", json={"filename": "odd.bin"}), 400)
+        assert "is not a slot localspec saved" in odd["message"]  # not a 500
     with TestClient(
         create_app(Session(auto_engine(ToyModel(scripted(REPLY)), None)), ServerOptions("toy"))
     ) as off:
