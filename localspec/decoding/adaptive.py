@@ -9,8 +9,10 @@ Measured online, per conversation:
   draft model's α back up toward its prior (on a GPU, where a change of pass size costs
   cold passes, probes do that), so a few early misses cannot keep drafts short, or the
   draft model off, for good (a retry that misses goes back to the α measured before the
-  raise); a source not yet used is judged at its prior (the draft model also on T's
-  prior line, its first try being dear, unless the costs say a good one pays: idle.py);
+  raise), nor the end of one answer keep it off through the next, unrelated one (whose
+  α_i start no lower than the rate of all their position has seen); a source not yet
+  used is judged at its prior (the draft model also on T's prior line, its first try
+  being dear, unless the costs say a good one pays: idle.py);
 - c, the draft model's cost per token (prior: its weight bytes relative to those a token
   of the target reads, a MoE's active experts only);
 - T(k), the target's time to verify a batch of k tokens, fitted as a line a + b(k-1)
@@ -227,7 +229,10 @@ class AdaptiveDrafter:
         deep, gamma = min(gamma, PREDICTION_GAMMA_MAX), min(gamma, GAMMA_MAX)
         if len(context) - forced != self._text_len:
             self.shadows.clear()  # another text (the next request): they would not apply
-            self._fresh = self._completing and not self.revisits(context)
+            revisit = self.revisits(context)
+            self._fresh = self._completing and not revisit
+            if not revisit:
+                self.alpha["draft"].restart()
             self._answer_from = len(context) - forced - 1  # (the prefill gave its first)
         self.answered = len(context) - forced - self._answer_from
         self._sampled = not params.greedy

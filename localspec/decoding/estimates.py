@@ -38,11 +38,14 @@ class Acceptance:
     alpha: list[float]  # as long as the deepest draft it judges
     seen: list[int] = field(default_factory=list)
     prior_value: float = 0.0
+    hits: list[int] = field(default_factory=list)  # of `seen`, the accepted
     # α as measured before an idle recovery raised it (None: not raised since)
     measured: list[float] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.seen += [0] * (len(self.alpha) - len(self.seen))
+        if not self.hits:  # as if each position's α were the rate of what it has seen
+            self.hits = [round(a * n) for a, n in zip(self.alpha, self.seen, strict=True)]
 
     @classmethod
     def prior(cls, value: float, depth: int = GAMMA_MAX) -> Acceptance:
@@ -54,6 +57,19 @@ class Acceptance:
         if self.measured is None:
             self.measured = list(self.alpha)
         self.alpha = [a + share * max(self.prior_value - a, 0.0) for a in self.alpha]
+
+    def restart(self) -> None:
+        """Another text begins (a request that does not go on from the last): an α_i
+        below the rate of all its position has seen (the prior counted as PRIOR_COUNT
+        observations) goes up to it. The moving average followed the last text: a few
+        misses where one answer ended kept the draft model off for most of the next,
+        unrelated one, and nothing revises an α that keeps its source unused. A high one
+        stays: the first misses take it down."""
+        self.measured = None
+        for i, (n, hits) in enumerate(zip(self.seen, self.hits, strict=True)):
+            if n:
+                rate = (hits + PRIOR_COUNT * self.prior_value) / (n + PRIOR_COUNT)
+                self.alpha[i] = max(self.alpha[i], rate)
 
     def observe(self, drafted: int, accepted: int) -> None:
         if self.measured is not None:
@@ -75,6 +91,7 @@ class Acceptance:
         if not self.seen[i] and i > 0:
             self.alpha[i] = self.alpha[i - 1]
         self.seen[i] += 1
+        self.hits[i] += accepted
         weight = max(EMA_WEIGHT, 1 / (PRIOR_COUNT + self.seen[i]))
         self.alpha[i] += weight * (float(accepted) - self.alpha[i])
 

@@ -935,3 +935,47 @@ def test_a_long_request_drafts_nothing_while_it_gives_way_to_a_short_one():
     assert d.choose(matched=8, gamma=8, n=16, free="suffix").source == "none"
     beside[0] = False
     assert d.choose(matched=8, gamma=8, n=16, free="suffix").source == "suffix"
+
+
+def test_a_new_texts_alpha_starts_no_lower_than_all_the_draft_model_has_seen():
+    """The moving average follows the last text: a few misses where one answer ended
+    kept the draft model off for ~50 rounds of the next, unrelated one (F16 target, JSON
+    cases one after another), where a fixed γ of 4 had 69% of its drafts accepted."""
+    a = Acceptance.prior(0.7, depth=4)
+    for _ in range(40):
+        a.observe(2, 2)
+        a.observe(2, 1)
+    for _ in range(5):
+        a.observe(2, 0)  # the last text's end
+    low = list(a.alpha)
+    a.restart()
+    assert a.alpha[0] > low[0] + 0.3 and a.alpha[0] == pytest.approx(
+        (a.hits[0] + 2 * 0.7) / (a.seen[0] + 2)
+    )
+    for _ in range(30):
+        a.observe(2, 2)  # a text it drafts better than ever
+    high = list(a.alpha)
+    a.restart()
+    assert a.alpha == high  # never lowered
+
+
+def test_a_new_request_drafts_again_where_the_last_one_ended_on_misses():
+    d = drafter_with(a=0.104, b=0.0, c=0.0125, alpha=0.7)
+    for k, t in enumerate([0.104, 0.146, 0.150, 0.154, 0.168, 0.174, 0.229, 0.241], 1):
+        d.verify.seconds[k] = t  # the F16 target's costs measured with the Q4_0 draft
+    d.model.catchup_s = 0.0  # type: ignore[union-attr]
+    d.alpha["draft"] = Acceptance.prior(0.7)
+    for accepted in [1, 0, 1, 1] * 10:  # earlier answers: 75% of its drafts right
+        d._last = Choice("draft", 1, 1.0)
+        d.accept([], Outcome(1, accepted, 0.146))
+    params, rng = SamplingParams(), np.random.default_rng(0)
+    text = [*range(100, 160)]
+    for i in range(7):  # this one's end: misses
+        d.draft(text, 8, params, rng)
+        d._last = Choice("draft", 1, 1.0)
+        text = [*text, 200 + i]
+        d.accept(text, Outcome(1, 0, 0.146))
+    d.draft(text, 8, params, rng)
+    assert d._last is not None and d._last.k == 0  # the same text goes on: off
+    d.draft([*range(300, 330)], 8, params, rng)  # another request, another text
+    assert d._last is not None and d._last.source == "draft"
