@@ -218,7 +218,7 @@ class Answer:
             if isinstance(event, Piece) and self.logprobs:
                 scored.append(event)
             if isinstance(event, Piece) and event.text:
-                chunk = {"index": 0, "content": event.text, "stop": False, "id_slot": 0}
+                chunk = {"index": 0, "content": event.text, "stop": False, "id_slot": self.job.slot}
                 if self.logprobs:
                     chunk["completion_probabilities"] = self.token_logprobs(scored)
                     scored = []

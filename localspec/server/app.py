@@ -533,6 +533,7 @@ def create_app(session: Session, options: ServerOptions) -> FastAPI:
                 prepared.lines,
                 body.return_tokens,
                 answered.unopened.inside if answered.unopened else 0,
+                job.slot or 0,
             )
             if answered.logprobs and events:  # streamed, each piece had its own
                 lead = answered.unopened.lead if answered.unopened else 0

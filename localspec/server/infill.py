@@ -335,9 +335,10 @@ def infill_body(
     lines: InfillLines | None,
     tokens: bool = False,
     opened: int = 0,
+    slot: int = 0,
 ) -> dict[str, Any]:
     """llama-server's /infill (and /completion) response; `opened`: the tokens of the
-    opening, in the slot's context but not in the middle."""
+    opening, in the slot's context but not in the middle; `slot`: the slot that ran it."""
     s, n = done.stats, len(done.tokens)
     # with no token asked for (an editor's cache warm-up), all of it was reading
     prompt_ms = (s.ttft_s if n else s.elapsed_s) * 1e3
@@ -347,7 +348,7 @@ def infill_body(
         "index": 0,
         "content": done.text,
         "tokens": list(done.tokens) if tokens else [],
-        "id_slot": 0,
+        "id_slot": slot,
         "stop": True,
         "model": model,
         "tokens_predicted": n,

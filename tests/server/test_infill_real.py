@@ -277,6 +277,7 @@ def test_a_streamed_middle_is_the_whole_one_without_the_typed_text(client: TestC
         assert r.status_code == 200
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert chunks[-1]["stop"] is True and chunks[-1]["content"] == ""
+    assert {c["id_slot"] for c in chunks} == {chunks[-1]["id_slot"]}  # its slot, throughout
     streamed = "".join(c["content"] for c in chunks[:-1])
     line = whole["content"].split("\n")[0]
     assert line.startswith("rn") and streamed.split("\n")[0] == line, (streamed, whole)
@@ -288,6 +289,20 @@ def test_a_streamed_middle_is_the_whole_one_without_the_typed_text(client: TestC
     spelled = "".join(p["token"] for p in probs)  # its first token may hold typed text
     typed_part = len(spelled) - len(probed["content"])
     assert spelled.endswith(probed["content"]) and typed_part < len("    retu"), probs
+
+
+def test_each_middle_names_the_slot_that_wrote_it(client: TestClient):
+    """llama-server's id_slot: two unrelated middles one after the other go to both
+    slots (the second to the one used least recently), each named in its answer as
+    GET /slots names it."""
+    used = set()
+    for name in ("alpha", "omega"):
+        prefix = f"def {name}_total(items):\n    return "
+        body = client.post("/infill", json=vscode_body(prefix, "\n", "", [], n_predict=4)).json()
+        ran = max(client.get("/slots").json(), key=lambda s: s["id_task"])
+        assert body["id_slot"] == ran["id"]
+        used.add(body["id_slot"])
+    assert used == {0, 1}
 
 
 def test_openai_suffix_and_a_client_templated_prompt(client: TestClient):
