@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 PROBE_SHARE = 0.02  # at most this share of the time goes to probing an idle draft model
 GOOD_ALPHA = 0.9  # the draft model's α on text it drafts well (code): a probe looks for it
-RECOVER = 0.02  # per token made without the draft model, its low α closes this share of
+RECOVER = 0.08  # per token made without the draft model, its low α closes this share of
 # the gap to its prior
 FIRST_TRY_AFTER = 16  # an unseen draft model's first try waits for this many answer tokens
 # ... and reads the text so far in at most this many plain rounds' time (priced

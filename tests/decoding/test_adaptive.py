@@ -488,8 +488,10 @@ def test_a_failed_retry_after_an_idle_recovery_counts_against_what_was_measured(
 
 def test_an_unlucky_start_does_not_switch_the_draft_model_off_for_good():
     """Three misses on an answer's opening turn the draft off; while plain decoding runs,
-    its α recovers toward the prior, so it is drafted with again (seen on a chat prompt
-    whose draft agrees 79% of the time: off after three misses, for 120 tokens)."""
+    its α recovers toward the prior, so it is drafted with again within a few rounds
+    (seen on a chat prompt whose draft agrees 79% of the time: off after three misses,
+    for 120 tokens; at 2% a token, off for ~80 rounds of an answer whose first 20 tokens
+    the draft had 60% right, 79% in all)."""
     d = drafter_with(a=0.104, b=0.0, c=0.0125, alpha=0.7)
     for k, t in enumerate([0.104, 0.146, 0.150, 0.154, 0.168, 0.174, 0.229, 0.241], 1):
         d.verify.seconds[k] = t  # the F16 target's costs measured with the Q4_0 draft
@@ -503,7 +505,7 @@ def test_an_unlucky_start_does_not_switch_the_draft_model_off_for_good():
         d._last = Choice("none", 0, 1.0)
         d.accept([], Outcome(0, 0, 0.104))
         plain += 1
-    assert 5 <= plain <= 40
+    assert 1 <= plain <= 10  # the misses count, for a round or more
     assert d.alpha["draft"].alpha[0] < 0.7  # never past the prior
 
 
