@@ -9,8 +9,7 @@ Measured online, per conversation:
   draft model's α back up toward its prior (on a GPU, where a change of pass size costs
   cold passes, probes do that), so a few early misses cannot keep drafts short, or the
   draft model off, for good (a retry that misses goes back to the α measured before the
-  raise), nor the end of one answer keep it off through the next, unrelated one (whose
-  α_i start no lower than the rate of all their position has seen); a source not yet
+  raise; an unrelated request starts it afresh: `Acceptance.restart`); a source not yet
   used is judged at its prior (the draft model also on T's prior line, its first try
   being dear, unless the costs say a good one pays: idle.py);
 - c, the draft model's cost per token (prior: its weight bytes relative to those a token
@@ -116,11 +115,10 @@ from localspec.decoding.shadows import Shadow, Shadows
 from localspec.decoding.suffix import DEEP_RUN, SUFFIX_PRIOR, SuffixIndex, suffix_key
 from localspec.drafting import GAMMA_MAX
 
-CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
 EXPLORE_SEEN = 8  # a free source is tried deeper than timed once it was judged this often
-# ... and in a completion, whose middle is short (~20 tokens, the fim bench's median, in
-# rounds of ~3): a draft model that has not read a new prompt pays it within the answer,
-# or not at all (it reads ahead between requests instead: `read_ahead`)
+CATCHUP_ROUNDS = 32  # a draft model's catch-up after plain rounds, spread over this many
+# ... and in a completion (a middle of ~20 tokens in rounds of ~3, the fim bench's median):
+# a draft model that has not read a new prompt pays it within it, or reads ahead instead
 FIM_CATCHUP_ROUNDS = 6
 
 
@@ -187,10 +185,9 @@ class AdaptiveDrafter:
         waits for a draft step, which the slots drafting in it share."""
         if self.model is None:
             return 0.0
-        step = self.draft_step()
         if self.load is None or (n := self.slots()) == 1:
-            return step
-        return step * n / self.load.sharers()
+            return self.draft_step()
+        return self.draft_step() * n / self.load.sharers()
 
     def draft_step(self) -> float:
         """Seconds of a draft step: as timed alone (else its prior), or a shared pass's."""
@@ -229,10 +226,9 @@ class AdaptiveDrafter:
         deep, gamma = min(gamma, PREDICTION_GAMMA_MAX), min(gamma, GAMMA_MAX)
         if len(context) - forced != self._text_len:
             self.shadows.clear()  # another text (the next request): they would not apply
-            revisit = self.revisits(context)
-            self._fresh = self._completing and not revisit
-            if not revisit:
+            if not (revisit := self.revisits(context)):
                 self.alpha["draft"].restart()
+            self._fresh = self._completing and not revisit
             self._answer_from = len(context) - forced - 1  # (the prefill gave its first)
         self.answered = len(context) - forced - self._answer_from
         self._sampled = not params.greedy
@@ -572,9 +568,8 @@ class AdaptiveDrafter:
 
     def revisits(self, context: Sequence[int]) -> bool:
         """Whether a new request's `context` is mostly the last one's (REVISIT)."""
-        if self.suffix is None:
-            return True
-        return shared_prefix(self.suffix.context.tokens, context) >= REVISIT * len(context)
+        kept = shared_prefix(self.suffix.context.tokens, context) if self.suffix else len(context)
+        return kept >= REVISIT * len(context)
 
     def _free_alpha(self) -> str:
         """α of this round's free match, or of every n-gram length without a match."""
