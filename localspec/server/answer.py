@@ -218,7 +218,12 @@ class Answer:
             if isinstance(event, Piece) and self.logprobs:
                 scored.append(event)
             if isinstance(event, Piece) and event.text:
-                chunk = {"index": 0, "content": event.text, "stop": False, "id_slot": self.job.slot}
+                chunk = {
+                    "index": 0,
+                    "content": event.text,
+                    "stop": False,
+                    "id_slot": self.job.slot or 0,
+                }
                 if self.logprobs:
                     chunk["completion_probabilities"] = self.token_logprobs(scored)
                     scored = []
