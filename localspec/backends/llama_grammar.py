@@ -24,14 +24,16 @@ SPACE = ord(" ")
 WHITESPACE = frozenset(b" \t\n")
 
 
-def in_style(tail: bytes, allowed: set[int]) -> int | None:
+def in_style(tail: bytes, allowed: set[int], style: bytes = b"") -> int | None:
     """Where the grammar leaves the whitespace between a JSON answer's parts open (or
     the one character after it), a guess in the answer's own style: on a new line, its
     indentation (`line_indent`), then the character; after other whitespace, the character;
     after a character, the whitespace the answer put between the two characters the
-    time before, or after the same character where JSON went on (where it has not come
-    before: a space after ':', ',', '{' and '['), or the one character without space.
-    None where no guess is allowed."""
+    time before (in `style`, the grammar's layout, where the answer has not shown it: a
+    fence's close, once a long answer's tail no longer holds its opening), or after the
+    same character where JSON went on (where it has not come before: a space after ':',
+    ',', '{' and '['), or the one character without space. None where no guess is
+    allowed."""
     solid = allowed - WHITESPACE
     line = tail.rfind(b"\n")
     if line >= 0 and not tail[line + 1 :].strip():  # in a new line's indentation
@@ -45,6 +47,8 @@ def in_style(tail: bytes, allowed: set[int]) -> int | None:
     if tail and tail[-1] in WHITESPACE:
         return min(solid) if len(solid) == 1 else None
     gap = gap_before(tail, min(solid)) if len(solid) == 1 else None
+    if gap is None and style and len(solid) == 1:
+        gap = gap_before(style + tail[-1:], min(solid))
     if gap is None:
         gap = gap_after(tail)
     if gap:
@@ -279,7 +283,7 @@ class LlamaGrammarState:
             if len(allowed) == 1:
                 char: int | None = allowed.pop()
             elif len(solid) <= 1:
-                char = in_style(here.tail, allowed)
+                char = in_style(here.tail, allowed, self.grammar.style)
             else:
                 break
             if char is None:

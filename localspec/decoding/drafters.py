@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from localspec.backends.base import Model, Tokens, common_prefix, followed_by, shared_prefix
-from localspec.decoding.grammar import GrammarState, shortlisted
+from localspec.decoding.grammar import GrammarState, jump_forward, shortlisted
 from localspec.decoding.sampling import (
     Probs,
     SamplingParams,
@@ -243,8 +243,13 @@ class DraftModel(StepTimes):
                 self._overhead = time.perf_counter() - started
             return logits
 
+        def jump(here: GrammarState, text: Sequence[int], n: int) -> list[int]:
+            return jump_forward(self.model, here, n, text)
+
+        # (greedy answers: a sampled answer's split of forced text is a bet that `auto`
+        # weighs for the round's lead; within a draft the draft model's own q bets better)
         p_min = self.p_min if p_min is None else p_min
-        return draw(step, seq, gamma, params, rng, p_min, grammar)
+        return draw(step, seq, gamma, params, rng, p_min, grammar, jump if params.greedy else None)
 
     def read_ahead(self, context: Sequence[int], n: int) -> int:
         """Read up to `n` tokens of `context` it has not (between requests, so that the
@@ -401,6 +406,10 @@ def copy_on(context: Sequence[int], start: int, gamma: int) -> list[int]:
     return [context[start + j % period] for j in range(gamma)]
 
 
+# where a grammar forces text mid-draft: its tokens (at most n) after `seq`, from `here`
+Jump = Callable[[GrammarState, Sequence[int], int], list[int]]
+
+
 def draw(
     step: Callable[[int], np.ndarray],
     seq: list[int],
@@ -409,28 +418,41 @@ def draw(
     rng: np.random.Generator,
     p_min: float | Sequence[float],
     grammar: GrammarState | None = None,
+    jump: Jump | None = None,
 ) -> Draft:
     """Up to `gamma` tokens from a draft model: `step(i)` gives the logits after `seq`,
     which each drafted token extends; it stops at a token too unsure (`pick`). Under a
     grammar it drafts what the grammar allows (`shortlisted`: a token the target's
-    grammar refuses is a sure rejection), q the law it drew from."""
+    grammar refuses is a sure rejection), q the law it drew from; where the grammar then
+    forces text, `jump` gives its tokens, drafted without steps of their own (chosen, not
+    drawn: q one-hot) and read with the next step."""
     tokens: list[int] = []
     qs: list[Probs | None] = []
     here = grammar.clone() if grammar is not None else None
-    for i in range(gamma):
-        logits: np.ndarray | None = step(i)
+    steps = 0
+    while len(tokens) < gamma:
+        logits: np.ndarray | None = step(steps)
+        steps += 1
         if here is not None and logits is not None:
             logits = shortlisted(here, logits)
         if logits is None:
             break
-        x, q = pick(logits, params, seq, rng, p_min_at(p_min, i))
+        x, q = pick(logits, params, seq, rng, p_min_at(p_min, len(tokens)))
         if x is None:
             break
         qs.append(q)
         tokens.append(x)
         seq.append(x)
-        if here is not None:
-            here.accept(x)
+        if here is None:
+            continue
+        here.accept(x)
+        for forced in jump(here, seq, gamma - len(tokens)) if jump else ():
+            if not here.allows(forced):
+                break
+            qs.append(None)
+            tokens.append(forced)
+            seq.append(forced)
+            here.accept(forced)
     return Draft(tokens, qs)
 
 

@@ -42,6 +42,7 @@ from localspec.decoding.grammar import (
     Grammar,
     GrammarState,
     allowed_prefix,
+    jump_forward,
     last_state,
     masked_argmax,
     masked_probs,
@@ -179,7 +180,7 @@ class Engine:
                 break
             started = time.perf_counter()
             budget = max(0, min(self.gamma, room - 1, out.remaining - 1))
-            lead = self._forced(state, budget, out.tokens)
+            lead = jump_forward(self.target, state, budget, out.tokens)
             draft = self._timed_draft(rec, tokens, lead, budget, params, rng, state)
             lead = lead[: draft.lead]  # as much of it as the drafter finds worth a pass
             draft = with_lead(lead, draft)
@@ -366,25 +367,6 @@ class Engine:
 
         return verify_sampled(draft.tokens, draft.q, p, rng)
 
-    def _forced(self, state: GrammarState | None, budget: int, text: list[int]) -> list[int]:
-        """Jump-forward: the tokens of what the grammar alone allows next (at most
-        `budget`), as the answer (`text`, under the grammar) wrote that text before
-        (`as_written`), else as the target's tokenizer writes it; or the tokens a rule
-        over tokens forces, as they are."""
-        if state is None or budget < 1:
-            return []
-        if tokens := state.forced_tokens(budget):
-            return tokens
-        forced = state.forced_text(4 * budget)
-        if not forced:
-            return []
-        run, spelled = as_written(self.target, text, forced)
-        rest = forced[len(spelled) :].decode("utf-8", "replace")
-        tokens = run + (self.target.tokenize(rest, special=False) if rest else [])
-        # the last token may merge with the free text after it (` "` + `John` is ` "John`
-        # to the tokenizer), which the target would then write instead: leave it out
-        return tokens[: min(budget, len(tokens) - 1)]
-
     def _follow(self, state: GrammarState | None, emitted: list[int]) -> GrammarState | None:
         """Advance the grammar past the answer's new tokens (not an end token: the
         answer ends there); None once it allows everything (`GrammarState.free`)."""
@@ -396,29 +378,7 @@ class Engine:
         return None if state.free else state
 
 
-WRITTEN_WINDOW = 512  # tokens of the text `as_written` looks back over
 NO_LOGITS = np.empty((0, 0), dtype=np.float32)  # recalled tokens come from no pass
-
-
-def as_written(model: Model, text: Sequence[int], forced: bytes) -> tuple[list[int], bytes]:
-    """The longest earlier run of `text`'s tokens that spells the start of `forced`, and
-    what it spells: under a grammar the target splits text as it pleases (`f` `i` `le`
-    for a key its tokenizer writes `file`, where an unconstrained favourite such as
-    `filename` is refused), and it splits the same key the same way each time."""
-    best: list[int] = []
-    spelled = b""
-    recent = text[-WRITTEN_WINDOW:]
-    for i in range(len(recent)):
-        run, here = [], b""
-        for token in recent[i:]:
-            piece = model.token_bytes(token)
-            if not piece or not forced.startswith(here + piece):
-                break
-            run.append(token)
-            here += piece
-        if len(here) >= len(spelled):  # the latest of the longest
-            best, spelled = run, here
-    return best, spelled
 
 
 def with_lead(lead: list[int], draft: Draft) -> Draft:

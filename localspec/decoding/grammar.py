@@ -132,6 +132,52 @@ def allowed_prefix(state: GrammarState | None, tokens: Sequence[int]) -> list[in
     return tokens
 
 
+def jump_forward(
+    model: Model, state: GrammarState | None, budget: int, text: Sequence[int]
+) -> list[int]:
+    """Jump-forward: the tokens of what the grammar alone allows next (at most
+    `budget`), as `text` (the answer so far, under the grammar) wrote that text before
+    (`as_written`), else as `model`'s tokenizer writes it; or the tokens a rule over
+    tokens forces, as they are."""
+    if state is None or budget < 1:
+        return []
+    if tokens := state.forced_tokens(budget):
+        return tokens
+    forced = state.forced_text(4 * budget)
+    if not forced:
+        return []
+    run, spelled = as_written(model, text, forced)
+    rest = forced[len(spelled) :].decode("utf-8", "replace")
+    tokens = run + (model.tokenize(rest, special=False) if rest else [])
+    # the last token may merge with the free text after it (` "` + `John` is ` "John`
+    # to the tokenizer), which the target would then write instead: leave it out
+    return tokens[: min(budget, len(tokens) - 1)]
+
+
+WRITTEN_WINDOW = 512  # tokens of the text `as_written` looks back over
+
+
+def as_written(model: Model, text: Sequence[int], forced: bytes) -> tuple[list[int], bytes]:
+    """The longest earlier run of `text`'s tokens that spells the start of `forced`, and
+    what it spells: under a grammar the target splits text as it pleases (`f` `i` `le`
+    for a key its tokenizer writes `file`, where an unconstrained favourite such as
+    `filename` is refused), and it splits the same key the same way each time."""
+    best: list[int] = []
+    spelled = b""
+    recent = text[-WRITTEN_WINDOW:]
+    for i in range(len(recent)):
+        run, here = [], b""
+        for token in recent[i:]:
+            piece = model.token_bytes(token)
+            if not piece or not forced.startswith(here + piece):
+                break
+            run.append(token)
+            here += piece
+        if len(here) >= len(spelled):  # the latest of the longest
+            best, spelled = run, here
+    return best, spelled
+
+
 SHORTLIST = 64  # a row's best tokens checked before its whole vocabulary
 # and then its best 1024: of the whole-row masks (~20 ms each) in the json suite's
 # constrained answers, 7 in 8 found the best allowed token within them (rank 89-764)

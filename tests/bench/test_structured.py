@@ -113,6 +113,12 @@ def test_whitespace_is_guessed_in_the_answers_own_style():
     # '"' is not allowed here: the one character there is, without a space
     assert in_style(b'{"a":"x","b":', set(b" \n\t1")) == ord("1")
     assert in_style(b'{"a":"x","b":', set(b" \n\t12")) is None  # two: no guess
+    # a fence's close, once a long answer's tail no longer holds its opening: as the
+    # grammar's layout has it, not as the answer's "}," had it
+    from localspec.server.fence import STYLE
+
+    tail, fence = b'  "b": {"c": 1},\n  "d": 2\n}', set(b" \n\t`")
+    assert in_style(tail, fence) == ord("`") and in_style(tail, fence, STYLE) == ord("\n")
     # a model that writes a space before its commas does so at each one
     comma = set(b" \n\t,")
     assert in_style(b'{ "a": "x" , "b": "y"', comma) == ord(" ")

@@ -143,7 +143,7 @@ def test_forced_text_is_drafted_as_the_answer_split_it_before():
     """Under a grammar the target splits a key as it pleases (`f` `i` `le`, where its
     favourite `filename` is refused): the next time the grammar forces that text, the
     draft splits it the same way; text never written before goes by the tokenizer."""
-    from localspec.decoding.engine import as_written
+    from localspec.decoding.grammar import as_written
 
     f, i, le = 300, 301, 302  # tokens of several bytes, as a real vocabulary has them
 
@@ -338,3 +338,96 @@ def test_the_round_drafts_as_much_of_the_forced_text_as_the_drafter_keeps():
         assert (2, 2 if keep is None else keep) in drafter.rounds  # x y (z may merge)
         assert all(kept == (told if keep is None else keep) for told, kept in drafter.rounds)
         assert done.stats.drafted >= sum(kept for _, kept in drafter.rounds)
+
+
+class Chain:
+    """Anything but 0 next, except that 2 is always followed by 5 and then 6 (forced)."""
+
+    def __init__(self, pending: tuple[int, ...] = ()) -> None:
+        self.pending = pending
+
+    def allows(self, token: int) -> bool:
+        return token == self.pending[0] if self.pending else token != 0
+
+    def allowed(self, tokens: np.ndarray) -> np.ndarray:
+        return np.array([self.allows(int(t)) for t in tokens], dtype=bool)
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        return np.where(self.allowed(np.arange(len(logits))), logits, -np.inf)
+
+    def accept(self, token: int) -> None:
+        assert self.allows(token), (self.pending, token)
+        self.pending = self.pending[1:] if self.pending else ((5, 6) if token == 2 else ())
+
+    def clone(self) -> Chain:
+        return Chain(self.pending)
+
+    def forced_text(self, limit: int) -> bytes:
+        return b""
+
+    def forced_tokens(self, limit: int) -> list[int]:
+        return list(self.pending[:limit])
+
+    free = False
+
+
+class ChainGrammar:
+    def start(self) -> Chain:
+        return Chain()
+
+    def within(self, other: object) -> bool:
+        return isinstance(other, ChainGrammar)
+
+
+class Counted(ToyModel):
+    """A toy model that counts its passes."""
+
+    passes = 0
+
+    def evaluate(self, tokens, n_logits, checkpoint=False, marks=()):  # type: ignore[no-untyped-def]
+        self.passes += 1
+        return super().evaluate(tokens, n_logits, checkpoint, marks)
+
+
+def test_the_draft_model_jumps_over_what_the_grammar_forces_mid_draft():
+    """Where the grammar forces tokens within a draft (a JSON answer's `", "key": "`
+    after a string), the draft model drafts them without a step each: certain (q one-hot),
+    read with its next step. Greedy output stays constrained plain decoding's."""
+    model = Counted(markov(V, seed=2), n_vocab=V)
+    draft = DraftModel(model, p_min=0.0)
+    context = [3, 1, 4, 1, 5]
+    state = Chain()
+    for t in context:
+        state.accept(t)
+    drafted = draft.draft(
+        list(context), 12, SamplingParams(temperature=0), np.random.default_rng(0), grammar=state
+    )
+    tokens = drafted.tokens
+    jumped = [i for i, t in enumerate(tokens[:-2]) if t == 2]
+    assert jumped, tokens  # the draft model's favourites go through 2 here
+    for i in jumped:
+        assert tokens[i + 1 : i + 3] == [5, 6] and drafted.q[i + 1 : i + 3] == [None, None]
+    assert len(tokens) == 12 and model.passes == 12 - 2 * len(jumped), (tokens, model.passes)
+
+
+@pytest.mark.parametrize("gamma", [3, 6])
+def test_greedy_with_jumps_within_drafts_equals_constrained_plain_decoding(gamma: int, monkeypatch):
+    import localspec.decoding.drafters as drafters
+
+    jumps = []
+
+    def counted(*args, **kwargs):
+        jumps.append(drafters_jump(*args, **kwargs))
+        return jumps[-1]
+
+    drafters_jump = drafters.jump_forward
+    monkeypatch.setattr(drafters, "jump_forward", counted)
+    target = ToyModel(markov(V, seed=7), n_vocab=V, name="target")
+    config = GenerationConfig(40, SamplingParams(temperature=0), grammar=ChainGrammar())
+    prompt = [3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3]
+    plain = list(Engine(target, NoDrafter(), 0).generate(prompt, config))[-1]
+    assert plain.tokens.count(2) > 3  # the grammar forces tokens all through this answer
+    drafter = DraftModel(ToyModel(markov(V, seed=2), n_vocab=V), p_min=0.0)
+    spec = list(Engine(target, drafter, gamma).generate(prompt, config))[-1]
+    assert spec.tokens == plain.tokens and spec.stats.drafted > 0
+    assert any(jumps)  # the draft model went through 2 and jumped over 5, 6
